@@ -1,0 +1,52 @@
+"""The datamodule interface every impulsevit data source implements.
+
+A datamodule yields batches ``(images, labels)``: ``images`` float32 ``(B, 3, S, S)`` normalised with the datamodule's
+``mean``/``std`` (grayscale sources are replicated to 3 channels), ``labels`` int64 ``(B,)``. Batch-level
+augmentation that needs the whole batch (mixup/cutmix, and on-device RandAugment / erasing) runs in
+``on_after_batch_transfer`` on the training device; after mixup the labels are soft targets ``(B, num_classes)``
+float32, and the LightningModule switches to the soft-target loss when it sees 2-D targets.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+
+__all__ = ["BaseImageDataModule"]
+
+
+class BaseImageDataModule(L.LightningDataModule):
+    """Common attributes: ``num_classes``, ``image_size`` (pixels, square), ``mean``/``std`` (per channel, 0–1 scale),
+    ``batch_size`` (per device). Subclasses implement the ``*_dataloader`` hooks."""
+
+    def __init__(
+        self,
+        num_classes: int,
+        image_size: int,
+        batch_size: int,
+        mean: tuple[float, float, float] = (0.485, 0.456, 0.406),
+        std: tuple[float, float, float] = (0.229, 0.224, 0.225),
+    ) -> None:
+        super().__init__()
+        if image_size <= 0 or batch_size <= 0:
+            raise ValueError(f"image_size and batch_size must be positive, got {image_size} and {batch_size}")
+        self._num_classes = int(num_classes)
+        self.image_size = int(image_size)
+        self.batch_size = int(batch_size)
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
+
+    @property
+    def num_classes(self) -> int:
+        return self._num_classes
+
+    def batch_augment(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training-batch augmentation on the device (identity here). Returns (images, labels or soft targets)."""
+        return images, labels
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):  # noqa: ANN001 - Lightning hook signature
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and trainer.training:
+            images, labels = batch
+            return self.batch_augment(images, labels)
+        return batch

@@ -1,0 +1,248 @@
+"""Public entry point of the initializer library: ``initialize``, ``InitReport`` and the method registry.
+
+An initializer is a pure function over ``(model, generator, options)``; it mutates parameters in place (``copy_`` on
+``.data``) so optimizer references stay valid, draws every random number from the given ``torch.Generator`` (never
+the global torch / numpy RNG), and validates everything it needs *before* writing anything, so a model it cannot
+handle is left untouched.
+
+Families register handlers per method::
+
+    @register("impulse", family="vit", matches=is_vit)
+    def _impulse_vit(model, generator, options) -> InitResult: ...
+
+``initialize`` picks the first registered handler of ``method`` whose ``matches(model)`` is true.
+
+Parameters may be FSDP2 ``DTensor`` shards: handlers read with :func:`read_full` (the full tensor, identical on every
+rank) and write with :func:`write_full_` (each rank copies its own shard of the full value). The caller must give every
+rank a generator with the same seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "InitReport",
+    "InitResult",
+    "initialize",
+    "register",
+    "methods",
+    "read_full",
+    "write_full_",
+    "make_generator",
+]
+
+
+@dataclasses.dataclass
+class InitResult:
+    """What a handler returns: resolved options, per-layer per-head offsets ``(dy, dx)`` (empty when the method has
+    none) and free-form notes (e.g. "sin-cos pseudo-input: rank truncated to 23")."""
+
+    options: dict[str, Any]
+    offsets: list[list[tuple[int, int]]] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class InitReport:
+    """Summary of one ``initialize`` call.
+
+    Attributes:
+        method: method name as registered (``impulse``, ``mimetic``, ``timm``, ``torch``, ``weight_selection``, ...).
+        family: the model family adapter that handled it (``vit``, ``swin``, ``mixer``, ``convmixer``, ``any``).
+        model: the model's class name.
+        options: the fully resolved options (defaults filled in), JSON-serialisable.
+        offsets: per layer, per head ``(dy, dx)``; ``dy > 0`` = down, ``dx > 0`` = right. Empty if not applicable.
+        seconds: wall-clock time of the handler.
+        notes: remarks from the handler.
+    """
+
+    method: str
+    family: str
+    model: str
+    options: dict[str, Any]
+    offsets: list[list[tuple[int, int]]]
+    seconds: float
+    notes: list[str]
+
+    def table(self) -> str:
+        """A small plain-text table: header line, options, then one row per layer with its heads' offsets."""
+        lines = [f"init={self.method} family={self.family} model={self.model} ({self.seconds * 1000:.1f} ms)"]
+        for key in sorted(self.options):
+            lines.append(f"  {key:<22} {self.options[key]!r}")
+        if self.offsets:
+            lines.append("  layer  offsets per head (dy,dx)")
+            for i, row in enumerate(self.offsets):
+                lines.append(f"  {i:>5}  " + " ".join(f"({dy:+d},{dx:+d})" for dy, dx in row))
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+Handler = Callable[[nn.Module, torch.Generator, dict[str, Any]], InitResult]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    method: str
+    family: str
+    matches: Callable[[nn.Module], bool]
+    handler: Handler
+
+
+_REGISTRY: list[_Entry] = []
+
+
+def register(method: str, *, family: str, matches: Callable[[nn.Module], bool]) -> Callable[[Handler], Handler]:
+    """Decorator registering ``handler`` for ``method`` on models where ``matches(model)`` is true."""
+
+    def deco(fn: Handler) -> Handler:
+        _REGISTRY.append(_Entry(method, family, matches, fn))
+        return fn
+
+    return deco
+
+
+def methods() -> dict[str, list[str]]:
+    """Registered methods and, for each, the families it supports (in dispatch order)."""
+    _load_builtin()
+    out: dict[str, list[str]] = {}
+    for e in _REGISTRY:
+        out.setdefault(e.method, []).append(e.family)
+    return out
+
+
+def make_generator(seed: int | torch.Generator | None) -> torch.Generator:
+    """A CPU ``torch.Generator``: passed through if already one, seeded with ``seed`` (default 0) otherwise."""
+    if isinstance(seed, torch.Generator):
+        return seed
+    g = torch.Generator(device="cpu")
+    g.manual_seed(0 if seed is None else int(seed))
+    return g
+
+
+def initialize(
+    model: nn.Module,
+    method: str,
+    *,
+    generator: torch.Generator | int | None = None,
+    **options: Any,
+) -> InitReport:
+    """Initialize ``model`` in place with ``method``.
+
+    Args:
+        model: a bare timm model (or an FSDP2-sharded one). Not wrapped in DDP: pass ``ddp.module``.
+        method: a registered method name, see :func:`methods`.
+        generator: a CPU ``torch.Generator`` or an int seed; the only source of randomness. ``None`` means seed 0.
+        **options: method options (see each method's docstring / ``impulsevit/init/README.md``). Unknown options
+            raise ``TypeError``.
+
+    Returns:
+        An :class:`InitReport`.
+
+    Raises:
+        ValueError: unknown method, or the method's requirements are not met by this model (the message names the
+            model class and what is missing; the model is left unmodified).
+        TypeError: unknown or mistyped option.
+    """
+    _load_builtin()
+    known = methods()
+    if method not in known:
+        raise ValueError(f"unknown init method {method!r}; available: {', '.join(sorted(known))}")
+    entry = next((e for e in _REGISTRY if e.method == method and e.matches(model)), None)
+    if entry is None:
+        raise ValueError(
+            f"init method {method!r} cannot be applied to {type(model).__name__}: it supports the families "
+            f"{known[method]} (see impulsevit/init/README.md, 'Applicability')"
+        )
+    gen = make_generator(generator)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        result = entry.handler(model, gen, dict(options))
+    seconds = time.perf_counter() - t0
+    return InitReport(
+        method=method,
+        family=entry.family,
+        model=type(model).__name__,
+        options=_jsonable(result.options),
+        offsets=[[(int(dy), int(dx)) for dy, dx in row] for row in result.offsets],
+        seconds=seconds,
+        notes=list(result.notes),
+    )
+
+
+def check_options(method: str, given: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge ``given`` over ``defaults``; raise ``TypeError`` naming any unknown key and the valid ones."""
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise TypeError(f"unknown option(s) {unknown} for init method {method!r}; valid: {sorted(defaults)}")
+    return {**defaults, **given}
+
+
+def read_full(t: torch.Tensor) -> torch.Tensor:
+    """The full value of a parameter / buffer, as a plain tensor (gathers FSDP2 ``DTensor`` shards)."""
+    t = t.data if isinstance(t, nn.Parameter) else t
+    if hasattr(t, "full_tensor"):
+        return t.full_tensor()
+    return t
+
+
+def write_full_(t: torch.Tensor, value: torch.Tensor) -> None:
+    """Copy the full ``value`` into parameter ``t`` in place; for a ``DTensor`` each rank writes its own shard.
+
+    ``value`` must have ``t``'s full (global) shape; it is cast to ``t``'s dtype and device.
+    """
+    data = t.data if isinstance(t, nn.Parameter) else t
+    if tuple(value.shape) != tuple(data.shape):
+        raise ValueError(f"shape mismatch writing parameter: expected {tuple(data.shape)}, got {tuple(value.shape)}")
+    if hasattr(data, "device_mesh") and hasattr(data, "placements"):
+        from torch.distributed.tensor import distribute_tensor
+
+        local = distribute_tensor(
+            value.to(device=data.to_local().device, dtype=data.dtype), data.device_mesh, data.placements
+        ).to_local()
+        data.to_local().copy_(local)
+    else:
+        data.copy_(value.to(device=data.device, dtype=data.dtype))
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, bool | int | float | str) or obj is None:
+        return obj
+    if isinstance(obj, torch.Tensor) and obj.numel() == 1:
+        return obj.item()
+    return repr(obj)
+
+
+_LOADED = False
+
+
+def _load_builtin() -> None:
+    """Import the built-in family modules so their ``@register`` calls run (idempotent)."""
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    import importlib
+
+    for name in ("vit", "baselines", "weight_selection", "swin", "mixer", "convmixer"):
+        try:
+            importlib.import_module(f"impulsevit.init.{name}")
+        except ModuleNotFoundError as e:  # a family module not written yet must not break the others
+            if e.name != f"impulsevit.init.{name}":
+                raise
