@@ -1,0 +1,133 @@
+"""Typed configuration blocks of a training recipe (``model.init``, ``model.optimizer``, ...).
+
+Plain dataclasses, so LightningCLI / jsonargparse validates a recipe key by key: a misspelled key or a value of the
+wrong type is an error naming the key. They are the shared contract between ``ImageClassifier`` and the CLI.
+
+Example recipe fragment::
+
+    model:
+      init: {method: impulse, seed: 0, options: {gain_p: 18.0}}
+      optimizer: {name: adamw, base_lr: 5.0e-4, base_batch_size: 512, lr_scaling: linear, weight_decay: 0.05}
+      scheduler: {name: cosine, warmup_epochs: 5, warmup_lr: 1.0e-6, min_lr: 1.0e-5}
+      mixup: {mixup_alpha: 0.8, cutmix_alpha: 1.0}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["InitConfig", "OptimizerConfig", "SchedulerConfig", "MixupConfig", "resolve_lr", "as_config"]
+
+
+@dataclass
+class InitConfig:
+    """Which initializer runs at the start of fitting (see ``impulsevit.init.methods()``).
+
+    Attributes:
+        method: registered method name: ``impulse``, ``mimetic``, ``timm``, ``torch``, ``weight_selection``, ...
+        seed: seed of the one ``torch.Generator`` every rank uses (independent of the data / dropout seed).
+        options: method options, passed as keyword arguments; unknown ones are rejected by the method.
+    """
+
+    method: str = "impulse"
+    seed: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimizerConfig:
+    """Optimizer, built with timm's optimizer factory (``timm.optim.create_optimizer_v2``).
+
+    Weight decay is never applied to biases, norm weights (any parameter with ndim <= 1) nor to the names the backbone
+    lists in ``no_weight_decay()`` (ViT: ``pos_embed``, ``cls_token``, ...).
+
+    Attributes:
+        name: timm optimizer name (``adamw``, ``lamb``, ``sgd``, ...).
+        lr: peak learning rate; when given, ``base_lr``/``base_batch_size``/``lr_scaling`` are ignored.
+        base_lr: peak lr at ``base_batch_size``; the run's lr is ``base_lr * s`` with ``s = global_batch /
+            base_batch_size`` (``linear``), ``sqrt(s)`` (``sqrt``) or ``1`` (``none``).
+        base_batch_size: the global batch ``base_lr`` refers to (DeiT: 512).
+        lr_scaling: how the lr follows the global batch.
+        weight_decay: decoupled weight decay (AdamW) on the decayed group.
+        eps / betas: Adam-family constants (ignored by optimizers that have none).
+        layer_decay: if set, lr of block ``i`` is scaled by ``layer_decay ** (num_layers - i)`` (timm's grouping).
+    """
+
+    name: str = "adamw"
+    lr: float | None = None
+    base_lr: float = 5e-4
+    base_batch_size: int = 512
+    lr_scaling: Literal["linear", "sqrt", "none"] = "linear"
+    weight_decay: float = 0.05
+    eps: float = 1e-8
+    betas: tuple[float, float] = (0.9, 0.999)
+    layer_decay: float | None = None
+
+
+@dataclass
+class SchedulerConfig:
+    """Learning-rate schedule, stepped once per optimizer step (not per epoch).
+
+    ``cosine``: linear warmup from ``warmup_lr`` to the peak lr over ``warmup_epochs``, then cosine decay reaching
+    ``min_lr`` at the last optimizer step of the run (timm ``CosineLRScheduler``, ``t_in_epochs=False``; no cooldown
+    epochs). ``constant``: the same warmup, then the peak lr. Fractional ``warmup_epochs`` are allowed.
+    """
+
+    name: Literal["cosine", "constant"] = "cosine"
+    warmup_epochs: float = 5
+    warmup_lr: float = 1e-6
+    min_lr: float = 1e-5
+
+
+@dataclass
+class MixupConfig:
+    """Mixup / CutMix on training batches (timm ``Mixup``); targets become soft, label smoothing is folded in.
+
+    ``mode``: ``batch`` (one lambda per batch), ``pair`` or ``elem`` (timm's modes). Set both alphas to 0 to disable.
+    """
+
+    mixup_alpha: float = 0.8
+    cutmix_alpha: float = 1.0
+    prob: float = 1.0
+    switch_prob: float = 0.5
+    mode: str = "batch"
+
+
+def resolve_lr(cfg: OptimizerConfig, global_batch: int | None) -> float:
+    """The peak learning rate of a run: ``cfg.lr`` if set, else ``base_lr`` scaled by the global batch.
+
+    Raises:
+        ValueError: ``cfg.lr`` is unset and ``global_batch`` is unknown or not positive.
+    """
+    if cfg.lr is not None:
+        return float(cfg.lr)
+    if global_batch is None or global_batch <= 0:
+        raise ValueError(
+            f"model.optimizer.lr is not set and the global batch size is unknown ({global_batch!r}); either set "
+            "model.optimizer.lr or use a datamodule with a `batch_size` so base_lr can be scaled"
+        )
+    ratio = global_batch / cfg.base_batch_size
+    scale = {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[cfg.lr_scaling]
+    return float(cfg.base_lr * scale)
+
+
+def as_config(cls: type, value: Any, key: str) -> Any:
+    """``value`` as a ``cls`` dataclass: ``None`` gives the defaults, a mapping is checked key by key.
+
+    Raises:
+        TypeError: a mapping with keys that ``cls`` does not have (the message names ``key`` and the valid keys).
+    """
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - names)
+        if unknown:
+            raise TypeError(f"unknown key(s) {unknown} in model.{key}; valid keys: {sorted(names)}")
+        return cls(**value)
+    raise TypeError(f"model.{key} must be a mapping or {cls.__name__}, got {type(value).__name__}")
