@@ -1,0 +1,69 @@
+"""Job state read from the run directory (no ``squeue``/``sacct``): ``<run dir>/slurm/events.log``.
+
+The batch script written by :func:`impulsevit.cluster.sbatch.render_sbatch` appends one line per event::
+
+    2026-01-01T12:00:00 job=123 restart=0 event=start host=node1 nodes=node[1-4] ntasks=32
+    2026-01-01T12:30:00 job=123 restart=0 event=signal signal=TERM
+    2026-01-01T12:30:02 job=123 restart=0 event=exit rc=143
+    2026-01-01T12:32:10 job=123 restart=1 event=start host=node7 ...
+
+and the preemption callback adds ``event=checkpoint path=… step=N`` and ``event=requeue rc=…`` lines.
+``restart`` is SLURM's ``SLURM_RESTART_COUNT`` (same job id after a requeue).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+def events_path(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / "slurm" / "events.log"
+
+
+def append_event(path: str | os.PathLike, **fields: object) -> None:
+    """Append one ``key=value`` event line to the events file ``path`` (timestamp, job id and restart count from the
+    SLURM environment are added)."""
+    job = os.environ.get("SLURM_JOB_ID", "-")
+    if os.environ.get("SLURM_ARRAY_JOB_ID"):
+        job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
+    head = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} job={job} restart={os.environ.get('SLURM_RESTART_COUNT', '0')}"
+    body = " ".join(f"{k}={str(v).replace(' ', '_')}" for k, v in fields.items())
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:  # one short write per line; O_APPEND keeps lines whole
+        f.write(f"{head} {body}\n")
+
+
+def read_events(run_dir: str | os.PathLike) -> list[dict[str, str]]:
+    """All events of the run, oldest first, as dicts (``time``, ``job``, ``restart``, ``event`` and the rest)."""
+    path = events_path(run_dir)
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        stamp, _, rest = line.partition(" ")
+        ev = {"time": stamp}
+        for tok in rest.split():
+            key, sep, value = tok.partition("=")
+            if sep:
+                ev[key] = value
+        if "event" in ev:
+            out.append(ev)
+    return out
+
+
+def job_state(run_dir: str | os.PathLike) -> str:
+    """``pending`` (no event yet), ``running``, ``completed`` (last exit rc=0) or ``failed`` (last exit rc≠0).
+
+    A requeued job shows ``failed``/``running`` for the attempt that was stopped until its next ``start`` arrives;
+    look at the ``requeue`` events to tell the two apart.
+    """
+    state = "pending"
+    for ev in read_events(run_dir):
+        if ev["event"] == "start":
+            state = "running"
+        elif ev["event"] == "exit":
+            state = "completed" if ev.get("rc") == "0" else "failed"
+    return state

@@ -1,0 +1,142 @@
+"""``impulsevit submit``: write ``<runs-dir>/<name>/submit.sbatch`` for ``impulsevit fit`` and hand it to ``sbatch``.
+
+Usage::
+
+    impulsevit submit --recipe R [--name N] [--runs-dir D] [--nodes N --gpus-per-node G --cpus-per-task C --mem M
+                      --time T --partition P --account A --qos Q --constraint X --exclusive --array K
+                      --container-image IMG --signal-lead S --dry-run] [fit overrides …]
+
+Everything not recognised here is passed to ``impulsevit fit`` unchanged (``--trainer.max_epochs=100``). Defaults come
+from ``~/.config/impulsevit/slurm.yaml`` (:mod:`impulsevit.cluster.slurm_config`), flags override them.
+``--dry-run`` prints the script and writes/submits nothing. Without ``sbatch`` on PATH the script is still written and
+the error names it, so it can be submitted by hand. Exit codes: 0 submitted (or dry run), 1 ``sbatch`` missing or
+failed, 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from impulsevit.cluster.events import events_path, job_state
+from impulsevit.cluster.sbatch import FitJob, SlurmOptions, render_sbatch
+from impulsevit.cluster.slurm_config import config_path, load_defaults
+
+_REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="impulsevit submit", allow_abbrev=False,
+                                description="Write an sbatch script for `impulsevit fit` and submit it.",
+                                epilog="Unrecognised arguments are passed to `impulsevit fit`.")
+    p.add_argument("--recipe", required=True, help="recipe file or name in recipes/ (as for `impulsevit fit`)")
+    p.add_argument("--name", help="run name (default: the recipe's file name without .yaml)")
+    p.add_argument("--runs-dir", default="runs", help="parent of the run directory (default ./runs)")
+    p.add_argument("--nodes", type=int)
+    p.add_argument("--gpus-per-node", type=int, help="GPUs per node = tasks per node (0: a CPU job)")
+    p.add_argument("--tasks-per-node", type=int, help="processes per node of a CPU job (default 1)")
+    p.add_argument("--cpus-per-task", type=int)
+    p.add_argument("--mem")
+    p.add_argument("--time", help="time limit in a SLURM format, e.g. 2-00:00:00")
+    for name in ("--partition", "--account", "--qos", "--constraint", "--array", "--container-image"):
+        p.add_argument(name)
+    p.add_argument("--exclusive", action="store_true", default=None)
+    p.add_argument("--signal-lead", type=int, dest="signal_lead_s",
+                   help="seconds before the time limit at which SLURM sends USR1 (default 120)")
+    p.add_argument("--launcher", help="command that starts the CLI inside the job (default: this environment's "
+                                      "impulsevit; e.g. 'apptainer exec --nv img.sif impulsevit')")
+    p.add_argument("--slurm-config", help=f"defaults file (default {config_path()})")
+    p.add_argument("--dry-run", action="store_true", help="print the script; write and submit nothing")
+    return p
+
+
+def resolve_recipe(recipe: str) -> str:
+    """An absolute path for a recipe file or a name in ``recipes/``; raises ``FileNotFoundError`` naming both."""
+    candidates = [Path(recipe), Path(recipe + ".yaml"), _REPO_RECIPES / recipe, _REPO_RECIPES / f"{recipe}.yaml"]
+    for c in candidates:
+        if c.is_file():
+            return str(c.resolve())
+    raise FileNotFoundError(f"recipe {recipe!r} not found (looked for {', '.join(map(str, candidates))})")
+
+
+def default_launcher() -> str:
+    """The ``impulsevit`` script of the running Python environment, so the job uses the same installation."""
+    exe = Path(sys.executable).parent / "impulsevit"
+    return str(exe) if exe.exists() else "impulsevit"
+
+
+def build(argv: list[str]) -> tuple[FitJob, SlurmOptions, argparse.Namespace]:
+    """Parse ``argv`` (+ the defaults file) into the job and its options.
+
+    Raises ``ValueError`` (bad option, naming it) or ``FileNotFoundError`` (recipe not found).
+    """
+    args, overrides = _parser().parse_known_args(argv)
+    defaults = load_defaults(args.slurm_config)
+    configured_launcher = defaults.pop("launcher", None)
+    launcher = args.launcher or configured_launcher
+    values = dict(defaults)
+    for f in fields(SlurmOptions):
+        v = getattr(args, f.name, None)
+        if v is not None:
+            values[f.name] = v
+    opts = SlurmOptions(**values)
+    opts.validate()
+    recipe = resolve_recipe(args.recipe)
+    if launcher is None:
+        launcher = "impulsevit" if opts.container_image else default_launcher()
+    job = FitJob(recipe=recipe, run_name=args.name or Path(recipe).stem, runs_dir=Path(args.runs_dir).resolve(),
+                 workdir=Path.cwd(), fit_overrides=tuple(overrides), launcher=launcher)
+    return job, opts, args
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``impulsevit submit``; returns the process exit code."""
+    try:
+        job, opts, args = build(argv)
+        script = render_sbatch(job, opts)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"impulsevit submit: error: {e}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        sys.stdout.write(script)
+        return 0
+
+    run_dir = job.run_dir
+    path = run_dir / "submit.sbatch"
+    if job_state(run_dir) == "running":
+        print(f"impulsevit submit: warning: {events_path(run_dir)} says a job is still running in {run_dir}; "
+              "two jobs in one run directory overwrite each other's checkpoints", file=sys.stderr)
+    _write_atomic(path, script)
+    (run_dir / "slurm").mkdir(exist_ok=True)
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        print(f"impulsevit submit: error: `sbatch` not found on PATH; the script is written to {path} — "
+              f"submit it by hand on a SLURM login node with:  sbatch {path}", file=sys.stderr)
+        return 1
+    proc = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"impulsevit submit: error: sbatch failed (exit {proc.returncode}) for {path}:\n"
+              f"{proc.stderr.strip()}", file=sys.stderr)
+        return 1
+    job_id = proc.stdout.strip().split(";")[0]
+    log = run_dir / "slurm" / (f"{job_id}_<task>.out" if opts.array else f"{job_id}.out")
+    print(f"Submitted batch job {job_id}")
+    print(f"  script:      {path}")
+    print(f"  log:         {log}")
+    print(f"  events:      {events_path(run_dir)}")
+    print(f"  run dir:     {run_dir}" + ("/task<ID>" if opts.array else ""))
+    print(f"  checkpoints: {run_dir}{'/task<ID>' if opts.array else ''}/checkpoints")
+    print(f"  tensorboard: tensorboard --logdir {run_dir}")
+    return 0

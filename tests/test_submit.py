@@ -1,0 +1,184 @@
+"""`impulsevit submit`: sbatch script generation (golden files), options, defaults file, dry run, missing sbatch.
+
+No SLURM needed here; the real-cluster tests are in tests/test_slurm.py. Regenerate the golden files after an
+intended change with ``IMPULSEVIT_UPDATE_GOLDEN=1 pytest tests/test_submit.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from impulsevit.cluster.events import append_event, events_path, job_state, read_events
+from impulsevit.cluster.sbatch import FitJob, SlurmOptions, fit_command, parse_slurm_time, render_sbatch
+from impulsevit.cluster.slurm_config import load_defaults
+from impulsevit.cluster.submit import main
+
+GOLDEN = Path(__file__).parent / "golden"
+
+JOB = FitJob(recipe="/scratch/impulsevit/recipes/deit_base_in1k.yaml", run_name="deit_base_in1k",
+             runs_dir=Path("/scratch/runs"), workdir=Path("/scratch/impulsevit"),
+             fit_overrides=("--trainer.max_epochs=300",), launcher="impulsevit")
+LAYOUTS = {
+    "1x8": SlurmOptions(nodes=1, gpus_per_node=8, cpus_per_task=12, mem="0", time="2-00:00:00", partition="gpu",
+                        account="proj", exclusive=True, signal_lead_s=300),
+    "4x8": SlurmOptions(nodes=4, gpus_per_node=8, cpus_per_task=12, mem="480G", time="1-12:00:00", partition="gpu",
+                        qos="high", constraint="h100", exclusive=True, signal_lead_s=300),
+}
+
+
+def sbatch_lines(script: str) -> list[str]:
+    return [ln for ln in script.splitlines() if ln.startswith("#SBATCH ")]
+
+
+def srun_line(script: str) -> str:
+    (line,) = [ln for ln in script.splitlines() if ln.startswith("srun ")]
+    return line
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_golden_sbatch(layout):
+    script = render_sbatch(JOB, LAYOUTS[layout])
+    path = GOLDEN / f"submit_{layout}.sbatch"
+    if os.environ.get("IMPULSEVIT_UPDATE_GOLDEN"):
+        path.write_text(script)
+    assert script == path.read_text(), f"{path} differs; regenerate with IMPULSEVIT_UPDATE_GOLDEN=1 if intended"
+    nodes, gpus = (int(x) for x in layout.split("x"))
+    lines = sbatch_lines(script)
+    assert f"#SBATCH --nodes={nodes}" in lines
+    assert f"#SBATCH --ntasks-per-node={gpus}" in lines
+    assert f"#SBATCH --gpus-per-node={gpus}" in lines
+    assert "#SBATCH --signal=USR1@300" in lines and "#SBATCH --requeue" in lines
+    assert "#SBATCH --output=/scratch/runs/deit_base_in1k/slurm/%j.out" in lines
+    srun = srun_line(script)
+    assert srun.startswith("srun --kill-on-bad-exit=1 impulsevit fit --recipe /scratch/impulsevit/recipes/")
+    assert "--name deit_base_in1k --runs-dir /scratch/runs --resume auto" in srun
+    assert f"--trainer.devices={gpus} --trainer.num_nodes={nodes}" in srun and "--trainer.accelerator=gpu" in srun
+    assert srun.endswith("--trainer.max_epochs=300")
+    assert 'export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK}"' in script  # srun >= 22.05 does not inherit it
+    proc = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_cpu_layout_and_container():
+    opts = SlurmOptions(tasks_per_node=2, container_image="nvcr.io#me/impulsevit:latest")
+    script = render_sbatch(JOB, opts)
+    assert "#SBATCH --ntasks-per-node=2" in sbatch_lines(script)
+    assert not any("gpus" in ln for ln in sbatch_lines(script))
+    srun = srun_line(script)
+    assert "--container-image=nvcr.io#me/impulsevit:latest" in srun
+    assert "--container-mounts=/scratch/impulsevit:/scratch/impulsevit,/scratch/runs:/scratch/runs" in srun
+    assert "--trainer.accelerator=cpu --trainer.devices=2 --trainer.num_nodes=1" in srun
+
+
+def test_array_job_runs_each_task_in_its_own_dir():
+    job = FitJob(**{**JOB.__dict__, "fit_overrides": ("--model.init.seed=%a", "--x=a b")})
+    script = render_sbatch(job, SlurmOptions(array="0-3%2"))
+    assert "#SBATCH --array=0-3%2" in sbatch_lines(script)
+    assert "#SBATCH --output=/scratch/runs/deit_base_in1k/slurm/%A_%a.out" in sbatch_lines(script)
+    srun = srun_line(script)
+    assert '--name task"${SLURM_ARRAY_TASK_ID}" --runs-dir /scratch/runs/deit_base_in1k ' in srun
+    assert srun.endswith("--model.init.seed=\"${SLURM_ARRAY_TASK_ID}\" '--x=a b'")
+    out = subprocess.run(["bash", "-c", f"set -- ; printf '%s\\n' {srun.split(' fit ', 1)[1]}"], text=True,
+                         capture_output=True, env={**os.environ, "SLURM_ARRAY_TASK_ID": "3"}, check=True).stdout
+    args = out.splitlines()
+    assert args[args.index("--name") + 1] == "task3" and "--model.init.seed=3" in args and "--x=a b" in args
+
+
+@pytest.mark.parametrize("value,seconds", [("30", 1800), ("5:30", 330), ("1:00:00", 3600), ("2-00", 172800),
+                                           ("1-02:03", 93780), ("1-02:03:04", 93784)])
+def test_parse_slurm_time(value, seconds):
+    assert parse_slurm_time(value) == seconds
+
+
+@pytest.mark.parametrize("opts,match", [
+    (SlurmOptions(gpus_per_node=8, tasks_per_node=4), "one task per GPU"),
+    (SlurmOptions(time="00:01:00", signal_lead_s=120), "signal_lead_s=120"),
+    (SlurmOptions(time="forever"), "not a SLURM time"),
+    (SlurmOptions(nodes=0), "nodes must be"),
+    (SlurmOptions(array="0-3; rm -rf /"), "array="),
+])
+def test_bad_options_are_named(opts, match):
+    with pytest.raises(ValueError, match=re.escape(match)):
+        render_sbatch(JOB, opts)
+
+
+def test_fit_command_matches_allocation():
+    argv = fit_command(JOB, SlurmOptions(nodes=2, gpus_per_node=4))
+    assert argv[:9] == ["fit", "--recipe", JOB.recipe, "--name", "deit_base_in1k", "--runs-dir", "/scratch/runs",
+                        "--resume", "auto"]
+    assert "--trainer.devices=4" in argv and "--trainer.num_nodes=2" in argv
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("IMPULSEVIT_SLURM_CONFIG", str(tmp_path / "slurm.yaml"))
+    (tmp_path / "tiny.yaml").write_text("trainer: {max_epochs: 1}\n")
+    return tmp_path
+
+
+def test_dry_run_prints_and_writes_nothing(workdir, capsys):
+    rc = main(["--recipe", "tiny.yaml", "--nodes", "4", "--gpus-per-node", "8", "--time", "10:00:00", "--dry-run",
+               "--trainer.max_epochs=2"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "#SBATCH --nodes=4" in out and "#SBATCH --ntasks-per-node=8" in out
+    assert f"--recipe {workdir / 'tiny.yaml'} --name tiny --runs-dir {workdir / 'runs'} --resume auto" in out
+    assert srun_line(out).endswith("--trainer.max_epochs=2")
+    assert not (workdir / "runs").exists()
+
+
+def test_defaults_file_and_flag_precedence(workdir, capsys):
+    (workdir / "slurm.yaml").write_text("partition: big\naccount: acme\ngpus-per-node: 4\ntime: 90\n"
+                                        "setup: ['module load cuda']\nextra_sbatch: ['--mail-type=END']\n")
+    assert main(["--recipe", "tiny", "--partition", "small", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    lines = sbatch_lines(out)
+    assert "#SBATCH --partition=small" in lines and "#SBATCH --account=acme" in lines
+    assert "#SBATCH --gpus-per-node=4" in lines and "#SBATCH --time=90" in lines
+    assert "#SBATCH --mail-type=END" in lines and "\nmodule load cuda\n" in out
+
+
+@pytest.mark.parametrize("text,match", [("partiton: gpu\n", "unknown key 'partiton'"),
+                                        ("nodes: two\n", "nodes must be an integer"),
+                                        ("- a\n", "expected a mapping")])
+def test_defaults_file_errors_name_file_and_key(workdir, text, match):
+    (workdir / "slurm.yaml").write_text(text)
+    with pytest.raises(ValueError, match=re.escape(match)) as e:
+        load_defaults()
+    assert str(workdir / "slurm.yaml") in str(e.value)
+
+
+def test_bad_input_exit_code_2(workdir, capsys):
+    assert main(["--recipe", "nope.yaml", "--dry-run"]) == 2
+    assert "recipe 'nope.yaml' not found" in capsys.readouterr().err
+    assert main(["--recipe", "tiny", "--gpus-per-node", "2", "--tasks-per-node", "3", "--dry-run"]) == 2
+    assert "one task per GPU" in capsys.readouterr().err
+
+
+def test_missing_sbatch_names_the_script(workdir, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(workdir / "empty-bin"))
+    assert main(["--recipe", "tiny", "--tasks-per-node", "2"]) == 1
+    err = capsys.readouterr().err
+    script = workdir / "runs" / "tiny" / "submit.sbatch"
+    assert "`sbatch` not found" in err and f"sbatch {script}" in err
+    assert script.read_text().startswith("#!/bin/bash\n")
+    assert (workdir / "runs" / "tiny" / "slurm").is_dir()  # --output's directory must exist before sbatch
+
+
+def test_events_roundtrip(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "17")
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    assert job_state(tmp_path) == "pending"
+    append_event(events_path(tmp_path), event="start", host="n1")
+    assert job_state(tmp_path) == "running"
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    append_event(events_path(tmp_path), event="exit", rc=0)
+    evs = read_events(tmp_path)
+    assert [(e["job"], e["restart"], e["event"]) for e in evs] == [("17", "0", "start"), ("17", "1", "exit")]
+    assert job_state(tmp_path) == "completed"
