@@ -1,0 +1,206 @@
+"""MLP-Mixer (timm ``MlpMixer`` with ``MixerBlock``): impulse (convolutional) token-mixing init and its diagnostics.
+
+The token-mixing MLP of a block maps each channel's token vector ``x ∈ R^N`` (``N = H·W`` patches, row-major) through
+``fc2 · GELU · fc1`` with ``fc1 ∈ R^{S×N}``, ``fc2 ∈ R^{N×S}``; it is shared by all channels. There is no softmax and no
+pseudo-input, so the structure is written directly into the weights (method.md §4.3; the paper's exact mechanics are
+unknown — this is our reading, flagged unverified).
+
+``layout="blocks"`` (default, method.md §4.3 reading (a)): the hidden units are split into ``K = S // N`` blocks of
+``N``; block ``b`` gets offset ``o_b = impulse_offsets(K)[b]`` (method.md §2.1, cyclic beyond 9) and ``fc1`` row
+``b·N + t`` is ``gain_in · e_{t+o_b}`` (hidden unit = the neighbour of token ``t``; zero row when the neighbour is off
+the grid — zero padding, no wrap). ``fc2[t, b·N + t] = gain_out`` routes every block back to its token, so
+
+    y_t = gain_out · Σ_b GELU(gain_in · x_{t+o_b})   ≈   0.5 · gain_in · gain_out · Σ_b x_{t+o_b}   (small x)
+
+i.e. the composite token-mixing map is a sum of impulse responses at the chosen offsets. ``gain_out`` defaults to
+``1/√K``. The ``S − K·N`` remainder hidden units keep their ``fc1`` rows and get zero ``fc2`` columns: they contribute
+nothing at init but still receive gradients. Both biases are zeroed (timm's own init puts them at ≈ 1e-6).
+
+``layout="fc1_only"`` (reading (b)): write the ``fc1`` shift blocks only, leave ``fc2`` and the biases as they are.
+
+``layout="factored"`` (ours, for ``N ≤ S < 2N`` where "blocks" degenerates to the identity — e.g. Mixer-S/16 at 224
+has ``S = 256``, ``N = 196``): ``fc1`` passes the tokens through on the first ``N`` hidden units and ``fc2`` is the
+full ``num_offsets``-tap convolution ``gain_out · Σ_o S_o`` (default all 9 offsets of the 3×3 kernel); the linear part
+is the same sum of impulse responses.
+
+Not supported: ResMLP / gMLP / GLU token MLPs (``ResBlock``, ``SpatialGatingBlock``, ``GluMlp``), ``S < N`` (blocks,
+factored), models with a class token. Errors name the model class and block.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from impulsevit.init.api import InitResult, check_options, read_full, register, write_full_
+from impulsevit.init.impulse import impulse_indicator, impulse_offsets
+
+__all__ = ["is_mixer", "mixer_token_mlps", "mixer_token_kernel", "mixer_kernel_summary"]
+
+
+def is_mixer(model: nn.Module) -> bool:
+    """True for timm's ``MlpMixer`` (ResMLP and gMLP are ``MlpMixer`` too; they fail validation with a clear error)."""
+    from timm.models.mlp_mixer import MlpMixer
+
+    return isinstance(model, MlpMixer)
+
+
+def _grid(model: nn.Module) -> tuple[int, int]:
+    stem = getattr(model, "stem", None)
+    grid = getattr(stem, "grid_size", None)
+    if grid is None:
+        raise ValueError(f"{type(model).__name__} has no stem.grid_size; cannot place tokens on a grid")
+    return int(grid[0]), int(grid[1])
+
+
+def mixer_token_mlps(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, mlp_tokens)`` for every block, validated: a timm ``Mlp`` with ``fc1 (S, N)``, ``fc2 (N, S)``, GELU.
+
+    Raises:
+        ValueError: naming the model class and the block whose token mixer is not a plain two-layer MLP over N tokens.
+    """
+    from timm.layers import Mlp
+
+    gh, gw = _grid(model)
+    n = gh * gw
+    out = []
+    for i, blk in enumerate(getattr(model, "blocks", [])):
+        mlp = getattr(blk, "mlp_tokens", None)
+        if type(mlp) is not Mlp:
+            raise ValueError(
+                f"{type(model).__name__}: block {i} ({type(blk).__name__}) has no plain timm Mlp 'mlp_tokens' "
+                f"(found {type(mlp).__name__}); impulse supports MixerBlock token MLPs only (not ResMLP/gMLP/GLU)"
+            )
+        fc1, fc2 = mlp.fc1, mlp.fc2
+        if not (isinstance(fc1, nn.Linear) and isinstance(fc2, nn.Linear)):
+            raise ValueError(f"{type(model).__name__}: block {i} token MLP fc1/fc2 are not nn.Linear")
+        if fc1.in_features != n or fc2.out_features != n or fc2.in_features != fc1.out_features:
+            raise ValueError(
+                f"{type(model).__name__}: block {i} token MLP maps {fc1.in_features}->{fc1.out_features}->"
+                f"{fc2.out_features}, expected {n} tokens ({gh}x{gw} grid) in and out"
+            )
+        if not isinstance(mlp.act, nn.GELU) or not isinstance(mlp.norm, nn.Identity):
+            raise ValueError(f"{type(model).__name__}: block {i} token MLP must be Linear-GELU-Linear "
+                             f"(found act={type(mlp.act).__name__}, norm={type(mlp.norm).__name__})")
+        out.append((f"blocks.{i}.mlp_tokens", mlp))
+    if not out:
+        raise ValueError(f"{type(model).__name__} has no blocks with a token-mixing MLP")
+    return out
+
+
+_DEFAULTS: dict[str, Any] = {"layout": "blocks", "num_offsets": None, "gain_in": 1.0, "gain_out": None}
+_LAYOUTS = ("blocks", "fc1_only", "factored")
+
+
+@register("impulse", family="mixer", matches=is_mixer)
+def impulse_mixer(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+    """Convolutional (impulse) token-mixing MLPs in every Mixer block; deterministic (no randomness used).
+
+    Options:
+        layout: ``"blocks"`` (default), ``"fc1_only"`` or ``"factored"`` — see the module docstring.
+        num_offsets: offsets used, taken from the §2.1 list (cyclic beyond 9). Default: ``S // N`` for
+            blocks/fc1_only (all blocks), 9 for factored. Must be ≤ ``S // N`` for blocks/fc1_only.
+        gain_in: value of the one-hot ``fc1`` entries (default 1.0).
+        gain_out: value of the ``fc2`` routing / kernel taps (default ``1/√num_offsets``).
+    """
+    opts = check_options("impulse", options, _DEFAULTS)
+    if opts["layout"] not in _LAYOUTS:
+        raise ValueError(f"impulse (mixer): layout must be one of {_LAYOUTS}, got {opts['layout']!r}")
+    grid = _grid(model)
+    n = grid[0] * grid[1]
+    mlps = mixer_token_mlps(model)
+    s = mlps[0][1].fc1.out_features
+    if any(m.fc1.out_features != s for _, m in mlps):
+        raise ValueError(f"{type(model).__name__}: token MLP hidden sizes differ between blocks")
+    if s < n:
+        raise ValueError(f"{type(model).__name__}: token-mixing hidden size S={s} < N={n} tokens; impulse needs S >= N "
+                         "(raise mlp_ratio[0])")
+    layout = opts["layout"]
+    k = opts["num_offsets"]
+    k = (s // n if layout != "factored" else 9) if k is None else int(k)
+    if k < 1 or (layout != "factored" and k > s // n):
+        raise ValueError(f"impulse (mixer): num_offsets={k} must be in [1, S//N={s // n}] for layout {layout!r}")
+    gain_in = float(opts["gain_in"])
+    gain_out = 1.0 / math.sqrt(k) if opts["gain_out"] is None else float(opts["gain_out"])
+    offs = impulse_offsets(k)
+    shifts = [impulse_indicator(grid[0], grid[1], o) for o in offs]  # (M x)_t = x_{t+o}, zero padding
+    eye = torch.eye(n, dtype=torch.float64)
+
+    writes = []
+    for _, mlp in mlps:
+        w1 = read_full(mlp.fc1.weight).detach().to(torch.float64).clone()
+        w2 = read_full(mlp.fc2.weight).detach().to(torch.float64).clone()
+        if layout == "factored":
+            w1[:n] = gain_in * eye
+            w2.zero_()
+            w2[:, :n] = gain_out * sum(shifts)
+        else:
+            for b, m in enumerate(shifts):
+                w1[b * n:(b + 1) * n] = gain_in * m
+            if layout == "blocks":
+                w2.zero_()
+                for b in range(k):
+                    w2[:, b * n:(b + 1) * n] = gain_out * eye
+        writes.append((mlp, w1, w2))
+    for mlp, w1, w2 in writes:
+        write_full_(mlp.fc1.weight, w1)
+        if layout == "fc1_only":
+            continue
+        write_full_(mlp.fc2.weight, w2)
+        for lin in (mlp.fc1, mlp.fc2):
+            if lin.bias is not None:
+                write_full_(lin.bias, torch.zeros_like(read_full(lin.bias)))
+    note = f"grid {grid[0]}x{grid[1]} (N={n}), token hidden S={s}, {k} offsets, layout {layout}"
+    if layout == "blocks":
+        note += f"; {s - k * n} remainder hidden units (fc1 kept, fc2 columns zero)"
+    return InitResult(options={**opts, "num_offsets": k, "gain_out": gain_out},
+                      offsets=[list(offs) for _ in mlps], notes=[note])
+
+
+# ---------------------------------------------------------------------------------------------------- diagnostics
+
+
+def mixer_token_kernel(model: nn.Module, eps: float = 1e-3) -> list[torch.Tensor]:
+    """Per block, the effective linear token-mixing kernel ``K (N, N)`` at the current weights, measured by probing
+    the token MLP with one-hot token inputs: ``K[t, s] = (f(ε·e_s) − f(−ε·e_s))_t / 2ε`` (central difference; the
+    GELU curvature cancels). Row ``t`` = how output token ``t`` depends on input token ``s``. float64."""
+    mlps = mixer_token_mlps(model)
+    n = mlps[0][1].fc1.in_features
+    out = []
+    with torch.no_grad():
+        for _, mlp in mlps:
+            p = next(mlp.parameters())
+            probe = (eps * torch.eye(n, dtype=torch.float64)).to(device=p.device, dtype=p.dtype)
+            diff = (mlp(probe) - mlp(-probe)).to(torch.float64).cpu() / (2 * eps)  # row s = response to e_s
+            out.append(diff.T.contiguous())
+    return out
+
+
+def mixer_kernel_summary(
+    kernels: list[torch.Tensor], grid: tuple[int, int], offsets: list[tuple[int, int]]
+) -> list[dict[str, float]]:
+    """Per block: over interior tokens (every offset on the grid), ``offset_mass`` = share of ``Σ_s |K[t, s]|`` on
+    the offsets' taps, ``hit_rate`` = share of tokens whose ``argmax_s |K[t, s]|`` is one of them, ``entropy`` (nats)
+    of the row-normalised ``|K|``. Use ``grid = model.stem.grid_size``."""
+    h, w = grid
+    dys = [dy for dy, _ in offsets]
+    dxs = [dx for _, dx in offsets]
+    rows = [r * w + c for r in range(max(0, -min(dys)), h - max(0, max(dys)))
+            for c in range(max(0, -min(dxs)), w - max(0, max(dxs)))]
+    res = []
+    for k in kernels:
+        a = k.abs()
+        p = a / a.sum(-1, keepdim=True).clamp_min(1e-300)
+        masses, hits = [], []
+        for t in rows:
+            taps = {t + dy * w + dx for dy, dx in offsets}
+            idx = torch.tensor(sorted(taps))
+            masses.append(float(p[t, idx].sum()))
+            hits.append(float(int(a[t].argmax()) in taps))
+        ent = float(-(p[rows] * p[rows].clamp_min(1e-300).log()).sum(-1).mean()) if rows else float("nan")
+        res.append({"offset_mass": sum(masses) / max(1, len(masses)), "hit_rate": sum(hits) / max(1, len(hits)),
+                    "entropy": ent})
+    return res

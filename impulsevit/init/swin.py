@@ -1,0 +1,289 @@
+"""Swin Transformer (timm ``SwinTransformer``, v1): impulse and mimetic initializers, attention diagnostics.
+
+``impulse`` (method.md §4.2, the "faithful-in-spirit" construction; the paper's exact Swin mechanics are unknown):
+every block's relative-position bias table gets, for head ``i`` with offset ``(dy, dx)`` = ``impulse_offsets(h)[i]``
+(method.md §2.1), the value ``c`` at the relative coordinate of the target neighbour and ``0`` everywhere else. Q/K are
+left as they are, so at init the bias dominates the logits: within a window each query puts
+``e^c / (e^c + n - 1)`` of its softmax mass on the key at ``(r + dy, c + dx)`` (``n`` = unmasked keys in its window).
+``c`` defaults to the value that gives ``target_mass`` (0.75) in a *full* window of the block's size, i.e.
+``c = log(target_mass · (n - 1) / (1 - target_mass))`` (≈ 4.97 for 7×7, 3.81 for 4×4); ``bias=`` fixes ``c`` for all
+blocks instead. A query whose neighbour lies outside its window (window border, image border) has a flat bias row —
+no target, like zero padding; in shifted-window blocks timm's own mask (−100) already removes wrapped tokens, so they
+never receive the target.
+
+The bias table is indexed through the module's own ``relative_position_index`` buffer (timm: relative coordinate
+= query − key), read from the buffer rather than re-derived, so the construction follows whatever convention the
+installed timm uses.
+
+``mimetic`` (Trockman & Kolter; method.md §5.1) per block: per head ``W_qᵀ W_k`` = best rank-``d`` approximation of
+``alpha·Z + beta·I`` (``Z`` i.i.d. ``U(±√(3/D))``), and ``x W_vᵀ W_oᵀ = x (alpha_v·Z' − beta_v·I)`` per block. The bias
+table is not touched.
+
+Not supported: ``SwinTransformerV2`` (its bias comes from a continuous-position MLP, not a table; it does not match
+this family and ``initialize`` raises). Windows smaller than 2 along an axis cannot hold a vertical/horizontal
+neighbour: such heads keep a flat (all-zero) table and a note says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from impulsevit.init.api import InitResult, check_options, read_full, register, write_full_
+from impulsevit.init.impulse import impulse_offsets, mimetic_qk_factors, value_proj_factors
+
+__all__ = [
+    "is_swin",
+    "swin_blocks",
+    "impulse_bias_table",
+    "swin_window_attention",
+    "swin_attention_maps",
+    "swin_summary",
+]
+
+def _swin_classes() -> tuple[type, type]:
+    from timm.models.swin_transformer import SwinTransformer, SwinTransformerBlock
+
+    return SwinTransformer, SwinTransformerBlock
+
+
+def is_swin(model: nn.Module) -> bool:
+    """True for timm's ``SwinTransformer`` (v1) and subclasses."""
+    return isinstance(model, _swin_classes()[0])
+
+
+def swin_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, block)`` for every ``SwinTransformerBlock`` in forward order.
+
+    Raises:
+        ValueError: naming the model class when a block lacks a window attention with a relative-position bias table.
+    """
+    block_cls = _swin_classes()[1]
+    blocks = [(n, m) for n, m in model.named_modules() if isinstance(m, block_cls)]
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} has no timm SwinTransformerBlock; cannot apply a Swin initializer")
+    for name, blk in blocks:
+        attn = getattr(blk, "attn", None)
+        for attr in ("relative_position_bias_table", "relative_position_index", "qkv", "proj", "num_heads"):
+            if not hasattr(attn, attr):
+                raise ValueError(f"{type(model).__name__}: block {name!r} has no attn.{attr} (timm WindowAttention)")
+    return blocks
+
+
+def _window(blk: nn.Module) -> tuple[int, int]:
+    wh, ww = blk.attn.window_size
+    return int(wh), int(ww)
+
+
+def impulse_bias_table(
+    rel_index: torch.Tensor, window: tuple[int, int], offsets: list[tuple[int, int]], value: float
+) -> tuple[torch.Tensor, list[int]]:
+    """The relative-position bias table ``((2wh−1)(2ww−1), heads)`` with ``value`` at each head's target entry.
+
+    Args:
+        rel_index: the block's ``relative_position_index`` buffer, ``(wh·ww, wh·ww)``, row = query, column = key.
+        window: ``(wh, ww)``.
+        offsets: one ``(dy, dx)`` per head.
+        value: the bias constant ``c`` (logit units).
+
+    Returns:
+        The table (float64) and the heads whose offset does not fit in the window (their column stays 0).
+    """
+    wh, ww = window
+    table = torch.zeros((2 * wh - 1) * (2 * ww - 1), len(offsets), dtype=torch.float64)
+    misfit = []
+    for h, (dy, dx) in enumerate(offsets):
+        # any query that has the neighbour inside the window tells us the table row of this relative position
+        r, c = max(0, -dy), max(0, -dx)
+        if r + dy >= wh or c + dx >= ww or r >= wh or c >= ww:
+            misfit.append(h)
+            continue
+        idx = int(rel_index[r * ww + c, (r + dy) * ww + (c + dx)])
+        table[idx, h] = value
+    return table, misfit
+
+
+def _bias_for(target_mass: float, window_area: int) -> float:
+    return math.log(target_mass * (window_area - 1) / (1.0 - target_mass))
+
+
+_IMPULSE_DEFAULTS: dict[str, Any] = {"target_mass": 0.75, "bias": None}
+
+
+@register("impulse", family="swin", matches=is_swin)
+def impulse_swin(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+    """Impulse relative-position bias for every Swin block; Q/K/V untouched (no randomness is used).
+
+    Options:
+        target_mass: softmax share of the target key for an interior query of a full window with zero Q/K
+            contribution, in (0, 1); sets ``c`` per block from its window area. Default 0.75 (c ≈ 4.97 at 7×7).
+        bias: if given, the constant ``c`` for all blocks (``target_mass`` is then only reported, not used).
+    """
+    opts = check_options("impulse", options, _IMPULSE_DEFAULTS)
+    tm = float(opts["target_mass"])
+    if not 0.0 < tm < 1.0:
+        raise ValueError(f"impulse (swin): target_mass must be in (0, 1), got {tm}")
+    if opts["bias"] is not None and not math.isfinite(float(opts["bias"])):
+        raise ValueError(f"impulse (swin): bias must be a finite float, got {opts['bias']!r}")
+    blocks = swin_blocks(model)
+    plans, offsets, notes = [], [], []
+    for name, blk in blocks:
+        attn = blk.attn
+        wh, ww = _window(blk)
+        heads = int(attn.num_heads)
+        table_shape = tuple(attn.relative_position_bias_table.shape)
+        if table_shape != ((2 * wh - 1) * (2 * ww - 1), heads):
+            raise ValueError(
+                f"{type(model).__name__}: block {name!r} relative_position_bias_table has shape {table_shape}, "
+                f"expected ({(2 * wh - 1) * (2 * ww - 1)}, {heads}) for window {wh}x{ww}"
+            )
+        offs = impulse_offsets(heads)
+        if wh * ww < 2:
+            c = 0.0
+        else:
+            c = float(opts["bias"]) if opts["bias"] is not None else _bias_for(tm, wh * ww)
+        table, misfit = impulse_bias_table(read_full(attn.relative_position_index), (wh, ww), offs, c)
+        if misfit:
+            notes.append(f"{name}: window {wh}x{ww} cannot hold the offsets of heads {misfit}; their bias stays flat")
+        plans.append((attn.relative_position_bias_table, table))
+        offsets.append(offs)
+        notes.append(f"{name}: window {wh}x{ww}, shift {tuple(blk.shift_size)}, bias c={c:.4f}")
+    for param, table in plans:
+        write_full_(param, table)
+    return InitResult(options=opts, offsets=offsets, notes=notes)
+
+
+_MIMETIC_DEFAULTS: dict[str, Any] = {"alpha": 0.7, "beta": 0.7, "alpha_v": 0.4, "beta_v": 0.4, "value": True}
+
+
+@register("mimetic", family="swin", matches=is_swin)
+def mimetic_swin(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+    """Mimetic Q/K per head (and V/proj per block when ``value``) for every Swin block.
+
+    Options:
+        alpha, beta: ``W_qᵀ W_k ≈ alpha·Z + beta·I`` per head (default 0.7, 0.7).
+        alpha_v, beta_v: ``W_v W_o ≈ alpha_v·Z − beta_v·I`` per block, row convention (default 0.4, 0.4).
+        value: also set V/proj (default True); needs ``heads·head_dim == dim``.
+    """
+    opts = check_options("mimetic", options, _MIMETIC_DEFAULTS)
+    blocks = swin_blocks(model)
+    shapes = []
+    for name, blk in blocks:
+        attn = blk.attn
+        dim = attn.qkv.in_features
+        heads = int(attn.num_heads)
+        attn_dim = attn.qkv.out_features // 3
+        if attn.qkv.out_features != 3 * attn_dim or attn_dim % heads:
+            raise ValueError(f"{type(model).__name__}: block {name!r} qkv has {attn.qkv.out_features} rows, "
+                             f"expected 3·heads·head_dim")
+        if opts["value"] and attn_dim != dim:
+            raise ValueError(f"{type(model).__name__}: block {name!r} has heads·head_dim={attn_dim} != dim={dim}; "
+                             "mimetic V/proj needs them equal (pass value=False)")
+        shapes.append((dim, heads, attn_dim // heads))
+    new = []
+    for (_, blk), (dim, heads, hd) in zip(blocks, shapes):
+        w = read_full(blk.attn.qkv.weight).detach().to(torch.float64).clone()
+        wq, wk, _ = mimetic_qk_factors(dim, heads, hd, generator, float(opts["alpha"]), float(opts["beta"]))
+        w[:heads * hd] = wq.reshape(heads * hd, dim)
+        w[heads * hd:2 * heads * hd] = wk.reshape(heads * hd, dim)
+        proj = None
+        if opts["value"]:
+            wv, proj, _ = value_proj_factors(dim, generator, float(opts["alpha_v"]), float(opts["beta_v"]))
+            w[2 * heads * hd:] = wv
+        new.append((blk.attn, w, proj))
+    for attn, w, proj in new:
+        write_full_(attn.qkv.weight, w)
+        if proj is not None:
+            write_full_(attn.proj.weight, proj)
+    return InitResult(options=opts, notes=[f"{len(blocks)} Swin blocks"])
+
+
+# ---------------------------------------------------------------------------------------------------- diagnostics
+
+
+def swin_window_attention(model: nn.Module, images: torch.Tensor) -> list[dict[str, Any]]:
+    """The real post-softmax attention of every Swin block on ``images`` (captured from timm's own forward).
+
+    Temporarily switches each ``WindowAttention`` to its non-fused path (which applies ``attn.softmax``) and records
+    the softmax output; the model's outputs are unchanged.
+
+    Returns:
+        Per block a dict: ``name``; ``attn`` ``(B·nW, heads, n, n)`` (window-major order of timm's
+        ``window_partition`` over the cyclically shifted, padded grid); ``mask`` ``(nW, n, n)`` (0 / −100) or None;
+        ``window`` ``(wh, ww)``; ``shift`` ``(sy, sx)``; ``resolution`` ``(H, W)`` of the block input.
+    """
+    blocks = swin_blocks(model)
+    records: list[dict[str, Any]] = []
+    hooks, fused = [], []
+
+    def make_hook(rec: dict[str, Any]) -> Callable[..., None]:
+        def hook(_mod: nn.Module, _inp: Any, out: torch.Tensor) -> None:
+            rec["attn"] = out.detach()
+
+        return hook
+
+    try:
+        for name, blk in blocks:
+            rec = {"name": name, "window": _window(blk), "shift": tuple(int(s) for s in blk.shift_size),
+                   "resolution": tuple(int(r) for r in blk.input_resolution), "mask": blk.attn_mask}
+            records.append(rec)
+            fused.append((blk.attn, blk.attn.fused_attn))
+            blk.attn.fused_attn = False
+            hooks.append(blk.attn.softmax.register_forward_hook(make_hook(rec)))
+        with torch.no_grad():
+            model(images)
+    finally:
+        for h in hooks:
+            h.remove()
+        for attn, flag in fused:
+            attn.fused_attn = flag
+    return records
+
+
+def swin_attention_maps(model: nn.Module, images: torch.Tensor | None = None) -> list[torch.Tensor]:
+    """Per block, per head attention ``(heads, n, n)`` within one window (``n = wh·ww``).
+
+    Without ``images``: the attention of an unshifted full window with zero Q/K contribution, i.e.
+    ``softmax(relative-position bias)`` — the Swin analogue of ViT's pseudo-input maps. With ``images``: the real
+    attention averaged over batch and windows (shifted blocks average over their masked windows too).
+    """
+    if images is None:
+        return [torch.softmax(b.attn._get_rel_pos_bias()[0].detach().float(), dim=-1) for _, b in swin_blocks(model)]
+    return [rec["attn"].float().mean(0) for rec in swin_window_attention(model, images)]
+
+
+def swin_summary(
+    model: nn.Module, images: torch.Tensor | None = None, offsets: list[list[tuple[int, int]]] | None = None
+) -> list[list[dict[str, float]]]:
+    """Per block, per head: ``target_mass`` and ``hit_rate`` (argmax on the target) over the queries whose target
+    lies in the window, ``entropy`` (nats, mean over queries) and ``distance`` (mean attention distance in tokens),
+    from :func:`swin_attention_maps`. ``offsets`` default to :func:`impulse_offsets` per block."""
+    maps = swin_attention_maps(model, images)
+    out = []
+    for li, ((_, blk), amap) in enumerate(zip(swin_blocks(model), maps)):
+        wh, ww = _window(blk)
+        offs = offsets[li] if offsets is not None else impulse_offsets(amap.shape[0])
+        ys, xs = torch.meshgrid(torch.arange(wh), torch.arange(ww), indexing="ij")
+        ys, xs = ys.flatten().float(), xs.flatten().float()
+        dist = ((ys[:, None] - ys[None]) ** 2 + (xs[:, None] - xs[None]) ** 2).sqrt()
+        rows = []
+        for h, (dy, dx) in enumerate(offs):
+            a = amap[h]
+            ent = -(a.clamp_min(1e-12).log() * a).sum(-1).mean()
+            q_idx, k_idx = [], []
+            for r in range(wh):
+                for c in range(ww):
+                    if 0 <= r + dy < wh and 0 <= c + dx < ww:
+                        q_idx.append(r * ww + c)
+                        k_idx.append((r + dy) * ww + c + dx)
+            qi, ki = torch.tensor(q_idx, dtype=torch.long), torch.tensor(k_idx, dtype=torch.long)
+            mass = a[qi, ki].mean() if q_idx else torch.tensor(float("nan"))
+            hit = (a[qi].argmax(-1) == ki).float().mean() if q_idx else torch.tensor(float("nan"))
+            rows.append({"target_mass": float(mass), "hit_rate": float(hit), "entropy": float(ent),
+                         "distance": float((a * dist).sum(-1).mean())})
+        out.append(rows)
+    return out
