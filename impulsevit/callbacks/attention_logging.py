@@ -1,0 +1,203 @@
+"""Attention-map diagnostics: render per-head attention as an image grid and log it (plus per-head numbers) to
+TensorBoard.
+
+Pure functions first (:func:`grid_shape`, :func:`default_queries`, :func:`attention_grid`, :func:`summary_table`),
+then :func:`log_attention` (used by the ``Initializer`` at step 0) and the :class:`AttentionMapLogger` callback
+(the same, every ``every_n_epochs`` validation epochs).
+
+The maps come from ``impulsevit.init.attention_maps(model)``: per layer a ``(heads, n, n)`` tensor of softmax
+attention on the pseudo-input (query rows, key columns); ``n`` tokens on an ``H x W`` grid (ViT: the patch grid; Swin:
+one window). Not supported: models ``attention_maps`` does not handle (ConvNeXt, ResNet, ...) — nothing is logged.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from torch import nn
+
+__all__ = [
+    "grid_shape",
+    "default_queries",
+    "attention_grid",
+    "summary_table",
+    "compute_attention",
+    "log_attention",
+    "AttentionMapLogger",
+]
+
+
+def grid_shape(n: int, model: nn.Module | None = None) -> tuple[int, int, int] | None:
+    """``(prefix, H, W)``: how ``n`` tokens split into leading prefix tokens and an ``H x W`` grid, or ``None``.
+
+    Uses the model's ``patch_embed.grid_size`` when it accounts for the tokens (with 0–8 prefix tokens), otherwise a
+    square grid.
+    """
+    pe = getattr(model, "patch_embed", None) if model is not None else None
+    gs = getattr(pe, "grid_size", None)
+    if gs is not None:
+        h, w = int(gs[0]), int(gs[1])
+        if 0 <= n - h * w <= 8:
+            return n - h * w, h, w
+    side = math.isqrt(n)
+    if side * side == n:
+        return 0, side, side
+    return None
+
+
+def default_queries(h: int, w: int, count: int = 4) -> list[tuple[int, int]]:
+    """Up to ``count`` distinct interior query cells ``(row, col)``: centre, then near the four corners."""
+    cands = [(h // 2, w // 2), (min(1, h - 1), min(1, w - 1)), (min(1, h - 1), max(w - 2, 0)),
+             (max(h - 2, 0), min(1, w - 1)), (max(h - 2, 0), max(w - 2, 0))]
+    out: list[tuple[int, int]] = []
+    for c in cands:
+        if c not in out:
+            out.append(c)
+    return out[:count]
+
+
+def attention_grid(
+    maps: torch.Tensor, hw: tuple[int, int], queries: list[tuple[int, int]], prefix: int = 0, cell: int = 48
+) -> torch.Tensor:
+    """An RGB image of one layer's attention: one row per query, one column per head.
+
+    Args:
+        maps: ``(heads, n, n)`` attention (rows = queries, columns = keys; rows sum to 1), ``n = prefix + H*W``.
+        hw: the token grid ``(H, W)``.
+        queries: query cells ``(row, col)`` on that grid.
+        prefix: leading non-grid tokens (class / register tokens), dropped.
+        cell: approximate size of one head's panel in pixels (nearest-neighbour upscaling by an integer factor).
+
+    Returns:
+        ``(3, rows * (H*s + 1) + 1, heads * (W*s + 1) + 1)`` float in ``[0, 1]``: attention in grey, each panel scaled
+        by its own maximum, the query cell outlined in red, 1-px white separators.
+    """
+    heads = maps.shape[0]
+    h, w = hw
+    s = max(1, cell // max(h, w))
+    a = maps.detach().float().cpu()[:, prefix:, prefix:]
+    ph, pw = h * s + 1, w * s + 1
+    img = torch.ones(3, len(queries) * ph + 1, heads * pw + 1)
+    for qi, (r, c) in enumerate(queries):
+        q = r * w + c
+        for hi in range(heads):
+            row = a[hi, q].reshape(h, w)
+            row = row / row.max().clamp_min(1e-12)
+            up = row.repeat_interleave(s, 0).repeat_interleave(s, 1)
+            y0, x0 = qi * ph + 1, hi * pw + 1
+            img[:, y0 : y0 + h * s, x0 : x0 + w * s] = up
+            # outline the query cell in red
+            ys, xs = y0 + r * s, x0 + c * s
+            box = img[:, ys : ys + s, xs : xs + s]
+            box[0] = 1.0
+            if s > 2:
+                box[1:, 1:-1, 1:-1] = box[1:, 1:-1, 1:-1] * 0.5
+            box[1:, 0, :] = 0.0
+            box[1:, -1, :] = 0.0
+            box[1:, :, 0] = 0.0
+            box[1:, :, -1] = 0.0
+    return img
+
+
+def summary_table(summary: list[list[dict[str, float]]]) -> str:
+    """A markdown table with one row per (layer, head) and one column per statistic."""
+    keys: list[str] = []
+    for layer in summary:
+        for head in layer:
+            keys.extend(k for k in head if k not in keys)
+    lines = ["| layer | head | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 2)]
+    for li, layer in enumerate(summary):
+        for hi, head in enumerate(layer):
+            vals = " | ".join(_fmt(head.get(k)) for k in keys)
+            lines.append(f"| {li} | {hi} | {vals} |")
+    return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "" if v is None else str(v)
+
+
+def compute_attention(
+    model: nn.Module, offsets: list[list[tuple[int, int]]] | None = None
+) -> tuple[list[torch.Tensor], list[list[dict[str, float]]]] | None:
+    """``(maps, summary)`` from ``impulsevit.init``, or ``None`` when the model family has no attention maps.
+
+    Must run on every rank under FSDP2 (reading sharded parameters is a collective).
+    """
+    from impulsevit.init import attention_maps, summarize
+
+    try:
+        with torch.no_grad():
+            maps = [m.detach().float().cpu() for m in attention_maps(model)]
+            summary = summarize(model, offsets=offsets or None)
+    except (ValueError, TypeError, NotImplementedError):
+        return None
+    return maps, summary
+
+
+def log_attention(
+    trainer: L.Trainer,
+    model: nn.Module,
+    tag: str,
+    step: int,
+    offsets: list[list[tuple[int, int]]] | None = None,
+    max_layers: int = 12,
+) -> bool:
+    """Compute attention maps + per-head summary and write them to every TensorBoard logger of ``trainer``.
+
+    Writes images ``{tag}/layer_{i:02d}`` (query rows x head columns, see :func:`attention_grid`), the text
+    ``{tag}/summary`` (markdown table) and scalars ``{tag}/{stat}/layer_{i:02d}/head_{j:02d}``. Call on every rank;
+    only global rank 0 writes. Returns whether anything was computed.
+    """
+    result = compute_attention(model, offsets)
+    if result is None or trainer.global_rank != 0:
+        return result is not None
+    maps, summary = result
+    writers = [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
+    for li, amap in enumerate(maps[:max_layers]):
+        shape = grid_shape(amap.shape[-1], model)
+        if shape is None:
+            continue
+        prefix, h, w = shape
+        img = attention_grid(amap, (h, w), default_queries(h, w), prefix=prefix)
+        for wr in writers:
+            wr.add_image(f"{tag}/layer_{li:02d}", img, global_step=step, dataformats="CHW")
+    table = summary_table(summary)
+    metrics = {
+        f"{tag}/{k}/layer_{li:02d}/head_{hi:02d}": float(v)
+        for li, layer in enumerate(summary)
+        for hi, head in enumerate(layer)
+        for k, v in head.items()
+        if isinstance(v, int | float) and math.isfinite(float(v))
+    }
+    for wr in writers:
+        wr.add_text(f"{tag}/summary", table, global_step=step)
+    for lg in trainer.loggers:
+        lg.log_metrics(metrics, step=step)
+    return True
+
+
+class AttentionMapLogger(L.Callback):
+    """Log attention maps and per-head statistics of ``pl_module.backbone`` every ``every_n_epochs`` epochs.
+
+    Runs at ``on_validation_epoch_end`` (not during the sanity check), on every rank (FSDP2 gathers shards), writes
+    from global rank 0 under the tag ``attention``. The step-0 maps are logged by the ``Initializer`` (tag
+    ``init/attention``). Not supported: models without ``attention_maps`` support (silently skipped).
+    """
+
+    def __init__(self, every_n_epochs: int = 10) -> None:
+        if every_n_epochs < 1:
+            raise ValueError(f"every_n_epochs must be >= 1, got {every_n_epochs}")
+        self.every_n_epochs = every_n_epochs
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or (trainer.current_epoch + 1) % self.every_n_epochs:
+            return
+        model = getattr(pl_module, "backbone", pl_module)
+        log_attention(trainer, model, "attention", trainer.global_step)

@@ -1,0 +1,122 @@
+"""Throughput: images/s on the progress bar; images/s per device, FLOP/s and MFU (GPU) to the loggers.
+
+``ThroughputLogger`` is Lightning's ``ThroughputMonitor`` (which logs ``train/device/samples_per_sec``,
+``train/samples_per_sec``, ``train/device/flops_per_sec`` and, when the device's peak is known, ``train/device/mfu``
+every ``log_every_n_steps`` once its window is full) plus:
+
+- ``flops_per_batch`` measured once per fit with ``torch.utils.flop_counter`` on a meta-device copy of the backbone
+  (forward + backward of one training batch; no memory, no compute), when the module offers ``build_backbone()``;
+- peak FLOP/s for chips Lightning's table misses or cannot match by name: ``torch.cuda.get_device_name`` says
+  ``NVIDIA H200`` for the SXM part, which Lightning 2.6 does not map (Lightning#20660). Values here are **dense**
+  (no 2:4 sparsity) datasheet numbers, the convention MFU uses;
+- a smoothed global images/s shown on the progress bar (``img/s``; host-side timing between batch ends).
+
+Not supported: MFU on CPU (no peak known); variable batch sizes (the ``ThroughputMonitor`` assumption).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.fabric.utilities.throughput import measure_flops
+from lightning.pytorch.callbacks import ThroughputMonitor
+from torch import nn
+
+__all__ = ["ThroughputLogger", "peak_flops", "training_flops", "DENSE_PEAK_FLOPS"]
+
+# Dense peak FLOP/s per dtype ("tf32" = fp32 matmuls on tensor cores). NVIDIA H200 datasheet (SXM / NVL).
+DENSE_PEAK_FLOPS: dict[str, dict[Any, float]] = {
+    "h200 nvl": {torch.float64: 30e12, torch.float32: 60e12, "tfloat32": 417.5e12, torch.bfloat16: 835e12,
+                 torch.float16: 835e12},
+    "h200": {torch.float64: 34e12, torch.float32: 67e12, "tfloat32": 494.7e12, torch.bfloat16: 989.5e12,
+             torch.float16: 989.5e12},
+}
+
+
+def peak_flops(device_name: str, dtype: torch.dtype | str) -> float | None:
+    """Dense peak FLOP/s of a CUDA device name (as ``torch.cuda.get_device_name`` gives it) for ``dtype``, if known."""
+    name = device_name.lower()
+    for chip, table in DENSE_PEAK_FLOPS.items():  # most specific first
+        if all(part in name for part in chip.split()):
+            return table.get(dtype)
+    return None
+
+
+def training_flops(model: nn.Module, images: torch.Tensor) -> int:
+    """FLOPs of one training step's forward + backward of ``model`` on ``images`` ``(B, 3, S, S)``.
+
+    Use a meta-device model and meta images: nothing is computed or allocated.
+    """
+    return int(measure_flops(model, lambda: model(images), loss_fn=torch.Tensor.sum))
+
+
+class ThroughputLogger(ThroughputMonitor):
+    """Lightning's ``ThroughputMonitor`` for ``(images, labels)`` batches, with FLOPs, H200 peaks and ``img/s``.
+
+    Args:
+        window_size: batches averaged by ``Throughput`` (metrics appear once the window is full).
+        smoothing: EMA factor of the progress-bar ``img/s``.
+        batch_size_fn: samples in a batch (default: ``batch[0].shape[0]``).
+    """
+
+    def __init__(
+        self,
+        window_size: int = 20,
+        smoothing: float = 0.9,
+        batch_size_fn: Callable[[Any], int] | None = None,
+    ) -> None:
+        super().__init__(batch_size_fn=batch_size_fn or (lambda batch: int(batch[0].shape[0])), window_size=window_size)
+        self.smoothing = smoothing
+        self._last: float | None = None
+        self.images_per_sec: float | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        device = trainer.strategy.root_device
+        if self.available_flops is None and device.type == "cuda":
+            from lightning.fabric.utilities.throughput import _plugin_to_compute_dtype
+
+            dtype = _plugin_to_compute_dtype(trainer.precision_plugin)
+            if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+                dtype = "tfloat32"
+            peak = peak_flops(torch.cuda.get_device_name(device), dtype)
+            if peak is not None:
+                self.available_flops = int(peak)
+                for tp in self._throughputs.values():
+                    tp.available_flops = self.available_flops
+        if stage == "fit" and not hasattr(pl_module, "flops_per_batch"):
+            pl_module.flops_per_batch = self._measure(trainer, pl_module)
+
+    @staticmethod
+    def _measure(trainer: L.Trainer, pl_module: L.LightningModule) -> int | None:
+        build = getattr(pl_module, "build_backbone", None)
+        dm = trainer.datamodule
+        size, batch = getattr(dm, "image_size", None), getattr(dm, "batch_size", None)
+        if build is None or size is None or batch is None:
+            return None
+        try:
+            with torch.device("meta"):
+                model = build()
+                images = torch.empty(int(batch), 3, int(size), int(size))
+            return training_flops(model, images)
+        except (RuntimeError, NotImplementedError, TypeError, ValueError):
+            return None  # an op without a meta kernel / FLOP formula: log throughput without FLOPs
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        now = time.perf_counter()
+        if self._last is not None and now > self._last:
+            rate = self.batch_size_fn(batch) * trainer.world_size / (now - self._last)
+            s = self.smoothing
+            self.images_per_sec = rate if self.images_per_sec is None else s * self.images_per_sec + (1 - s) * rate
+            pl_module.log("img/s", self.images_per_sec, prog_bar=True, logger=False, on_step=True, on_epoch=False)
+        self._last = now
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._last = None  # do not count the validation / epoch boundary as training time
