@@ -1,0 +1,204 @@
+"""Baseline initializers for any ``nn.Module``: ``torch`` (PyTorch constructor defaults) and ``timm`` (timm's own init).
+
+Both compute every new value first (on CPU, from the given ``torch.Generator``) and then write with
+:func:`~impulsevit.init.api.write_full_`, so a failure leaves the model untouched and FSDP2 ``DTensor`` parameters get
+the same full value on every rank. Neither touches the global torch / numpy RNG state.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from impulsevit.init.api import InitResult, check_options, read_full, register, write_full_
+
+__all__ = ["torch_defaults", "timm_defaults", "write_values", "TOKEN_PARAMS"]
+
+TOKEN_PARAMS = ("cls_token", "reg_token", "dist_token", "mask_token")
+"""Prefix / mask token parameters: zero under the ``torch`` baseline (timm 1.0.22's ``weight_init='skip'`` value)."""
+
+_CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+_NORM = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase, nn.RMSNorm)
+
+
+def _uniform(shape: torch.Size, bound: float, g: torch.Generator) -> torch.Tensor:
+    return torch.empty(shape).uniform_(-bound, bound, generator=g)
+
+
+def _fan_in(weight_shape: torch.Size) -> int:
+    return nn.init._calculate_fan_in_and_fan_out(torch.empty(weight_shape, device="meta"))[0]
+
+
+def _seed_from(g: torch.Generator) -> int:
+    return int(torch.randint(0, 2**62, (1,), generator=g))
+
+
+def torch_defaults(
+    model: nn.Module, generator: torch.Generator, skip: set[str] | frozenset[str] = frozenset()
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """PyTorch constructor defaults for every parameter / buffer of ``model``, computed, not written.
+
+    Rules (in ``named_modules`` order, each module's own tensors in declaration order, drawn from ``generator``):
+    ``Linear``/``Conv*``: weight and bias ``U(±1/√fan_in)`` (= ``kaiming_uniform_(a=√5)``); ``LayerNorm``/``GroupNorm``/
+    ``BatchNorm``/``RMSNorm``: weight 1, bias 0 (BatchNorm running stats reset); ``Embedding``: ``N(0, 1)``; a
+    learnable ``pos_embed``: ``N(0, 0.02²)`` (timm 1.0.22's constructor value); ``cls/reg/dist/mask`` tokens: 0. Any
+    other module with ``reset_parameters`` is reset on a CPU copy under ``torch.random.fork_rng`` seeded from the
+    generator. Tensors matching none of these (e.g. LayerScale ``gamma``, a frozen ``pos_embed`` table) are kept and
+    listed in the notes.
+
+    Args:
+        skip: full parameter names not to compute (the caller overwrites them); no random numbers are drawn for them.
+
+    Returns:
+        ``({name: value (float32 for floating tensors)}, notes)``.
+    """
+    values: dict[str, torch.Tensor] = {}
+    kept: list[str] = []
+    seen: set[int] = set()
+    for mod_name, mod in model.named_modules():
+        prefix = f"{mod_name}." if mod_name else ""
+        own = [(n, p) for n, p in mod._parameters.items() if p is not None and id(p) not in seen]
+        for _, p in own:
+            seen.add(id(p))
+        if not own and not isinstance(mod, nn.modules.batchnorm._NormBase):
+            continue
+        todo = [(n, p) for n, p in own if prefix + n not in skip]
+        if isinstance(mod, (nn.Linear, *_CONV)):
+            w = mod.weight
+            bound = 1.0 / math.sqrt(_fan_in(w.shape)) if _fan_in(w.shape) > 0 else 0.0
+            for n, p in todo:
+                values[prefix + n] = _uniform(p.shape, bound, generator)
+        elif isinstance(mod, _NORM):
+            for n, p in todo:
+                values[prefix + n] = torch.ones(p.shape) if n == "weight" else torch.zeros(p.shape)
+            if isinstance(mod, nn.modules.batchnorm._NormBase) and mod.track_running_stats:
+                for n, b in mod._buffers.items():
+                    if b is not None:
+                        values[prefix + n] = torch.ones(b.shape) if n == "running_var" else torch.zeros_like(b)
+        elif isinstance(mod, nn.Embedding):
+            for n, p in todo:
+                v = torch.empty(p.shape).normal_(0.0, 1.0, generator=generator)
+                if mod.padding_idx is not None:
+                    v[mod.padding_idx] = 0
+                values[prefix + n] = v
+        else:
+            generic = []
+            for n, p in todo:
+                if n == "pos_embed" and p.requires_grad:
+                    values[prefix + n] = torch.empty(p.shape).normal_(0.0, 0.02, generator=generator)
+                elif n in TOKEN_PARAMS:
+                    values[prefix + n] = torch.zeros(p.shape)
+                else:
+                    generic.append((n, p))
+            if generic and hasattr(mod, "reset_parameters") and mod is not model:
+                seed = _seed_from(generator)
+                clone = _cpu_copy(mod)
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(seed)
+                    clone.reset_parameters()
+                for n, _ in generic:
+                    values[prefix + n] = clone._parameters[n].detach().float().clone()
+            else:
+                kept.extend(prefix + n for n, _ in generic)
+    notes = [f"torch baseline kept as constructed (no PyTorch default known): {', '.join(kept)}"] if kept else []
+    return values, notes
+
+
+def _cpu_copy(module: nn.Module) -> nn.Module:
+    """A deep copy of ``module`` with every parameter / buffer as a plain full CPU tensor (gathers DTensors)."""
+    clone = copy.deepcopy(module)
+    for mod in clone.modules():
+        for n, p in list(mod._parameters.items()):
+            if p is not None:
+                mod._parameters[n] = nn.Parameter(read_full(p).detach().cpu().clone(), requires_grad=p.requires_grad)
+        for n, b in list(mod._buffers.items()):
+            if b is not None:
+                mod._buffers[n] = read_full(b).detach().cpu().clone()
+    return clone
+
+
+def timm_defaults(model: nn.Module, generator: torch.Generator, mode: str = "") -> dict[str, torch.Tensor]:
+    """timm's own init of ``model`` (its ``init_weights``), computed on a CPU copy, not written.
+
+    The copy runs ``init_weights(mode=mode)`` (or ``init_weights()`` / ``apply(_init_weights)`` when that is what the
+    model has) inside ``torch.random.fork_rng(devices=[])`` with ``torch.manual_seed`` drawn from ``generator``: the
+    global RNG state is unchanged afterwards and the values are the same on every device. A ViT built with
+    ``weight_init='skip'`` remembers mode ``'reset'`` (PyTorch defaults only); ``mode=''`` forces timm's trunc-normal
+    init instead.
+
+    Raises:
+        ValueError: the model has neither ``init_weights`` nor ``_init_weights``.
+    """
+    fn = getattr(model, "init_weights", None)
+    if not callable(fn) and not callable(getattr(model, "_init_weights", None)):
+        raise ValueError(
+            f"init method 'timm' cannot be applied to {type(model).__name__}: it has no timm `init_weights` or "
+            "`_init_weights` method (use method 'torch' for PyTorch defaults)"
+        )
+    seed = _seed_from(generator)
+    clone = _cpu_copy(model)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if callable(getattr(clone, "init_weights", None)):
+            params = inspect.signature(clone.init_weights).parameters
+            if getattr(clone, "weight_init_mode", None) == "reset" and not mode:
+                clone.weight_init_mode = ""
+            if "mode" in params:
+                clone.init_weights(mode=mode)
+            else:
+                clone.init_weights()
+        else:
+            clone.apply(clone._init_weights)
+    out = {n: p.detach() for n, p in clone.named_parameters()}
+    out.update({n: b for n, b in clone.named_buffers()})
+    return out
+
+
+def write_values(model: nn.Module, values: dict[str, torch.Tensor]) -> None:
+    """Write ``{name: full value}`` into ``model``'s parameters / buffers (in place, DTensor-aware).
+
+    Raises:
+        ValueError: a name that is not a parameter / buffer of ``model``, or a shape mismatch (checked for all names
+            before anything is written).
+    """
+    tensors = dict(model.named_parameters())
+    tensors.update(dict(model.named_buffers()))
+    for name, v in values.items():
+        if name not in tensors:
+            raise ValueError(f"{type(model).__name__} has no parameter or buffer {name!r}")
+        if tuple(tensors[name].shape) != tuple(v.shape):
+            raise ValueError(
+                f"{type(model).__name__}.{name}: computed shape {tuple(v.shape)} != {tuple(tensors[name].shape)}"
+            )
+    for name, v in values.items():
+        write_full_(tensors[name], v)
+
+
+TORCH_DEFAULTS: dict[str, Any] = {}
+TIMM_DEFAULTS: dict[str, Any] = {"mode": ""}
+
+
+@register("torch", family="any", matches=lambda m: isinstance(m, nn.Module))
+def _torch_any(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+    """The paper's "default" baseline: PyTorch constructor defaults (timm ``weight_init='skip'``), see
+    :func:`torch_defaults`."""
+    opts = check_options("torch", options, TORCH_DEFAULTS)
+    values, notes = torch_defaults(model, generator)
+    write_values(model, values)
+    return InitResult(options=opts, notes=notes)
+
+
+@register("timm", family="any", matches=lambda m: isinstance(m, nn.Module))
+def _timm_any(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+    """timm's own init (``init_weights``), seeded from the generator; see :func:`timm_defaults`."""
+    opts = check_options("timm", options, TIMM_DEFAULTS)
+    if not isinstance(opts["mode"], str):
+        raise TypeError(f"option 'mode' of init method 'timm' must be a str, got {type(opts['mode']).__name__}")
+    values = timm_defaults(model, generator, mode=opts["mode"])
+    write_values(model, values)
+    return InitResult(options=opts)

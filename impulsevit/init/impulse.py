@@ -1,0 +1,365 @@
+"""The math of impulse (structured) initialization: offsets, target logits, pseudo-input, Q/K solve, V/proj factors.
+
+Pure functions, tensors in and tensors out; nothing here knows about ``nn.Module``. The model adapter is
+:mod:`impulsevit.init.vit`; the spec is ``method.md`` §2 (released algorithm) and §3 (older variants).
+
+Conventions (``method.md`` §1): a token grid of ``height × width`` patch tokens in row-major order, token ``t(r, c) =
+r·width + c``; an offset ``(dy, dx)`` makes the query at ``(r, c)`` attend to the key at ``(r + dy, c + dx)``
+(``dy > 0`` = down, ``dx > 0`` = right). Weights are ``out × in`` (timm / ``nn.Linear``), tokens are row vectors.
+
+The Q/K solve uses the rank-``r`` subspace formulation: with ``P = U Σ Vᵀ`` (top ``r``), the released per-head
+``B_i = P⁺ T_i P⁺ᵀ`` equals ``V_r M_i V_rᵀ`` with the ``r × r`` matrix ``M_i = Σ_r⁻¹ U_rᵀ T_i U_r Σ_r⁻¹``, so one
+batched ``r × r`` SVD per layer replaces one ``D × D`` SVD per head, and ``T_i U_r`` is computed from the shift as a
+row gather plus the dense noise product — ``T_i`` is never materialised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+
+__all__ = [
+    "PRIORITY_3X3",
+    "kernel_offsets",
+    "impulse_offsets",
+    "shift_index",
+    "impulse_indicator",
+    "draw_noise",
+    "target_logits",
+    "layer_norm_rows",
+    "PseudoInput",
+    "factor_pseudo_input",
+    "QKSolution",
+    "solve_qk",
+    "balanced_factors",
+    "value_proj_factors",
+    "mimetic_qk_factors",
+]
+
+Offset = tuple[int, int]
+Boundary = Literal["zero", "circular"]
+
+PRIORITY_3X3: tuple[int, ...] = (4, 1, 5, 3, 7, 0, 2, 6, 8)
+"""Released order of 3×3 kernel positions (row-major, 4 = centre): self, up, right, left, down, up-left, up-right,
+down-left, down-right (``method.md`` §2.1)."""
+
+
+def kernel_offsets(kernel_size: int = 3) -> list[Offset]:
+    """All ``kernel_size²`` offsets in priority order.
+
+    ``kernel_size = 3`` gives the released order (``PRIORITY_3X3``). ``kernel_size = 5`` starts with those 9 and then
+    the 16 offsets of the outer ring, ordered by Euclidean distance (the four axis offsets at distance 2, then the
+    eight knight moves, then the four corners), within a distance clockwise from "up" — so every 5×5 position occurs
+    exactly once (the released code's index arithmetic for k = 5 is wrong, ``method.md`` §2.1).
+
+    Raises:
+        ValueError: ``kernel_size`` not 3 or 5.
+    """
+    if kernel_size not in (3, 5):
+        raise ValueError(f"kernel_size must be 3 or 5, got {kernel_size!r}")
+    inner = [(m // 3 - 1, m % 3 - 1) for m in PRIORITY_3X3]
+    if kernel_size == 3:
+        return inner
+    ring = [(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3) if max(abs(dy), abs(dx)) == 2]
+    # clockwise angle from "up" (dy = -1 is up): atan2(dx, -dy) in [0, 2π)
+    ring.sort(key=lambda o: (o[0] ** 2 + o[1] ** 2, math.atan2(o[1], -o[0]) % (2 * math.pi)))
+    return inner + ring
+
+
+def impulse_offsets(
+    num_heads: int,
+    kernel_size: int = 3,
+    mode: Literal["fixed", "random"] = "fixed",
+    *,
+    generator: torch.Generator | None = None,
+    replacement: bool = True,
+) -> list[Offset]:
+    """One ``(dy, dx)`` offset per head.
+
+    Args:
+        num_heads: ``h ≥ 1``.
+        kernel_size: 3 or 5.
+        mode: ``fixed`` — head ``i`` gets ``kernel_offsets(k)[i mod k²]`` (released, ``method.md`` §2.1);
+            ``random`` — drawn from ``generator``: with replacement ``randint(k²)`` per head ([CODE-O]), without
+            replacement a fresh ``randperm(k²)`` per block of ``k²`` heads (so all positions appear before any repeats).
+        generator: required for ``random``; unused for ``fixed``.
+        replacement: only for ``random``.
+
+    Returns:
+        ``num_heads`` offsets.
+    """
+    if num_heads < 1:
+        raise ValueError(f"num_heads must be >= 1, got {num_heads}")
+    table = kernel_offsets(kernel_size)
+    k2 = len(table)
+    if mode == "fixed":
+        return [table[i % k2] for i in range(num_heads)]
+    if mode != "random":
+        raise ValueError(f"offset mode must be 'fixed' or 'random', got {mode!r}")
+    if generator is None:
+        raise ValueError("random offsets need a torch.Generator")
+    if replacement:
+        idx = torch.randint(0, k2, (num_heads,), generator=generator).tolist()
+    else:
+        blocks = [torch.randperm(k2, generator=generator) for _ in range(-(-num_heads // k2))]
+        idx = torch.cat(blocks)[:num_heads].tolist()
+    return [table[j] for j in idx]
+
+
+def shift_index(height: int, width: int, offset: Offset, boundary: Boundary = "zero") -> torch.Tensor:
+    """For every query token, the index of its target key token, or ``-1`` when the neighbour is off the grid.
+
+    Returns:
+        ``LongTensor (N,)``, ``N = height·width``. With ``boundary='circular'`` every entry is valid (wrap-around,
+        block-circulant target); with ``'zero'`` (released) border queries whose neighbour is outside get ``-1``.
+    """
+    dy, dx = offset
+    r = torch.arange(height).view(-1, 1).expand(height, width)
+    c = torch.arange(width).view(1, -1).expand(height, width)
+    rr, cc = r + dy, c + dx
+    if boundary == "circular":
+        return ((rr % height) * width + cc % width).reshape(-1)
+    if boundary != "zero":
+        raise ValueError(f"boundary must be 'zero' or 'circular', got {boundary!r}")
+    inside = (rr >= 0) & (rr < height) & (cc >= 0) & (cc < width)
+    return torch.where(inside, rr * width + cc, torch.full_like(rr, -1)).reshape(-1)
+
+
+def impulse_indicator(height: int, width: int, offset: Offset, boundary: Boundary = "zero") -> torch.Tensor:
+    """The 0/1 impulse matrix ``S`` (``N × N``, float64): ``S[q, shift_index(q)] = 1`` for valid queries."""
+    idx = shift_index(height, width, offset, boundary)
+    n = height * width
+    s = torch.zeros(n, n, dtype=torch.float64)
+    q = torch.nonzero(idx >= 0).squeeze(1)
+    s[q, idx[q]] = 1.0
+    return s
+
+
+def draw_noise(num_heads: int, num_tokens: int, generator: torch.Generator, std: float = 0.6, clip: float = 2.0):
+    """The target noise ``E``: ``(num_heads, N, N)`` float32, i.i.d. truncated normal (mean 0, ``std``, cut at the
+    absolute interval ``[−clip, clip]``), drawn in one call so the order is layer-major, then head, then row."""
+    e = torch.empty(num_heads, num_tokens, num_tokens)
+    return torch.nn.init.trunc_normal_(e, std=std, a=-clip, b=clip, generator=generator)
+
+
+def target_logits(
+    height: int,
+    width: int,
+    offsets: Sequence[Offset],
+    noise: torch.Tensor,
+    *,
+    on_value: float = 1000.0,
+    noise_scale: float = 3.0,
+    boundary: Boundary = "zero",
+) -> torch.Tensor:
+    """Dense target logits ``T_i = a·S_i + b·E_i ⊙ (1 − S_i)`` (``method.md`` §2.2), ``(h, N, N)`` float64.
+
+    Only for tests and reference formulations; :func:`solve_qk` never builds it.
+    """
+    t = noise_scale * noise.to(torch.float64)
+    for i, off in enumerate(offsets):
+        s = impulse_indicator(height, width, off, boundary)
+        t[i] = on_value * s + t[i] * (1 - s)
+    return t
+
+
+def layer_norm_rows(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """``LN0``: standardise each row over the last axis (population variance), no affine."""
+    mu = x.mean(-1, keepdim=True)
+    var = x.var(-1, unbiased=False, keepdim=True)
+    return (x - mu) / torch.sqrt(var + eps)
+
+
+@dataclasses.dataclass(frozen=True)
+class PseudoInput:
+    """Top-``rank`` SVD of the pseudo-input ``P ≈ U diag(s) Vᵀ`` (float64).
+
+    Attributes:
+        u: ``(N, rank)`` left singular vectors (token space).
+        s: ``(rank,)`` singular values, descending.
+        v: ``(D, rank)`` right singular vectors (feature space).
+        rank: the rank used, ``min(head_dim, numerical rank)``.
+        numerical_rank: number of singular values above ``rtol · s_max``.
+        spectrum: all singular values of ``P``.
+    """
+
+    u: torch.Tensor
+    s: torch.Tensor
+    v: torch.Tensor
+    rank: int
+    numerical_rank: int
+    spectrum: torch.Tensor
+
+
+def factor_pseudo_input(p: torch.Tensor, head_dim: int, rtol: float = 1e-5) -> PseudoInput:
+    """SVD of the (already layer-normed) pseudo-input ``P`` (``N × D``) truncated at ``min(head_dim, numerical rank)``.
+
+    The released code always uses rank ``head_dim`` (its ``P⁺`` inverts whatever is there); truncating at the
+    numerical rank (singular values ``> rtol · s_max``) is the fix for rank-deficient pseudo-inputs (sin-cos tables,
+    ``N < head_dim``); the caller decides whether that is allowed.
+    """
+    p = p.to(torch.float64)
+    u, s, vh = torch.linalg.svd(p, full_matrices=False)
+    numerical = int((s > rtol * s[0]).sum()) if s.numel() else 0
+    r = min(head_dim, numerical)
+    if r < 1:
+        raise ValueError("pseudo-input has rank 0 (all-constant position embedding?)")
+    return PseudoInput(u=u[:, :r], s=s[:r], v=vh[:r].T, rank=r, numerical_rank=numerical, spectrum=s)
+
+
+@dataclasses.dataclass
+class QKSolution:
+    """Result of :func:`solve_qk` for one layer.
+
+    Attributes:
+        wq, wk: ``(h, head_dim, D)`` float64 — head ``i``'s rows of ``qkv.weight`` (Q block, K block). Rows beyond the
+            solve rank are zero.
+        scale: ``(h,)`` the factor ``c_i`` in ``Λ_i = c_i · Π_r T_i Π_r`` (logits on the pseudo-input, incl. ``1/√d``).
+        target_logit: ``(h,)`` mean of ``Λ_i`` over the head's target entries (nan for a head with none).
+    """
+
+    wq: torch.Tensor
+    wk: torch.Tensor
+    scale: torch.Tensor
+    target_logit: torch.Tensor
+
+
+def _target_gather(pi: PseudoInput, height: int, width: int, offsets: Sequence[Offset], boundary: Boundary):
+    """Per head: valid query indices and their target indices (lists of LongTensors)."""
+    qs, ts = [], []
+    for off in offsets:
+        idx = shift_index(height, width, off, boundary)
+        q = torch.nonzero(idx >= 0).squeeze(1)
+        qs.append(q)
+        ts.append(idx[q])
+    return qs, ts
+
+
+def solve_qk(
+    pi: PseudoInput,
+    height: int,
+    width: int,
+    offsets: Sequence[Offset],
+    noise: torch.Tensor,
+    head_dim: int,
+    *,
+    on_value: float = 1000.0,
+    noise_scale: float = 3.0,
+    boundary: Boundary = "zero",
+    gain: float = 7.0,
+    normalize: Literal["frobenius", "logit"] = "frobenius",
+    target_logit: float = 5.0,
+) -> QKSolution:
+    """Closed-form Q/K of one layer, all heads batched (``method.md`` §2.4, subspace formulation).
+
+    Args:
+        pi: the factored pseudo-input (:func:`factor_pseudo_input`), ``N = height·width`` rows.
+        offsets: ``h`` offsets.
+        noise: ``(h, N, N)`` the draw of :func:`draw_noise` for this layer.
+        head_dim: ``d``; the logit scale ``1/√d`` is the model's.
+        on_value, noise_scale: ``a`` and ``b`` of the target (``method.md`` §2.2).
+        gain: ``γ_q``; with ``normalize='frobenius'`` (released) ``‖W_q^{(i)}‖_F = ‖W_k^{(i)}‖_F = γ_q``.
+        normalize: ``'logit'`` instead sets both factors to equal norm so that the mean logit on the head's target
+            entries (over valid queries, on the pseudo-input) equals ``target_logit`` — the scale rule for
+            rank-deficient pseudo-inputs, where the Frobenius rule collapses the logits to ≈ 0.
+
+    Returns:
+        :class:`QKSolution`. Heads whose target has no valid query (impossible for k ≤ grid size) fall back to the
+        Frobenius rule.
+    """
+    h = len(offsets)
+    n = height * width
+    if pi.u.shape[0] != n:
+        raise ValueError(f"pseudo-input has {pi.u.shape[0]} rows, grid {height}x{width} has {n} tokens")
+    if tuple(noise.shape) != (h, n, n):
+        raise ValueError(f"noise must be (h, N, N) = ({h}, {n}, {n}), got {tuple(noise.shape)}")
+    u, s, v, r = pi.u, pi.s, pi.v, pi.rank
+    qs, ts = _target_gather(pi, height, width, offsets, boundary)
+    e = noise.to(torch.float64)
+    # X_i = U_rᵀ T_i U_r with T_i = a S_i + b (E_i − E_i ⊙ S_i)
+    eu = torch.matmul(e, u)  # (h, N, r)
+    x = torch.matmul(u.T, eu)  # (h, r, r)
+    x = noise_scale * x
+    for i in range(h):
+        q, t = qs[i], ts[i]
+        if q.numel() == 0:
+            continue
+        uq, ut = u[q], u[t]  # (m, r)
+        on = e[i, q, t]  # (m,) noise entries that S replaces
+        x[i] += uq.T @ ((on_value - noise_scale * on).unsqueeze(1) * ut)
+    inv_s = 1.0 / s
+    m = inv_s.view(1, -1, 1) * x * inv_s.view(1, 1, -1)  # M_i = Σ⁻¹ X_i Σ⁻¹
+    a, mu, ct = torch.linalg.svd(m)  # (h, r, r), (h, r), (h, r, r)
+    root = mu.sqrt()
+    lf = a * root.unsqueeze(1)  # (h, r, r): A diag(√μ)
+    rf = ct.transpose(1, 2) * root.unsqueeze(1)  # C diag(√μ)
+    nuclear = mu.sum(1)  # ‖F_i‖² = ‖G_i‖² = Σ μ
+    # target entries of Π T Π: U_r[q] X U_r[t]ᵀ  (Λ_i = c_i Π T_i Π)
+    tgt = torch.full((h,), float("nan"), dtype=torch.float64)
+    for i in range(h):
+        if qs[i].numel():
+            tgt[i] = ((u[qs[i]] @ x[i]) * u[ts[i]]).sum(1).mean()
+    sqrt_d = math.sqrt(head_dim)
+    if normalize == "frobenius":
+        coef = torch.full((h,), gain, dtype=torch.float64) / nuclear.sqrt()  # applied to each factor
+    elif normalize == "logit":
+        # Λ_i = coef² / √d · Π T Π  ⇒ coef² = target_logit · √d / tgt_i
+        ok = torch.isfinite(tgt) & (tgt > 0)
+        coef = torch.where(ok, (target_logit * sqrt_d / tgt.clamp_min(1e-300)).sqrt(), gain / nuclear.sqrt())
+    else:
+        raise ValueError(f"normalize must be 'frobenius' or 'logit', got {normalize!r}")
+    wq = torch.zeros(h, head_dim, v.shape[0], dtype=torch.float64)
+    wk = torch.zeros_like(wq)
+    wq[:, :r] = coef.view(-1, 1, 1) * torch.matmul(v, lf).transpose(1, 2)
+    wk[:, :r] = coef.view(-1, 1, 1) * torch.matmul(v, rf).transpose(1, 2)
+    scale = coef**2 / sqrt_d
+    return QKSolution(wq=wq, wk=wk, scale=scale, target_logit=scale * tgt)
+
+
+def balanced_factors(c: torch.Tensor, rank: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """SVD split ``C = U S Yᵀ`` → ``(L, R) = (U_k S_k^{1/2}, S_k^{1/2} Y_kᵀ)``: ``L R`` is the best rank-``k`` approx of
+    ``C`` and both factors have singular values ``√s`` (float64 in, float64 out; ``c`` is ``(..., D, D)``)."""
+    u, s, yh = torch.linalg.svd(c.to(torch.float64))
+    k = s.shape[-1] if rank is None else rank
+    root = s[..., :k].sqrt()
+    return u[..., :, :k] * root.unsqueeze(-2), root.unsqueeze(-1) * yh[..., :k, :]
+
+
+def _uniform_unit_variance(shape: tuple[int, ...], dim: int, generator: torch.Generator) -> torch.Tensor:
+    """``U(±√3/√dim)`` i.i.d. (variance ``1/dim``), float64."""
+    bound = math.sqrt(3.0 / dim)
+    return torch.empty(shape, dtype=torch.float64).uniform_(-bound, bound, generator=generator)
+
+
+def value_proj_factors(
+    dim: int, generator: torch.Generator, alpha: float = 0.4, beta: float = 0.4
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mimetic value/projection of one layer (``method.md`` §2.5 / §5.1 step 2), done right in row convention.
+
+    Draws ``Z ~ U(±√3/√D)`` (``D × D``), ``C = αZ − βI``, and returns ``(w_v, w_proj, C)`` with ``w_v = Lᵀ`` (the V
+    rows of ``qkv.weight``, ``D × D``) and ``w_proj = Rᵀ`` (``proj.weight``) for the balanced split ``C = L R``, so
+    every token row ``x`` maps to ``(x w_vᵀ) w_projᵀ = x L R = x C``. All float64.
+    """
+    c = alpha * _uniform_unit_variance((dim, dim), dim, generator) - beta * torch.eye(dim, dtype=torch.float64)
+    lf, rf = balanced_factors(c)
+    return lf.T.contiguous(), rf.T.contiguous(), c
+
+
+def mimetic_qk_factors(
+    dim: int, num_heads: int, head_dim: int, generator: torch.Generator, alpha: float = 0.7, beta: float = 0.7
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mimetic Q/K of one layer (``method.md`` §5.1 step 1): per head ``A_i = αZ_i + βI`` (``Z_i ~ U(±√3/√D)``), and
+    ``W_q^{(i)} = (U S^{1/2})[:, :d]ᵀ``, ``W_k^{(i)} = (S^{1/2} Yᵀ)[:d]``, so ``W_q^{(i)ᵀ} W_k^{(i)}`` is the best
+    rank-``d`` approximation of ``A_i``.
+
+    Returns:
+        ``(wq, wk, a)``: ``(h, d, D)``, ``(h, d, D)`` and the targets ``(h, D, D)``, float64.
+    """
+    z = _uniform_unit_variance((num_heads, dim, dim), dim, generator)
+    a = alpha * z + beta * torch.eye(dim, dtype=torch.float64)
+    lf, rf = balanced_factors(a, rank=head_dim)
+    return lf.transpose(1, 2).contiguous(), rf.contiguous(), a

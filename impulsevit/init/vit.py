@@ -1,0 +1,342 @@
+"""timm VisionTransformer adapter and the ``impulse`` / ``mimetic`` handlers for family ``vit``.
+
+Applies to timm's ``VisionTransformer`` family (ViT, DeiT incl. distilled, register tokens, with or without class
+token) and any model with a top-level ``blocks`` sequence whose blocks hold timm's fused-qkv ``Attention`` (``attn.qkv``
+``3A × D``, ``attn.proj``); ``impulse`` additionally needs an absolute ``pos_embed`` ``(1, L, D)`` and a known patch
+grid (``patch_embed.grid_size``). Not supported: separate q/k/v projections, ``qk_norm`` (it would undo the designed
+logits), relative / rotary position encodings (ROPE ViTs, Swin — see the ``swin`` family), an attention width
+``A ≠ D`` for the mimetic value/proj.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from impulsevit.init import impulse as imp
+from impulsevit.init.api import InitResult, check_options, read_full, register
+from impulsevit.init.baselines import torch_defaults, write_values
+
+__all__ = ["VitLayout", "vit_layout", "is_vit", "IMPULSE_DEFAULTS", "MIMETIC_DEFAULTS", "patch_pseudo_input"]
+
+
+@dataclasses.dataclass
+class VitLayout:
+    """Where the pieces of a ViT are.
+
+    Attributes:
+        model: class name (for messages).
+        attn_names: module path of each block's attention (``blocks.3.attn``), in depth order.
+        attns: the attention modules.
+        dim: embedding width ``D``; ``num_heads`` ``h``; ``head_dim`` ``d``.
+        grid: ``(H, W)`` patch grid, or ``None`` if unknown.
+        pos_name: ``'pos_embed'`` or ``None`` if the model has no absolute position embedding.
+        patch_rows: rows of ``pos_embed[0]`` that belong to patch tokens (the prefix rows are skipped when
+            ``no_embed_class`` is false).
+        num_prefix: prefix tokens in the sequence (class + register + distillation).
+    """
+
+    model: str
+    attn_names: list[str]
+    attns: list[nn.Module]
+    dim: int
+    num_heads: int
+    head_dim: int
+    grid: tuple[int, int] | None
+    pos_name: str | None
+    patch_rows: slice | None
+    num_prefix: int
+
+
+def _is_fused_attention(m: nn.Module) -> bool:
+    qkv, proj = getattr(m, "qkv", None), getattr(m, "proj", None)
+    return (
+        isinstance(qkv, nn.Linear)
+        and isinstance(proj, nn.Linear)
+        and isinstance(getattr(m, "num_heads", None), int)
+        and isinstance(getattr(m, "head_dim", None), int)
+        and qkv.out_features == 3 * m.num_heads * m.head_dim
+    )
+
+
+def is_vit(model: nn.Module) -> bool:
+    """True for models with a top-level ``blocks`` container whose blocks have an ``attn`` with a ``qkv`` projection
+    (the dispatch test; :func:`vit_layout` then checks every detail and raises with the missing piece)."""
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, nn.Module):
+        return False
+    return any(hasattr(getattr(b, "attn", None), "qkv") for b in blocks.children())
+
+
+def vit_layout(model: nn.Module, *, need_pos_embed: bool, grid: Sequence[int] | None = None) -> VitLayout:
+    """Locate blocks, attention, prefix tokens, pos_embed rows and the token grid of a timm ViT.
+
+    Args:
+        need_pos_embed: require an absolute ``pos_embed`` and a grid (``impulse``); ``mimetic`` does not.
+        grid: ``(H, W)`` override when ``patch_embed.grid_size`` is absent.
+
+    Raises:
+        ValueError: naming the model class and the missing / unsupported piece.
+    """
+    name = type(model).__name__
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, nn.Module) or len(list(blocks.children())) == 0:
+        raise ValueError(f"{name} has no transformer `blocks`: not a timm VisionTransformer")
+    attns, names = [], []
+    for i, blk in enumerate(blocks.children()):
+        attn = getattr(blk, "attn", None)
+        if attn is None or not _is_fused_attention(attn):
+            raise ValueError(
+                f"{name}: block {i} has no timm-style attention with a fused `qkv` Linear (3·heads·head_dim outputs), "
+                "`proj`, `num_heads`, `head_dim` — separate q/k/v projections are not supported"
+            )
+        for norm in ("q_norm", "k_norm"):
+            if not isinstance(getattr(attn, norm, nn.Identity()), nn.Identity):
+                raise ValueError(f"{name}: block {i} uses {norm} (qk_norm=True), which would undo the designed Q/K")
+        attns.append(attn)
+        names.append(f"blocks.{i}.attn")
+    h, d = attns[0].num_heads, attns[0].head_dim
+    dim = attns[0].qkv.in_features
+    if any((a.num_heads, a.head_dim, a.qkv.in_features) != (h, d, dim) for a in attns):
+        raise ValueError(f"{name}: blocks differ in heads / head_dim / width; not supported")
+    num_prefix = int(getattr(model, "num_prefix_tokens", 1 if getattr(model, "cls_token", None) is not None else 0))
+    if grid is None:
+        gs = getattr(getattr(model, "patch_embed", None), "grid_size", None)
+        grid_t = (int(gs[0]), int(gs[1])) if gs is not None and len(gs) == 2 else None
+    else:
+        if len(grid) != 2 or min(grid) < 1:
+            raise ValueError(f"grid must be (H, W) with positive ints, got {grid!r}")
+        grid_t = (int(grid[0]), int(grid[1]))
+    pos = getattr(model, "pos_embed", None)
+    pos_name, rows = None, None
+    if isinstance(pos, torch.Tensor):
+        pos_name = "pos_embed"
+    if need_pos_embed:
+        if pos_name is None:
+            raise ValueError(
+                f"{name} has no absolute position embedding (`pos_embed` is None / pos_embed='none'); impulse init "
+                "uses it as the pseudo-input"
+            )
+        if grid_t is None:
+            raise ValueError(f"{name}: unknown token grid (no `patch_embed.grid_size`); pass the option grid=(H, W)")
+        if pos.dim() != 3 or pos.shape[0] != 1 or pos.shape[2] != dim:
+            raise ValueError(f"{name}.pos_embed must be (1, L, {dim}), got {tuple(pos.shape)}")
+        n = grid_t[0] * grid_t[1]
+        embed_prefix = 0 if getattr(model, "no_embed_class", False) else num_prefix
+        if pos.shape[1] != n + embed_prefix:
+            raise ValueError(
+                f"{name}.pos_embed has {pos.shape[1]} rows, expected {n} patch tokens of the {grid_t[0]}x{grid_t[1]} "
+                f"grid + {embed_prefix} prefix rows"
+            )
+        rows = slice(embed_prefix, embed_prefix + n)
+    return VitLayout(name, names, attns, dim, h, d, grid_t, pos_name, rows, num_prefix)
+
+
+IMPULSE_DEFAULTS: dict[str, Any] = {
+    "kernel_size": 3,
+    "offsets": "fixed",
+    "replacement": True,
+    "offsets_per_layer": False,
+    "boundary": "zero",
+    "gain_pos": 18.0,
+    "gain_qk": 7.0,
+    "gain_v": 1.0,
+    "value": "mimetic",
+    "value_alpha": 0.4,
+    "value_beta": 0.4,
+    "on_value": 1000.0,
+    "noise_scale": 3.0,
+    "noise_std": 0.6,
+    "noise_clip": 2.0,
+    "rank_rtol": 1e-5,
+    "qk_normalize": "auto",
+    "target_logit": 10.0,
+    "allow_rank_deficient": False,
+    "base": "torch",
+    "grid": None,
+}
+"""Defaults of ``impulse`` = the released algorithm (``method.md`` §2); see ``impulsevit/init/README.md``."""
+
+MIMETIC_DEFAULTS: dict[str, Any] = {
+    "qk_alpha": 0.7,
+    "qk_beta": 0.7,
+    "value": "mimetic",
+    "value_alpha": 0.4,
+    "value_beta": 0.4,
+    "base": "torch",
+}
+"""Defaults of ``mimetic`` (``method.md`` §5.1)."""
+
+_CHOICES = {
+    "offsets": ("fixed", "random"),
+    "boundary": ("zero", "circular"),
+    "value": ("mimetic", "default"),
+    "qk_normalize": ("auto", "frobenius", "logit"),
+    "base": ("torch", "keep"),
+    "kernel_size": (3, 5),
+}
+
+
+def _validate(method: str, opts: dict[str, Any], defaults: dict[str, Any]) -> None:
+    for key, value in opts.items():
+        if key == "grid":
+            continue
+        expected = type(defaults[key])
+        ok = isinstance(value, expected) or (expected is float and isinstance(value, int))
+        if isinstance(value, bool) and expected is not bool:
+            ok = False
+        if not ok:
+            raise TypeError(f"option {key!r} of init method {method!r} must be {expected.__name__}, got {value!r}")
+        if key in _CHOICES and value not in _CHOICES[key]:
+            raise ValueError(f"option {key!r} of init method {method!r} must be one of {_CHOICES[key]}, got {value!r}")
+        if expected is float and float(value) < 0:
+            raise ValueError(f"option {key!r} of init method {method!r} must be >= 0, got {value!r}")
+
+
+def patch_pseudo_input(pos_embed: torch.Tensor, rows: slice, eps: float = 1e-5) -> torch.Tensor:
+    """``P = LN0(pe)``: the patch rows of a ``(1, L, D)`` position embedding, layer-normed, float64 ``(N, D)``."""
+    return imp.layer_norm_rows(pos_embed[0, rows].to(torch.float64), eps)
+
+
+def _base_values(model: nn.Module, g: torch.Generator, base: str, skip: set[str]) -> tuple[dict, list[str]]:
+    if base == "keep":
+        return {}, []
+    return torch_defaults(model, g, skip=skip)
+
+
+def _current(model: nn.Module, values: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    if name in values:
+        return values[name]
+    return read_full(model.get_parameter(name)).detach().float().cpu()
+
+
+def _value_proj(lay: VitLayout, g: torch.Generator, alpha: float, beta: float, gain: float):
+    if lay.num_heads * lay.head_dim != lay.dim:
+        raise ValueError(
+            f"{lay.model}: attention width {lay.num_heads * lay.head_dim} != embed dim {lay.dim}; the mimetic "
+            "value/proj needs them equal (use value='default')"
+        )
+    wv, wp, _ = imp.value_proj_factors(lay.dim, g, alpha, beta)
+    return gain * wv, gain * wp
+
+
+@register("impulse", family="vit", matches=is_vit)
+def impulse_vit(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+    """Impulse init of a timm ViT (``method.md`` §2 by default; options for §3 variants, see the README card).
+
+    Order of random draws (all from ``generator``): ``torch`` baseline of every tensor not fully overwritten
+    (``base='torch'``), random offsets (once, or per layer), then per layer: the target noise ``(h, N, N)``, then the
+    value/proj matrix ``Z``.
+    """
+    opts = check_options("impulse", options, IMPULSE_DEFAULTS)
+    _validate("impulse", opts, IMPULSE_DEFAULTS)
+    lay = vit_layout(model, need_pos_embed=True, grid=opts["grid"])
+    H, W = lay.grid
+    n, d = H * W, lay.head_dim
+    notes: list[str] = []
+    if opts["kernel_size"] > min(H, W):
+        raise ValueError(f"{lay.model}: kernel_size {opts['kernel_size']} larger than the {H}x{W} token grid")
+    if d > n and not opts["allow_rank_deficient"]:
+        raise ValueError(
+            f"{lay.model}: head_dim {d} > {n} patch tokens ({H}x{W}); the rank-{d} pseudo-inverse would invert "
+            "zero singular values. Pass allow_rank_deficient=True to solve at the pseudo-input's rank instead"
+        )
+    full = {f"{a}.qkv.weight" for a in lay.attn_names}
+    if opts["value"] == "mimetic":
+        full |= {f"{a}.proj.weight" for a in lay.attn_names}
+    values, base_notes = _base_values(model, generator, opts["base"], full)
+    notes += base_notes
+
+    pos_param = model.get_parameter(lay.pos_name)
+    pos = _current(model, values, lay.pos_name)
+    if pos_param.requires_grad:
+        pos = pos * opts["gain_pos"]
+    else:
+        notes.append("pos_embed is frozen (a fixed table): used as is, gain_pos not applied")
+    if not torch.isfinite(pos).all():
+        raise ValueError(f"{lay.model}.pos_embed is not finite (uninitialized?); use base='torch'")
+    pi = imp.factor_pseudo_input(patch_pseudo_input(pos, lay.patch_rows), d, rtol=opts["rank_rtol"])
+    if pi.rank < d:
+        if d > n:
+            notes.append(f"head_dim {d} > {n} tokens: solved at rank {pi.rank}")
+        else:
+            notes.append(
+                f"rank-deficient pseudo-input (numerical rank {pi.numerical_rank} < head_dim {d} at rtol "
+                f"{opts['rank_rtol']:g}, e.g. a sin-cos table): solved at rank {pi.rank}"
+            )
+    normalize = opts["qk_normalize"]
+    if normalize == "auto":
+        normalize = "frobenius" if pi.rank == d else "logit"
+    if normalize == "logit":
+        notes.append(f"Q/K scaled so the mean target logit is {opts['target_logit']:g} (not ‖W‖_F = gain_qk)")
+
+    def draw_offsets() -> list[tuple[int, int]]:
+        return imp.impulse_offsets(
+            lay.num_heads, opts["kernel_size"], opts["offsets"], generator=generator, replacement=opts["replacement"]
+        )
+
+    shared = draw_offsets()
+    per_layer: list[list[tuple[int, int]]] = []
+    dim, ad = lay.dim, lay.num_heads * d
+    for li, attn_name in enumerate(lay.attn_names):
+        offs = draw_offsets() if (opts["offsets_per_layer"] and opts["offsets"] == "random" and li) else shared
+        per_layer.append(offs)
+        noise = imp.draw_noise(lay.num_heads, n, generator, std=opts["noise_std"], clip=opts["noise_clip"])
+        sol = imp.solve_qk(
+            pi, H, W, offs, noise, d,
+            on_value=opts["on_value"], noise_scale=opts["noise_scale"], boundary=opts["boundary"],
+            gain=opts["gain_qk"], normalize=normalize, target_logit=opts["target_logit"],
+        )  # fmt: skip
+        key = f"{attn_name}.qkv.weight"
+        qkv = torch.empty(3 * ad, dim) if opts["value"] == "mimetic" else _current(model, values, key).clone()
+        qkv[:ad] = sol.wq.reshape(ad, dim).float()
+        qkv[ad : 2 * ad] = sol.wk.reshape(ad, dim).float()
+        if opts["value"] == "mimetic":
+            wv, wp = _value_proj(lay, generator, opts["value_alpha"], opts["value_beta"], opts["gain_v"])
+            qkv[2 * ad :] = wv.float()
+            values[f"{attn_name}.proj.weight"] = wp.float()
+        values[key] = qkv
+    values[lay.pos_name] = pos
+    write_values(model, values)
+    resolved = {**opts, "grid": [H, W], "rank": pi.rank, "qk_normalize_used": normalize}
+    return InitResult(options=resolved, offsets=per_layer, notes=notes)
+
+
+@register("mimetic", family="vit", matches=is_vit)
+def mimetic_vit(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+    """Mimetic init of a timm ViT (``method.md`` §5.1): per head ``W_qᵀW_k`` = best rank-``d`` approx of
+    ``α1 Z + β1 I``; per layer ``W_v W_proj = α2 Z − β2 I`` in row convention (the released mimetic mode drops a
+    transpose here, see the README card). pos_embed is not scaled.
+
+    Order of random draws: ``torch`` baseline (``base='torch'``), then per layer: the ``h`` Q/K matrices ``Z``, then
+    the value/proj ``Z``.
+    """
+    opts = check_options("mimetic", options, MIMETIC_DEFAULTS)
+    _validate("mimetic", opts, MIMETIC_DEFAULTS)
+    lay = vit_layout(model, need_pos_embed=False)
+    if lay.head_dim > lay.dim:
+        raise ValueError(f"{lay.model}: head_dim {lay.head_dim} > embed dim {lay.dim}; mimetic Q/K not defined")
+    full = {f"{a}.qkv.weight" for a in lay.attn_names}
+    if opts["value"] == "mimetic":
+        full |= {f"{a}.proj.weight" for a in lay.attn_names}
+    values, notes = _base_values(model, generator, opts["base"], full)
+    ad, dim = lay.num_heads * lay.head_dim, lay.dim
+    for attn_name in lay.attn_names:
+        wq, wk, _ = imp.mimetic_qk_factors(
+            dim, lay.num_heads, lay.head_dim, generator, opts["qk_alpha"], opts["qk_beta"]
+        )
+        key = f"{attn_name}.qkv.weight"
+        qkv = torch.empty(3 * ad, dim) if opts["value"] == "mimetic" else _current(model, values, key).clone()
+        qkv[:ad] = wq.reshape(ad, dim).float()
+        qkv[ad : 2 * ad] = wk.reshape(ad, dim).float()
+        if opts["value"] == "mimetic":
+            wv, wp = _value_proj(lay, generator, opts["value_alpha"], opts["value_beta"], 1.0)
+            qkv[2 * ad :] = wv.float()
+            values[f"{attn_name}.proj.weight"] = wp.float()
+        values[key] = qkv
+    write_values(model, values)
+    return InitResult(options=opts, notes=notes)

@@ -1,0 +1,157 @@
+"""Weight selection (Xu et al., ICLR 2024): initialise a smaller student from a larger teacher of the same family.
+
+Tensors are matched by identical state-dict names, so layer selection is "first N" (student ``blocks.j`` takes teacher
+``blocks.j``; a deeper teacher's extra blocks are unused). Every axis of every matched floating-point tensor is
+sub-sampled uniformly (``method.md`` §5.2): ``arange(s)·(T/s)`` when ``T % s == 0``, else ``round(linspace(0, T−1,
+s))``. The classifier (``head.*`` by default) keeps the student's own init; integer buffers (e.g. Swin's
+``relative_position_index``) are never copied. Deterministic: draws no random numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from impulsevit.init.api import InitResult, check_options, read_full, register
+from impulsevit.init.baselines import write_values
+
+__all__ = ["selection_indices", "select_tensor", "load_teacher_state", "weight_selection_values", "WS_DEFAULTS"]
+
+WS_DEFAULTS: dict[str, Any] = {"teacher": None, "skip": ["head."], "strict": True}
+
+
+def selection_indices(teacher_size: int, student_size: int) -> torch.Tensor:
+    """Uniform element selection along one axis: ``LongTensor (student_size,)`` of teacher indices.
+
+    Raises:
+        ValueError: ``teacher_size < student_size``.
+    """
+    if teacher_size < student_size:
+        raise ValueError(f"teacher axis has {teacher_size} elements, fewer than the student's {student_size}")
+    if teacher_size % student_size == 0:
+        return torch.arange(student_size) * (teacher_size // student_size)
+    return torch.round(torch.linspace(0, teacher_size - 1, student_size, dtype=torch.float64)).long()
+
+
+def select_tensor(teacher: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """Sub-sample every axis of ``teacher`` to ``shape`` with :func:`selection_indices`."""
+    if teacher.dim() != len(shape):
+        raise ValueError(f"teacher tensor has {teacher.dim()} axes, student {len(shape)}")
+    out = teacher
+    for axis, s in enumerate(shape):
+        out = out.index_select(axis, selection_indices(out.shape[axis], int(s)))
+    return out
+
+
+def load_teacher_state(teacher: nn.Module | Mapping[str, torch.Tensor] | str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The teacher's state dict (CPU, full tensors) from a model, a state dict, or a ``.pth``/``.pt``/``.safetensors``
+    file (a ``{'model': ...}`` / ``{'state_dict': ...}`` wrapper is unwrapped).
+
+    Raises:
+        ValueError: unreadable file or not a mapping of tensors.
+    """
+    if isinstance(teacher, nn.Module):
+        state = teacher.state_dict()
+    elif isinstance(teacher, Mapping):
+        state = dict(teacher)
+    elif isinstance(teacher, str | os.PathLike):
+        path = os.fspath(teacher)
+        if not os.path.isfile(path):
+            raise ValueError(f"weight_selection teacher file {path!r} does not exist")
+        if path.endswith(".safetensors"):
+            from safetensors.torch import load_file
+
+            state = load_file(path)
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        for key in ("state_dict", "model", "state_dict_ema"):
+            if isinstance(state, Mapping) and key in state and isinstance(state[key], Mapping):
+                state = state[key]
+                break
+    else:
+        raise ValueError(f"weight_selection teacher must be a module, a state dict or a path, got {type(teacher)}")
+    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError("weight_selection teacher is not a mapping of parameter names to tensors")
+    return {k.removeprefix("module."): read_full(v).detach().cpu() for k, v in state.items()}
+
+
+def _depth(keys: Sequence[str]) -> int:
+    ids = {int(m.group(1)) for k in keys if (m := re.match(r"blocks\.(\d+)\.", k))}
+    return max(ids) + 1 if ids else 0
+
+
+def weight_selection_values(
+    student: nn.Module, teacher_state: Mapping[str, torch.Tensor], skip: Sequence[str] = ("head.",), strict: bool = True
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """New values for the student's floating-point state (computed, not written) and notes.
+
+    Args:
+        skip: name prefixes kept at the student's own init.
+        strict: a student tensor with no same-named teacher tensor is an error (else it keeps its init, noted).
+
+    Raises:
+        ValueError: naming the student class, the tensor and the axis where the teacher is smaller, has a different
+            number of axes, or lacks the tensor (with ``strict``).
+    """
+    name = type(student).__name__
+    values: dict[str, torch.Tensor] = {}
+    missing, skipped = [], []
+    targets = dict(student.named_parameters())
+    targets.update({k: b for k, b in student.named_buffers() if b.is_floating_point()})
+    for key, p in targets.items():
+        if any(key.startswith(s) for s in skip):
+            skipped.append(key)
+            continue
+        if key not in teacher_state:
+            missing.append(key)
+            continue
+        t = teacher_state[key]
+        if t.dim() != p.dim():
+            raise ValueError(
+                f"{name}.{key}: teacher tensor {tuple(t.shape)} and student {tuple(p.shape)} differ in axes"
+            )
+        for axis, (ts, ss) in enumerate(zip(t.shape, p.shape)):
+            if ts < ss:
+                raise ValueError(
+                    f"{name}.{key}: teacher dim {ts} < student dim {ss} on axis {axis} (teacher {tuple(t.shape)}, "
+                    f"student {tuple(p.shape)}); weight selection needs a teacher at least as large everywhere"
+                )
+        values[key] = select_tensor(t.float(), p.shape)
+    if missing and strict:
+        raise ValueError(
+            f"{name}: teacher has no tensor for {len(missing)} student entries, e.g. {missing[:4]} (student deeper "
+            "than the teacher, or a different architecture); pass strict=False to keep their init"
+        )
+    notes = []
+    sd, td = _depth(list(targets)), _depth(list(teacher_state))
+    if sd and td and sd != td:
+        notes.append(f"layer selection: first {sd} of the teacher's {td} blocks")
+    if skipped:
+        notes.append(f"kept the student's init for {len(skipped)} tensors: {', '.join(skipped)}")
+    if missing:
+        notes.append(f"no teacher tensor, kept init: {', '.join(missing)}")
+    return values, notes
+
+
+@register("weight_selection", family="any", matches=lambda m: isinstance(m, nn.Module))
+def _weight_selection_any(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+    """Weight selection from ``teacher`` (module, state dict or checkpoint path); see the module docstring."""
+    opts = check_options("weight_selection", options, WS_DEFAULTS)
+    teacher = opts["teacher"]
+    if teacher is None:
+        raise ValueError(f"init method 'weight_selection' on {type(model).__name__} needs the option teacher=...")
+    skip = [opts["skip"]] if isinstance(opts["skip"], str) else list(opts["skip"])
+    state = load_teacher_state(teacher)
+    values, notes = weight_selection_values(model, state, skip=skip, strict=bool(opts["strict"]))
+    write_values(model, values)
+    desc = (
+        type(teacher).__name__
+        if isinstance(teacher, nn.Module)
+        else (os.fspath(teacher) if isinstance(teacher, str | os.PathLike) else f"state_dict({len(state)} tensors)")
+    )
+    return InitResult(options={**opts, "teacher": desc, "skip": skip}, notes=notes)
