@@ -196,14 +196,22 @@ class ImageClassifier(L.LightningModule):
         return self.backbone(images)
 
     def configure_callbacks(self) -> list[L.Callback]:
+        """The ``Initializer`` from ``init``; a ``NonFiniteLossGuard`` and a ``ThroughputLogger`` unless the trainer
+        already has a callback of that kind (so a user-configured one is kept)."""
+        from lightning.pytorch.callbacks import ThroughputMonitor
+
         from impulsevit.callbacks import Initializer, NonFiniteLossGuard, ThroughputLogger
 
+        have = list(self.trainer.callbacks) if self._trainer is not None else []
         cfg = self.init_cfg
-        return [
-            Initializer(cfg.method, seed=cfg.seed, options=cfg.options, log_attention=self.hparams.log_attention),
-            NonFiniteLossGuard(),
-            ThroughputLogger(),
+        out: list[L.Callback] = [
+            Initializer(cfg.method, seed=cfg.seed, options=cfg.options, log_attention=self.hparams.log_attention)
         ]
+        if not any(isinstance(c, NonFiniteLossGuard) for c in have):
+            out.append(NonFiniteLossGuard())
+        if not any(isinstance(c, ThroughputMonitor) for c in have):
+            out.append(ThroughputLogger())
+        return out
 
     def configure_model(self) -> None:
         """Under the ``fsdp2`` strategy (``ModelParallelStrategy``): FSDP2 ``fully_shard`` per block, then the backbone.

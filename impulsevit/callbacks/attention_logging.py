@@ -1,18 +1,21 @@
 """Attention-map diagnostics: render per-head attention as an image grid and log it (plus per-head numbers) to
 TensorBoard.
 
-Pure functions first (:func:`grid_shape`, :func:`default_queries`, :func:`attention_grid`, :func:`summary_table`),
+Pure functions first (:func:`grid_shape`, :func:`default_queries`, :func:`attention_grid`, :func:`summary_scalars`),
 then :func:`log_attention` (used by the ``Initializer`` at step 0) and the :class:`AttentionMapLogger` callback
 (the same, every ``every_n_epochs`` validation epochs).
 
-The maps come from ``impulsevit.init.attention_maps(model)``: per layer a ``(heads, n, n)`` tensor of softmax
-attention on the pseudo-input (query rows, key columns); ``n`` tokens on an ``H x W`` grid (ViT: the patch grid; Swin:
-one window). Not supported: models ``attention_maps`` does not handle (ConvNeXt, ResNet, ...) — nothing is logged.
+The maps come from ``impulsevit.init.diagnostics.attention_maps(model)``: per layer a ``(heads, n, n)`` tensor of
+softmax attention on the pseudo-input (query rows, key columns); ``n`` tokens on an ``H x W`` grid (ViT: the patch
+grid), with ``summarize`` giving target mass / hit rate / entropy / distance per head. Not supported: models
+``attention_maps`` does not handle (ConvNeXt, ResNet, ...) — nothing is logged for them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
@@ -24,7 +27,8 @@ __all__ = [
     "grid_shape",
     "default_queries",
     "attention_grid",
-    "summary_table",
+    "summary_scalars",
+    "full_parameters",
     "compute_attention",
     "log_attention",
     "AttentionMapLogger",
@@ -103,42 +107,64 @@ def attention_grid(
     return img
 
 
-def summary_table(summary: list[list[dict[str, float]]]) -> str:
-    """A markdown table with one row per (layer, head) and one column per statistic."""
-    keys: list[str] = []
-    for layer in summary:
-        for head in layer:
-            keys.extend(k for k in head if k not in keys)
-    lines = ["| layer | head | " + " | ".join(keys) + " |", "|" + "---|" * (len(keys) + 2)]
-    for li, layer in enumerate(summary):
-        for hi, head in enumerate(layer):
-            vals = " | ".join(_fmt(head.get(k)) for k in keys)
-            lines.append(f"| {li} | {hi} | {vals} |")
-    return "\n".join(lines)
+def summary_scalars(summary: list[Any], tag: str) -> dict[str, float]:
+    """Finite per-head statistics as scalars ``{tag}/{stat}/layer_{i:02d}/head_{j:02d}``.
+
+    ``summary`` items are ``impulsevit.init.diagnostics.HeadSummary``-like objects (``layer``, ``head`` and float
+    fields such as ``target_mass``, ``hit_rate``, ``entropy``, ``distance``).
+    """
+    out: dict[str, float] = {}
+    for s in summary:
+        for k, v in vars(s).items():
+            if k in ("layer", "head") or not isinstance(v, int | float) or not math.isfinite(float(v)):
+                continue
+            out[f"{tag}/{k}/layer_{s.layer:02d}/head_{s.head:02d}"] = float(v)
+    return out
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return "" if v is None else str(v)
+@contextlib.contextmanager
+def full_parameters(model: nn.Module) -> Iterator[None]:
+    """Inside the block every FSDP2 unit of ``model`` holds its full (unsharded) parameters; no-op otherwise.
+
+    Collective under FSDP2: every rank must enter it.
+    """
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        yield
+        return
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for u in units:
+        u.unshard()
+    try:
+        yield
+    finally:
+        for u in units:
+            u.reshard()
 
 
 def compute_attention(
     model: nn.Module, offsets: list[list[tuple[int, int]]] | None = None
-) -> tuple[list[torch.Tensor], list[list[dict[str, float]]]] | None:
-    """``(maps, summary)`` from ``impulsevit.init``, or ``None`` when the model family has no attention maps.
+) -> tuple[list[torch.Tensor], list[Any], tuple[int, int, int] | None] | None:
+    """``(maps, summary, (prefix, H, W))`` on the pseudo-input from ``impulsevit.init``, or ``None`` when the model
+    family has no attention-map diagnostics.
 
-    Must run on every rank under FSDP2 (reading sharded parameters is a collective).
+    Under FSDP2 the parameters are unsharded for the computation: call it on every rank.
     """
-    from impulsevit.init import attention_maps, summarize
+    from impulsevit.init.diagnostics import attention_maps, summarize
 
     try:
-        with torch.no_grad():
-            maps = [m.detach().float().cpu() for m in attention_maps(model)]
-            summary = summarize(model, offsets=offsets or None)
+        with torch.no_grad(), full_parameters(model):
+            maps = attention_maps(model)
+            grid = getattr(maps, "grid", None)
+            shape = (int(getattr(maps, "num_prefix", 0)), *grid) if grid is not None else None
+            if shape is None and maps:
+                shape = grid_shape(maps[0].shape[-1], model)
+            summary = summarize(maps, offsets or None, grid=shape[1:], num_prefix=shape[0]) if shape else []
+            maps = [m.detach().float().cpu() for m in maps]
     except (ValueError, TypeError, NotImplementedError):
         return None
-    return maps, summary
+    return maps, summary, shape
 
 
 def log_attention(
@@ -149,37 +175,33 @@ def log_attention(
     offsets: list[list[tuple[int, int]]] | None = None,
     max_layers: int = 12,
 ) -> bool:
-    """Compute attention maps + per-head summary and write them to every TensorBoard logger of ``trainer``.
+    """Compute attention maps + per-head summary and write them to the trainer's loggers.
 
-    Writes images ``{tag}/layer_{i:02d}`` (query rows x head columns, see :func:`attention_grid`), the text
-    ``{tag}/summary`` (markdown table) and scalars ``{tag}/{stat}/layer_{i:02d}/head_{j:02d}``. Call on every rank;
-    only global rank 0 writes. Returns whether anything was computed.
+    TensorBoard gets images ``{tag}/layer_{i:02d}`` (query rows x head columns, see :func:`attention_grid`) and the
+    text ``{tag}/summary`` (the summary table); every logger gets the scalars of :func:`summary_scalars`. Call on every
+    rank; only global rank 0 writes. Returns whether the model had attention maps.
     """
     result = compute_attention(model, offsets)
     if result is None or trainer.global_rank != 0:
         return result is not None
-    maps, summary = result
+    maps, summary, shape = result
     writers = [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
-    for li, amap in enumerate(maps[:max_layers]):
-        shape = grid_shape(amap.shape[-1], model)
-        if shape is None:
-            continue
+    if shape is not None:
         prefix, h, w = shape
-        img = attention_grid(amap, (h, w), default_queries(h, w), prefix=prefix)
-        for wr in writers:
-            wr.add_image(f"{tag}/layer_{li:02d}", img, global_step=step, dataformats="CHW")
-    table = summary_table(summary)
-    metrics = {
-        f"{tag}/{k}/layer_{li:02d}/head_{hi:02d}": float(v)
-        for li, layer in enumerate(summary)
-        for hi, head in enumerate(layer)
-        for k, v in head.items()
-        if isinstance(v, int | float) and math.isfinite(float(v))
-    }
+        queries = default_queries(h, w)
+        for li, amap in enumerate(maps[:max_layers]):
+            img = attention_grid(amap, (h, w), queries, prefix=prefix)
+            for wr in writers:
+                wr.add_image(f"{tag}/layer_{li:02d}", img, global_step=step, dataformats="CHW")
+    table = summary.table() if hasattr(summary, "table") else "\n".join(map(str, summary))
+    queries_txt = ", ".join(f"({r},{c})" for r, c in (default_queries(*shape[1:]) if shape else []))
     for wr in writers:
-        wr.add_text(f"{tag}/summary", table, global_step=step)
-    for lg in trainer.loggers:
-        lg.log_metrics(metrics, step=step)
+        wr.add_text(f"{tag}/summary", f"query cells (row, col), one image row each: {queries_txt}\n\n```\n{table}\n```",
+                    global_step=step)
+    metrics = summary_scalars(summary, tag)
+    if metrics:
+        for lg in trainer.loggers:
+            lg.log_metrics(metrics, step=step)
     return True
 
 
