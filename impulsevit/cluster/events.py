@@ -22,15 +22,15 @@ def events_path(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / "slurm" / "events.log"
 
 
-def append_event(path: str | os.PathLike, **fields: object) -> None:
-    """Append one ``key=value`` event line to the events file ``path`` (timestamp, job id and restart count from the
+def append_event(log_file: str | os.PathLike, /, **fields: object) -> None:
+    """Append one ``key=value`` event line to ``log_file`` (timestamp, job id and restart count from the
     SLURM environment are added)."""
     job = os.environ.get("SLURM_JOB_ID", "-")
     if os.environ.get("SLURM_ARRAY_JOB_ID"):
         job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
     head = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} job={job} restart={os.environ.get('SLURM_RESTART_COUNT', '0')}"
     body = " ".join(f"{k}={str(v).replace(' ', '_')}" for k, v in fields.items())
-    path = Path(path)
+    path = Path(log_file)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:  # one short write per line; O_APPEND keeps lines whole
         f.write(f"{head} {body}\n")

@@ -1,0 +1,273 @@
+"""Preemption-safe SLURM requeue: checkpoint at the next step boundary on USR1/TERM, then ``scontrol requeue``.
+
+Why not Lightning's own handler: with ``SLURMEnvironment(auto_requeue=True)`` Lightning 2.6 saves the HPC checkpoint
+*inside* the USR1 signal handler (``_SignalConnector._slurm_sigusr_handler_fn``). A handler runs between any two
+bytecodes — in the middle of a backward pass, an optimizer step or a collective — so the checkpoint can be
+inconsistent, and under DDP the handler's ``save_checkpoint`` barrier interleaves with the ranks' gradient all-reduces
+and can hang (Lightning#21406; the fix proposed in #21407 is what this callback does). There must be exactly one
+requeue owner (a second handler would requeue twice or fight over signals, Lightning#14893/#6389), so this callback
+sets the detected ``SLURMEnvironment.auto_requeue = False`` in ``setup`` — before Lightning registers its handlers,
+which it then skips for USR1 — and owns requeueing itself. Lightning keeps its SIGTERM bookkeeping
+(``trainer.received_sigterm``).
+
+What it does:
+
+- ``setup`` (fit only): takes over requeueing as above; installs handlers for ``SIGUSR1`` (requeue) and ``SIGTERM``
+  (stop) that only set a flag (async-signal-safe: no I/O, no locks); warns once when running under SLURM without
+  ``scontrol`` on PATH (common inside containers, Lightning#21404): the checkpoint is still written, the job is not
+  requeued.
+- ``on_train_batch_end`` — the step boundary where Lightning's own ``ModelCheckpoint(every_n_train_steps)`` saves: the
+  flag is max-reduced over ranks (one scalar collective per step, so every rank takes the same decision at the same
+  step even if the signal reached only some ranks), then all ranks save ``<checkpoints>/preempted.ckpt`` through
+  ``trainer.save_checkpoint`` into a temp name that rank 0 renames into place (atomic for files and for FSDP2
+  distributed-checkpoint folders).
+- USR1: rank 0 runs ``scontrol requeue $SLURM_JOB_ID`` (``<array job>_<task>`` for arrays); after a successful
+  requeue every rank leaves at the next ``on_train_batch_start`` (or ``on_validation_start`` / epoch end), i.e. after
+  Lightning has logged the step, by raising :class:`Preempted` — so the TensorBoard curve has neither a gap nor a
+  duplicate when the requeued job resumes. If the requeue fails or there is no ``scontrol``, training continues (the
+  job may still finish within the signal lead time; if it is killed, the checkpoint is there).
+- TERM: the same checkpoint, then every rank leaves via :class:`Preempted` (exit code 143). A SIGTERM that Lightning
+  turns into ``SIGTERMException`` before this callback saw it (e.g. during validation) still gets a checkpoint from
+  ``on_exception``.
+- ``on_train_start``: on a resumed run, reports the checkpoint and the restored global step.
+
+Every action is printed (rank 0, stderr) and appended to the run's ``slurm/events.log``
+(``$IMPULSEVIT_EVENTS_LOG``, set by the generated batch script; ``<default_root_dir>/slurm/events.log`` otherwise).
+
+Not supported: requeue signals other than USR1 (the batch script asks SLURM for ``--signal=USR1@lead``); signals
+that arrive during validation are acted on at the next training step (validation is not interrupted, except by
+Lightning's own SIGTERM handling); a SIGKILL (after SLURM's ``KillWait``) loses the steps since the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from impulsevit.cluster.events import append_event
+
+__all__ = ["Preempted", "SlurmRequeue"]
+
+_NONE, _STOP, _REQUEUE = 0, 1, 2
+_NAMES = {_STOP: "SIGTERM", _REQUEUE: "SIGUSR1"}
+
+
+class Preempted(SystemExit):
+    """Raised on every rank after the preemption checkpoint (and requeue); exit code 0 when requeued, else 143."""
+
+
+def slurm_job_id() -> str | None:
+    """``$SLURM_JOB_ID``, or ``<array job id>_<task id>`` inside an array job; ``None`` outside SLURM."""
+    array = os.environ.get("SLURM_ARRAY_JOB_ID")
+    if array and os.environ.get("SLURM_ARRAY_TASK_ID"):
+        return f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+class SlurmRequeue(Callback):
+    """Checkpoint at the next step boundary on SIGUSR1 (then requeue) or SIGTERM (then stop); see the module docstring.
+
+    Args:
+        filename: checkpoint file name inside the ``ModelCheckpoint`` directory (``<default_root_dir>/checkpoints``
+            without one); overwritten at each preemption, picked up by ``--resume auto`` as the newest checkpoint.
+        requeue: run ``scontrol requeue`` on SIGUSR1 (False: only checkpoint and stop).
+    """
+
+    def __init__(self, filename: str = "preempted.ckpt", requeue: bool = True) -> None:
+        self.filename = filename
+        self.requeue = requeue
+        self._pending = _NONE
+        self._exit_code: int | None = None
+        self._saved_step: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    # ------------------------------------------------------------------------------------------------- signals
+    def _on_signal(self, signum: int, frame: Any) -> None:  # async-signal context: set a flag, nothing else
+        code = _REQUEUE if signum == signal.SIGUSR1 else _STOP
+        self._pending = max(self._pending, code)
+
+    def _install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._on_signal)
+
+    def _uninstall(self, trainer: pl.Trainer) -> None:
+        # Lightning's _SignalConnector captured our handlers as "original" when it registered its own, and restores
+        # them in Trainer._teardown (which runs after on_exception): hand it the handlers we replaced instead.
+        originals = getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None)
+        if isinstance(originals, dict):
+            for sig, handler in self._previous.items():
+                if originals.get(sig) == self._on_signal:
+                    originals[sig] = handler
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in self._previous.items():
+                if signal.getsignal(sig) == self._on_signal:
+                    signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    # --------------------------------------------------------------------------------------------------- helpers
+    def _events_log(self, trainer: pl.Trainer) -> Path:
+        env = os.environ.get("IMPULSEVIT_EVENTS_LOG")
+        return Path(env) if env else Path(trainer.default_root_dir) / "slurm" / "events.log"
+
+    def _say(self, trainer: pl.Trainer, message: str, **event: Any) -> None:
+        if trainer.is_global_zero:
+            print(f"[impulsevit] {message}", file=sys.stderr, flush=True)
+            if event:
+                append_event(self._events_log(trainer), **event)
+
+    def checkpoint_path(self, trainer: pl.Trainer) -> Path:
+        cb = trainer.checkpoint_callback
+        dirpath = getattr(cb, "dirpath", None)
+        return Path(dirpath or Path(trainer.default_root_dir) / "checkpoints") / self.filename
+
+    def _save(self, trainer: pl.Trainer, reason: str) -> Path:
+        """All ranks: ``trainer.save_checkpoint`` into a temp name, then rank 0 renames it over the final path."""
+        path = self.checkpoint_path(trainer)
+        step = trainer.global_step
+        tmp = path.with_name(f"{path.name}.tmp-{step}")
+        if trainer.is_global_zero:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _remove(tmp)
+        trainer.strategy.barrier("preemption-save-start")
+        trainer.save_checkpoint(tmp)  # collective: every rank takes part (rank 0 writes files, all write DCP shards)
+        trainer.strategy.barrier("preemption-save-written")
+        if trainer.is_global_zero:
+            if tmp.is_dir() and path.exists():
+                old = path.with_name(f"{path.name}.old-{step}")
+                _remove(old)
+                os.replace(path, old)
+                os.replace(tmp, path)
+                _remove(old)
+            else:
+                if path.is_dir():
+                    _remove(path)
+                os.replace(tmp, path)
+            _fsync_dir(path.parent)
+        trainer.strategy.barrier("preemption-save-done")
+        self._saved_step = step
+        self._say(trainer, f"{reason}: checkpoint saved to {path} at global step {step}",
+                  event="checkpoint", reason=reason, path=path, step=step)
+        return path
+
+    def _requeue(self, trainer: pl.Trainer) -> bool:
+        """Rank 0 requeues the job; the outcome is broadcast so every rank agrees."""
+        ok = False
+        if trainer.is_global_zero:
+            job = slurm_job_id()
+            scontrol = shutil.which("scontrol")
+            if job is None:
+                self._say(trainer, "SIGUSR1 outside a SLURM job: checkpoint written, nothing to requeue; continuing")
+            elif scontrol is None:
+                self._say(trainer, f"cannot requeue SLURM job {job}: `scontrol` not found on PATH; checkpoint "
+                                   "written, continuing until the job ends",
+                          event="requeue", job_id=job, rc="no-scontrol")
+            else:
+                proc = subprocess.run([scontrol, "requeue", job], capture_output=True, text=True)
+                ok = proc.returncode == 0
+                detail = "" if ok else f": {proc.stderr.strip() or proc.stdout.strip()}"
+                self._say(trainer, f"scontrol requeue {job} -> exit {proc.returncode}{detail}",
+                          event="requeue", job_id=job, rc=proc.returncode)
+        return bool(trainer.strategy.broadcast(ok, src=0))
+
+    def _leave_if_done(self, trainer: pl.Trainer) -> None:
+        if self._exit_code is not None:
+            code, self._exit_code = self._exit_code, None
+            self._say(trainer, f"leaving after the preemption checkpoint (exit {code})", event="leave", rc=code)
+            raise Preempted(code)
+
+    # ----------------------------------------------------------------------------------------------------- hooks
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        env = trainer._accelerator_connector.cluster_environment  # the object Lightning's _SignalConnector reads
+        if isinstance(env, SLURMEnvironment) and env.auto_requeue:
+            env.auto_requeue = False  # one requeue owner: this callback
+        self._pending, self._exit_code, self._saved_step = _NONE, None, None
+        self._install()
+        if self.requeue and slurm_job_id() is not None and shutil.which("scontrol") is None:
+            self._say(trainer, "warning: running under SLURM but `scontrol` is not on PATH (common inside "
+                               "containers): on SIGUSR1 the job will checkpoint but cannot requeue itself; resubmit "
+                               "it by hand (it resumes from the checkpoint) or make scontrol available",
+                      event="warning", reason="no-scontrol")
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._uninstall(trainer)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.ckpt_path:
+            restart = os.environ.get("SLURM_RESTART_COUNT", "0")
+            self._say(trainer, f"resumed from {trainer.ckpt_path} at global step {trainer.global_step} "
+                               f"(epoch {trainer.current_epoch}, SLURM restart {restart})",
+                      event="resume", path=trainer.ckpt_path, step=trainer.global_step)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        flag = torch.tensor(self._pending, dtype=torch.int32, device=trainer.strategy.root_device)
+        decision = int(trainer.strategy.reduce(flag, reduce_op="max").item()) if trainer.world_size > 1 else int(flag)
+        if decision == _NONE:
+            return
+        self._pending = _NONE
+        self._say(trainer, f"received {_NAMES[decision]} (on at least one rank); checkpointing at global step "
+                           f"{trainer.global_step}", event="signal", signal=_NAMES[decision], step=trainer.global_step)
+        self._save(trainer, "requeue" if decision == _REQUEUE else "stop")
+        if decision == _STOP or not self.requeue:
+            self._exit_code = 143 if decision == _STOP else 0
+        elif self._requeue(trainer):
+            self._exit_code = 0
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._leave_if_done(trainer)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.state.fn == "fit":
+            self._leave_if_done(trainer)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._leave_if_done(trainer)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        try:
+            if (isinstance(exception, SIGTERMException) and trainer.state.fn == "fit"
+                    and self._saved_step != trainer.global_step):
+                self._say(trainer, "SIGTERM (Lightning): checkpointing before exit", event="signal", signal="SIGTERM",
+                          step=trainer.global_step)
+                self._save(trainer, "stop")
+        finally:
+            self._uninstall(trainer)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
