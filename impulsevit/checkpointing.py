@@ -1,0 +1,188 @@
+"""Crash-safe checkpoints: atomic writes, discovery of the newest *complete* checkpoint, RNG state in checkpoints.
+
+- :class:`AtomicCheckpointIO` writes ``<path>.tmp-<pid>``, fsyncs it, then ``os.replace``-s it over ``path``: a reader
+  (or a resumed job after SIGKILL / preemption / node failure) sees either the old file or the new one, never a
+  truncated one. A killed write leaves only a ``*.tmp-<pid>`` file, which discovery ignores.
+- :func:`latest_checkpoint` is what ``impulsevit fit --resume auto`` uses: among ``<run_dir>/checkpoints/*.ckpt`` and
+  Lightning's SLURM ``<run_dir>/hpc_ckpt_*.ckpt`` it returns the newest (modification time) that is complete.
+- :class:`RNGStateCheckpoint` stores the global torch / numpy / python RNG states in each checkpoint and restores them
+  on resume, so stochastic parts of training (mixup, drop path, dropout) continue their streams after a resume.
+
+Not supported: remote (fsspec URL) checkpoint paths; atomicity of FSDP2 *distributed* checkpoints (a directory written
+by several ranks; :func:`is_complete_checkpoint` instead requires its ``meta.pt``, written last by rank 0, to be newer
+than every shard).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.fabric.utilities.types import _PATH
+from lightning.pytorch import Callback
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+__all__ = [
+    "AtomicCheckpointIO",
+    "RNGStateCheckpoint",
+    "atomic_torch_save",
+    "atomic_write_text",
+    "checkpoint_candidates",
+    "is_complete_checkpoint",
+    "latest_checkpoint",
+]
+
+_TMP_RE = re.compile(r"\.tmp-\d+$")
+_DCP_META = "meta.pt"  # Lightning's name for the non-tensor part of a distributed checkpoint (rank 0, written last)
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):  # not every filesystem allows opening a directory
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _atomic_write(path: str | os.PathLike, write: Any) -> None:
+    """Call ``write(fh)`` on ``<path>.tmp-<pid>``, fsync, ``os.replace`` onto ``path``, fsync the directory."""
+    if "://" in str(path):
+        raise ValueError(f"atomic writes support local paths only, got {str(path)!r}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (temp file + fsync + rename)."""
+    _atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save(obj, path)`` via ``<path>.tmp-<pid>`` + fsync + ``os.replace`` (+ fsync of the directory).
+
+    Raises:
+        ValueError: ``path`` is a URL (``scheme://``); only local filesystems are supported.
+    """
+    _atomic_write(path, lambda fh: torch.save(obj, fh))
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning ``CheckpointIO`` whose ``save_checkpoint`` is atomic (temp file + fsync + rename).
+
+    Used by every strategy that saves through a ``CheckpointIO`` (single device, DDP, FSDP2 with full-state
+    checkpoints). Loading and removal are Lightning's. ``storage_options`` are not supported (as in Lightning's
+    ``TorchCheckpointIO``), nor are remote paths.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError(
+                "AtomicCheckpointIO.save_checkpoint(..., storage_options=...) is not supported; got "
+                f"{storage_options!r}"
+            )
+        atomic_torch_save(checkpoint, path)
+
+
+def _loads(path: Path) -> bool:
+    try:
+        obj = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception:  # noqa: BLE001 - any failure to load means "not a usable checkpoint"
+        return False
+    return isinstance(obj, dict) and "global_step" in obj
+
+
+def is_complete_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a finished Lightning checkpoint that can be resumed from.
+
+    A file must not be a temp file, and must load (``torch.load(mmap=True)``: the zip directory at the end of the file
+    and the pickle are read, tensors are not) into a dict with ``global_step``. A distributed-checkpoint directory must
+    hold DCP's ``.metadata`` and a loadable ``meta.pt`` that is at least as new as every other file in it.
+    """
+    path = Path(path)
+    if _TMP_RE.search(path.name):
+        return False
+    if path.is_file():
+        return path.stat().st_size > 0 and _loads(path)
+    if path.is_dir():
+        meta = path / _DCP_META
+        if not (meta.is_file() and (path / ".metadata").is_file()):
+            return False
+        newest_other = max(f.stat().st_mtime_ns for f in path.iterdir() if f.name != _DCP_META)
+        return meta.stat().st_mtime_ns >= newest_other and _loads(meta)
+    return False
+
+
+def checkpoint_candidates(run_dir: str | os.PathLike, extra_dirs: tuple[str | os.PathLike, ...] = ()) -> list[Path]:
+    """``<run_dir>/checkpoints/*.ckpt``, ``<run_dir>/hpc_ckpt_*.ckpt`` and ``<d>/*.ckpt`` for each extra dir, newest
+    first (by modification time; ties broken by name). Temp files are excluded; completeness is not checked here."""
+    run_dir = Path(run_dir)
+    found: set[Path] = set()
+    for d in (run_dir / "checkpoints", *map(Path, extra_dirs)):
+        if d.is_dir():
+            found.update(d.glob("*.ckpt"))
+    if run_dir.is_dir():
+        found.update(run_dir.glob("hpc_ckpt_*.ckpt"))
+    found = {p for p in found if not _TMP_RE.search(p.name)}
+    return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True)
+
+
+def latest_checkpoint(run_dir: str | os.PathLike, extra_dirs: tuple[str | os.PathLike, ...] = ()) -> Path | None:
+    """The newest complete checkpoint of a run directory (see :func:`checkpoint_candidates`), or ``None``."""
+    for candidate in checkpoint_candidates(run_dir, extra_dirs):
+        if is_complete_checkpoint(candidate):
+            return candidate
+    return None
+
+
+class RNGStateCheckpoint(Callback):
+    """Saves the global RNG states (torch CPU, CUDA when present, numpy, python ``random``) into every checkpoint and
+    restores them when a checkpoint is loaded for resuming.
+
+    Runs in ``state_dict`` (checkpoint save) and ``load_state_dict`` (restore, before the fit loop starts). Rank 0's
+    state is saved and every rank restores it (with Lightning's ``seed_everything`` all ranks start from the same seed
+    anyway). DataLoader worker and sampler generators are not covered: samplers own their seeds.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        # plain tensors / ints / floats only, so the checkpoint stays loadable with torch.load(weights_only=True)
+        _, keys, pos, has_gauss, gauss = np.random.get_state()
+        version, py_state, py_gauss = random.getstate()
+        state = {
+            "torch": torch.get_rng_state(),
+            "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
+                      "gauss": float(gauss)},
+            "python": {"version": version, "state": torch.tensor(py_state, dtype=torch.int64), "gauss": py_gauss},
+        }
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        torch.set_rng_state(state_dict["torch"])
+        npy = state_dict["numpy"]
+        np.random.set_state(("MT19937", npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
+                             npy["gauss"]))
+        py = state_dict["python"]
+        random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
+        cuda = state_dict.get("cuda")
+        if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)

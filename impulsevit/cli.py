@@ -1,0 +1,435 @@
+"""The ``impulsevit`` command: ``fit|validate|test|predict`` (LightningCLI) plus ``recipes``, ``export`` and the
+subcommands other modules provide (``convert``, ``submit``, ``study``, ``demo``).
+
+``impulsevit fit --recipe NAME_OR_PATH [--dotted.key=value ...]``:
+
+- ``--recipe`` is an alias of LightningCLI's ``--config`` (repeatable, merged in order); a NAME resolves to
+  ``recipes/NAME.yaml`` (see :mod:`impulsevit.recipes`). It must come after the subcommand; ``impulsevit --recipe x
+  fit`` is rewritten to ``impulsevit fit --recipe x``.
+- Every run writes to ``<runs_dir>/<name>/`` (``--name``, default the first recipe's file name; ``--runs_dir`` /
+  ``--runs-dir``, default ``./runs``): ``config.yaml`` (the resolved config, rewritten on every start so a requeued or
+  resumed job never aborts on it), TensorBoard event files (no ``version_N`` subfolder), ``checkpoints/last.ckpt``
+  and the top-k checkpoints by ``val/acc1`` (``--checkpoint.*`` configures Lightning's ``ModelCheckpoint``), and
+  Lightning's SLURM ``hpc_ckpt_*.ckpt`` files. All checkpoint writes are atomic (:mod:`impulsevit.checkpointing`).
+- ``--resume auto``: continue from the newest complete checkpoint of the run directory, or start fresh when there is
+  none; ``--resume PATH``: from that checkpoint. For ``validate|test|predict`` the resolved checkpoint is the weights
+  evaluated (``auto`` without a checkpoint is an error there).
+- Misspelled keys fail with the key and the closest valid one; unknown recipe names list the available recipes.
+- ``data.num_classes`` is linked to ``model.num_classes``; the global batch is read by the module from the trainer.
+- The global RNG states travel in the checkpoints (:class:`~impulsevit.checkpointing.RNGStateCheckpoint`).
+
+Not supported: remote run directories (fsspec URLs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import inspect
+import logging
+import os
+import re
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from jsonargparse import ActionConfigFile
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.plugins.io import CheckpointIO
+
+from impulsevit import __version__
+from impulsevit.checkpointing import AtomicCheckpointIO, RNGStateCheckpoint, atomic_write_text, latest_checkpoint
+from impulsevit.data.base import BaseImageDataModule
+from impulsevit.recipes import RecipeNotFoundError, format_listing, resolve_recipe
+
+__all__ = ["ImpulseCLI", "RunConfigSaver", "ImpulseArgumentParser", "main", "prepare_argv", "run_dir_of"]
+
+log = logging.getLogger("impulsevit")
+
+TRAINER_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+# subcommand -> (module, function, takes argv): provided by other parts of the package, imported on use
+EXTERNAL_SUBCOMMANDS: dict[str, tuple[str, str, bool]] = {
+    "convert": ("impulsevit.data.convert", "main", True),
+    "submit": ("impulsevit.cluster.submit", "main", True),
+    "study": ("impulsevit.study", "main", True),
+    "demo": ("impulsevit.init.demo", "main", False),
+}
+LOCAL_SUBCOMMANDS = ("recipes", "export")
+ALL_SUBCOMMANDS = (*TRAINER_SUBCOMMANDS, *LOCAL_SUBCOMMANDS, *EXTERNAL_SUBCOMMANDS)
+_CONFIG_FLAGS = ("--recipe", "--config", "-c")
+_NO_VALUE_FLAGS = ("-h", "--help", "--print_config")
+
+USAGE = f"""usage: impulsevit SUBCOMMAND ...
+
+impulsevit {__version__}: Lightning + timm training of vision transformers with structured initializations.
+
+  fit|validate|test|predict --recipe NAME_OR_PATH [--dotted.key=value ...]
+        [--name N] [--runs-dir D] [--resume auto|PATH]
+                      train / evaluate (LightningCLI; `impulsevit fit --help` lists every key)
+  recipes             list the available recipes
+  export CKPT OUT.pth [--ema]
+                      write a plain timm state dict from a checkpoint
+  convert ...         convert a dataset to FFCV .beton
+  submit ...          submit a recipe to SLURM
+  study ...           run an initialization study
+  demo                show an impulse initialization on a small ViT
+"""
+
+
+# ----------------------------------------------------------------------------------------------------- argv handling
+def _option_name(token: str) -> str | None:
+    return token.split("=", 1)[0] if token.startswith("-") else None
+
+
+def _subcommand_index(argv: list[str]) -> int | None:
+    """Position of the first bare subcommand token (not the value of a preceding option), or ``None``."""
+    for i, tok in enumerate(argv):
+        if tok in ALL_SUBCOMMANDS:
+            prev = argv[i - 1] if i else ""
+            takes_value = prev.startswith("-") and "=" not in prev and prev not in _NO_VALUE_FLAGS
+            if not takes_value:
+                return i
+    return None
+
+
+def prepare_argv(argv: list[str]) -> list[str]:
+    """Normalise a command line for LightningCLI.
+
+    - moves a subcommand given after options to the front (``--recipe x fit`` -> ``fit --recipe x``; Lightning#21245);
+    - resolves every ``--recipe`` / ``--config`` / ``-c`` value that is not an existing file as a recipe name;
+    - inserts ``--name=<stem of the first --recipe>`` right after the subcommand when no ``--name`` is given (a
+      ``name:`` in the recipe or a later ``--name`` still wins).
+
+    Raises:
+        RecipeNotFoundError: a recipe value is neither a file nor a known recipe (lists the available ones).
+    """
+    argv = list(argv)
+    if argv and argv[0] not in ALL_SUBCOMMANDS and not (set(argv) & {"-h", "--help"}):
+        idx = _subcommand_index(argv)
+        if idx is not None:
+            argv.insert(0, argv.pop(idx))
+    if not argv or argv[0] not in TRAINER_SUBCOMMANDS:
+        return argv
+    out: list[str] = [argv[0]]
+    first_recipe: Path | None = None
+    has_name = False
+    i = 1
+    while i < len(argv):
+        tok = argv[i]
+        name = _option_name(tok)
+        if name in _CONFIG_FLAGS:
+            if "=" in tok:
+                value, consumed = tok.split("=", 1)[1], 1
+            elif i + 1 < len(argv):
+                value, consumed = argv[i + 1], 2
+            else:  # let the parser report the missing value
+                out.append(tok)
+                i += 1
+                continue
+            path = resolve_recipe(value)
+            if name == "--recipe" and first_recipe is None:
+                first_recipe = path
+            out += [name, str(path)]
+            i += consumed
+            continue
+        if name == "--name":
+            has_name = True
+        out.append(tok)
+        i += 1
+    if first_recipe is not None and not has_name:
+        out.insert(1, f"--name={first_recipe.stem}")
+    return out
+
+
+def run_dir_of(runs_dir: str | os.PathLike, name: str | None) -> Path:
+    """``<runs_dir>/<name>`` (``name`` defaults to ``default``)."""
+    return Path(runs_dir) / (name or "default")
+
+
+# ------------------------------------------------------------------------------------------ errors with suggestions
+def _unwrap_optional(hint: Any) -> Any:
+    """``X`` for ``X | None`` / ``Optional[X]``, else ``hint`` unchanged."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return hint
+
+
+def _class_keys(cls: type) -> list[str]:
+    if dataclasses.is_dataclass(cls):
+        return [f.name for f in dataclasses.fields(cls)]
+    params = inspect.signature(cls.__init__).parameters.values()
+    return [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _import_object(path: str) -> Any:
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+class ImpulseArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser whose errors about unknown keys also name the closest valid key."""
+
+    model_class: type | None = None  # set by ImpulseCLI, used to list the fields of dataclass-typed model arguments
+
+    def _valid_keys(self) -> set[str]:
+        keys: set[str] = set()
+        for action in self._actions:
+            sub = getattr(action, "choices", None)
+            if isinstance(sub, dict) and all(isinstance(p, LightningArgumentParser) for p in sub.values()):
+                for p in sub.values():
+                    keys |= p._valid_keys() if isinstance(p, ImpulseArgumentParser) else set()
+                continue
+            if action.dest and action.dest != "help":
+                keys.add(action.dest)
+        hints = typing.get_type_hints(self.model_class.__init__) if self.model_class is not None else {}
+        for name, hint in hints.items():
+            inner = _unwrap_optional(hint)
+            if dataclasses.is_dataclass(inner):
+                keys |= {f"model.{name}.{f}" for f in _class_keys(inner)}
+        return keys
+
+    def _closest(self, key: str) -> str | None:
+        """The valid key closest to ``key``: keep its longest valid prefix, fix the first wrong segment."""
+        valid = self._valid_keys()
+        parts = key.split(".")
+        prefixes = {".".join(k.split(".")[:n]) for k in valid for n in range(len(k.split(".")) + 1)}
+        depth = max(n for n in range(len(parts) + 1) if ".".join(parts[:n]) in prefixes)
+        if depth == len(parts):
+            return None
+        head = ".".join(parts[:depth])
+        children = {k.split(".")[depth] for k in valid if (not head or k.startswith(head + ".")) and
+                    len(k.split(".")) > depth}
+        best = difflib.get_close_matches(parts[depth], sorted(children), n=1, cutoff=0.5)
+        if not best:
+            return None
+        return ".".join([*parts[:depth], best[0], *parts[depth + 1:]])
+
+    def _hint(self, message: str) -> str:
+        hints = []
+        for key in re.findall(r"does not accept option '([^']+)'", message):
+            hints.append((key, self._closest(key)))
+        m = re.search(r"unrecognized arguments: (.*)", message)
+        if m:
+            for tok in m.group(1).split():
+                if tok.startswith("--"):
+                    key = tok[2:].split("=", 1)[0]
+                    hints.append((key, self._closest(key)))
+        # nested class / dataclass values: 'Parser key "model.init": ... class_path 'X': ... Option 'metod' is not...'
+        for owner, cls_path, opt in re.findall(
+            r"Parser key \"([^\"]+)\":.*?class_path '([^']+)'.*?Option '([^']+)' is not accepted", message, re.S
+        ):
+            try:
+                options = _class_keys(_import_object(cls_path))
+            except (ImportError, AttributeError, ValueError, TypeError):
+                options = []
+            best = difflib.get_close_matches(opt, options, n=1, cutoff=0.5)
+            hints.append((f"{owner}.{opt}", f"{owner}.{best[0]}" if best else None))
+        lines = []
+        for key, best in hints:
+            lines.append(f"unknown key '{key}'" + (f"; did you mean '{best}'?" if best else ""))
+        return message if not lines else message.rstrip() + "\n" + "\n".join(lines)
+
+    def error(self, message: str, ex: Exception | None = None) -> typing.NoReturn:
+        try:
+            message = self._hint(message)
+        except Exception:  # noqa: BLE001 - a failing suggestion must never hide the original error
+            pass
+        super().error(message, ex)
+
+
+# ----------------------------------------------------------------------------------------------------- the CLI class
+class RunConfigSaver(SaveConfigCallback):
+    """Writes the resolved config to ``<run_dir>/config.yaml`` at setup, atomically, overwriting an existing one.
+
+    Overwriting is deliberate: a requeued / resumed job reuses its run directory (Lightning's default aborts there,
+    Lightning#17115). Rank 0 writes; the config is also logged to TensorBoard as text (``config``) and its path to the
+    ``impulsevit`` logger. ``multifile`` is not supported.
+    """
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.already_saved:
+            return
+        log_dir = trainer.log_dir  # broadcast from rank 0 (collective: every rank calls it)
+        if trainer.is_global_zero and log_dir is not None:
+            text = self.parser.dump(self.config, skip_none=False)
+            path = Path(log_dir) / self.config_filename
+            atomic_write_text(path, text)
+            log.info("impulsevit: resolved config written to %s", path)
+            for lg in trainer.loggers:
+                if isinstance(lg, TensorBoardLogger):
+                    lg.experiment.add_text("config", "    " + text.replace("\n", "\n    "), global_step=0)
+            self.already_saved = True
+        self.already_saved = trainer.strategy.broadcast(self.already_saved)
+
+
+class ImpulseCLI(LightningCLI):
+    """LightningCLI for :class:`impulsevit.module.ImageClassifier` and any :class:`BaseImageDataModule` subclass.
+
+    See the module docstring for the command line. Extra keys (all subcommands): ``name``, ``runs_dir``, ``resume`` and
+    the ``checkpoint`` group (Lightning ``ModelCheckpoint``: ``monitor: val/acc1``, ``mode: max``, ``save_last:
+    true`` by default; ``dirpath`` defaults to ``<run_dir>/checkpoints``). Trainer defaults added when the recipe does
+    not set them: ``default_root_dir=<run_dir>``, ``TensorBoardLogger(save_dir=runs_dir, name=name, version="")``,
+    the :class:`~impulsevit.checkpointing.AtomicCheckpointIO` plugin, and ``seed_everything: 0``.
+    """
+
+    def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
+        from impulsevit.module import ImageClassifier
+
+        ImpulseArgumentParser.model_class = ImageClassifier
+        kwargs.setdefault("seed_everything_default", 0)
+        kwargs.setdefault("parser_kwargs", {"prog": "impulsevit"})
+        super().__init__(
+            model_class=ImageClassifier,
+            datamodule_class=BaseImageDataModule,
+            subclass_mode_data=True,
+            save_config_callback=RunConfigSaver,
+            save_config_kwargs={"overwrite": True},
+            parser_class=ImpulseArgumentParser,
+            trainer_defaults={"callbacks": [RNGStateCheckpoint()]},
+            auto_configure_optimizers=False,
+            args=args,
+            run=run,
+            **kwargs,
+        )
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        kwargs.setdefault("dump_header", [f"impulsevit=={__version__} lightning.pytorch=={pl.__version__}"])
+        kwargs.setdefault("allow_abbrev", False)  # `--trainer.max_epoch` must be an error, not max_epochs
+        parser = self.parser_class(**kwargs)
+        parser.add_argument(
+            "-c", "--config", "--recipe", action=ActionConfigFile,
+            help="Recipe: a config file, or the name of one in recipes/ (repeatable, merged in order).",
+        )
+        return parser
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--name", type=str | None, default=None,
+                            help="Run name; the run directory is <runs_dir>/<name>. Default: the recipe's file name.")
+        parser.add_argument("--runs_dir", "--runs-dir", type=str, default="runs", help="Parent of run directories.")
+        parser.add_argument("--resume", type=str | None, default=None,
+                            help="'auto': newest complete checkpoint of the run directory (fresh start if none); "
+                                 "or a checkpoint path.")
+        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.set_defaults({"checkpoint.monitor": "val/acc1", "checkpoint.mode": "max", "checkpoint.save_last": True})
+        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+
+    # ------------------------------------------------------------------ run directory, trainer defaults, resume
+    @property
+    def run_dir(self) -> Path:
+        cfg = self._get(self.config, "name"), self._get(self.config, "runs_dir")
+        return run_dir_of(cfg[1], cfg[0])
+
+    def before_instantiate_classes(self) -> None:
+        importlib.import_module("impulsevit.strategies")  # registers `fsdp2` / `fsdp` with Lightning
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        trainer_cfg = self._get(self.config_init, "trainer", default={})
+        run_dir, name = self.run_dir, self._get(self.config, "name") or "default"
+        if trainer_cfg.get("default_root_dir") is None:
+            kwargs["default_root_dir"] = str(run_dir)
+        if trainer_cfg.get("logger") in (None, True):
+            kwargs["logger"] = TensorBoardLogger(save_dir=str(run_dir.parent), name=name, version="",
+                                                 default_hp_metric=False)
+        plugins = trainer_cfg.get("plugins") or []
+        plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
+        ckpt_cb = self._get(self.config_init, "checkpoint")
+        if isinstance(ckpt_cb, ModelCheckpoint) and ckpt_cb.dirpath is None:
+            ckpt_cb.dirpath = os.path.realpath(run_dir / "checkpoints")
+        return super().instantiate_trainer(**kwargs)
+
+    def after_instantiate_classes(self) -> None:
+        if self.subcommand is None:
+            return
+        resume = self._get(self.config, "resume")
+        if resume is None:
+            return
+        sub_init = self.config_init[self.subcommand]
+        if sub_init.get("ckpt_path") is not None:
+            raise ValueError(f"give either --resume ({resume!r}) or --ckpt_path ({sub_init['ckpt_path']!r}), not both")
+        if resume == "auto":
+            ckpt_cb = self._get(self.config_init, "checkpoint")
+            extra = (ckpt_cb.dirpath,) if isinstance(ckpt_cb, ModelCheckpoint) and ckpt_cb.dirpath else ()
+            path = latest_checkpoint(self.run_dir, extra_dirs=extra)
+            if path is None:
+                if self.subcommand != "fit":
+                    raise FileNotFoundError(
+                        f"--resume auto: no complete checkpoint in {self.run_dir} to {self.subcommand}"
+                    )
+                log.info("impulsevit: --resume auto: no complete checkpoint in %s; starting fresh", self.run_dir)
+                return
+        else:
+            path = Path(resume)
+            if not path.exists():
+                raise FileNotFoundError(f"--resume {resume!r}: no such checkpoint")
+        log.info("impulsevit: resuming from %s", path)
+        sub_init["ckpt_path"] = str(path)
+
+
+# ------------------------------------------------------------------------------------------------------ entry point
+def _setup_logging() -> None:
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+def _run_external(sub: str, rest: list[str]) -> int:
+    module, func, takes_argv = EXTERNAL_SUBCOMMANDS[sub]
+    try:
+        fn = getattr(importlib.import_module(module), func)
+    except ModuleNotFoundError as e:
+        if e.name and module.startswith(e.name):
+            print(f"impulsevit {sub}: not available in this installation ({module} is missing)", file=sys.stderr)
+            return 2
+        raise
+    result = fn(rest) if takes_argv else fn()
+    return int(result or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``impulsevit`` console script. Returns the exit status (argument errors exit with 2)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _setup_logging()
+    try:
+        argv = prepare_argv(argv)
+    except RecipeNotFoundError as e:
+        print(f"impulsevit: error: {e}", file=sys.stderr)
+        return 2
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    sub, rest = argv[0], argv[1:]
+    if sub == "recipes":
+        print(format_listing())
+        return 0
+    if sub == "export":
+        from impulsevit.export import main as export_main
+
+        return export_main(rest)
+    if sub in EXTERNAL_SUBCOMMANDS:
+        return _run_external(sub, rest)
+    if sub not in TRAINER_SUBCOMMANDS:
+        close = difflib.get_close_matches(sub, ALL_SUBCOMMANDS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        print(f"impulsevit: error: unknown subcommand {sub!r}{hint}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    ImpulseCLI(args=argv)
+    return 0
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())
