@@ -1,6 +1,34 @@
-"""Datamodules: synthetic (tests), and the dataset registry with FFCV and torchvision backends."""
+"""Datamodules: synthetic (tests), and the dataset registry with FFCV and torchvision backends.
 
-from impulsevit.data.base import BaseImageDataModule
-from impulsevit.data.synthetic import SyntheticDataModule
+Names are imported lazily so that ``impulsevit convert`` and the registry do not pull in Lightning.
+"""
 
-__all__ = ["BaseImageDataModule", "SyntheticDataModule"]
+from importlib import import_module
+
+__all__ = [
+    "BaseImageDataModule",
+    "DatasetInfo",
+    "DatasetMismatchError",
+    "DeviceAugment",
+    "ImageDataModule",
+    "SyntheticDataModule",
+    "get_dataset",
+    "list_datasets",
+]
+
+_WHERE = {
+    "BaseImageDataModule": "impulsevit.data.base",
+    "SyntheticDataModule": "impulsevit.data.synthetic",
+    "ImageDataModule": "impulsevit.data.datamodule",
+    "DeviceAugment": "impulsevit.data.augment",
+    "DatasetInfo": "impulsevit.data.registry",
+    "DatasetMismatchError": "impulsevit.data.registry",
+    "get_dataset": "impulsevit.data.registry",
+    "list_datasets": "impulsevit.data.registry",
+}
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'impulsevit.data' has no attribute {name!r}")

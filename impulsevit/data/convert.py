@@ -1,0 +1,480 @@
+"""``impulsevit convert``: image datasets → FFCV ``.beton`` files (one per split), with a manifest next to each.
+
+Sources: a registry name with ``--root`` (``impulsevit convert cifar10 out/ --root /data/cifar``), a torchvision-style
+dataset folder (recognised by its marker files, e.g. ``cifar-10-batches-py/``), or an ImageFolder tree
+(``SRC/{train,val}/<class>/<image>``, or ``SRC/<class>/<image>`` as a single ``train`` split).
+
+Output: ``DST`` is a directory (``DST/<split>.beton``) or, for one split, a ``.beton`` path; with several splits and
+a ``.beton`` path the split is appended to the stem (``out_train.beton``). Each ``X.beton`` gets ``X.manifest.json``:
+counts per class, the preset, a content checksum of the source (BLAKE2 of every file, in order), the bad inputs that
+were skipped, the output size and the conversion speed.
+
+Steps per split: list the source (problems found while listing: empty class folders, non-image files, broken links);
+decode every image once in parallel workers to find truncated/corrupt/unreadable ones (JPEGs are decoded at 1/8 scale,
+which still reads every byte); report every bad input with its path; ``--on-error fail`` stops there (exit 1), ``skip``
+leaves them out. The expected output size is estimated from a sample and printed; FFCV's writer then writes to
+``X.beton.tmp-<host>-<pid>``, which is renamed to ``X.beton`` only when complete, then the manifest is written (also
+temp + rename). An interrupted run leaves only a temp file, which the next run removes (when its process is gone); a
+rerun skips splits whose manifest matches the request and the source's current file sizes and mtimes (``--force``
+rebuilds). FFCV cannot append to a ``.beton``, so an interrupted split restarts from its beginning.
+
+Presets (after ffcv-imagenet's ``write_imagenet.sh``): ``raw`` stores pixels unchanged (small images: CIFAR, MNIST);
+``res256`` / ``res400`` / ``res512`` cap the longer side at that many pixels and store half the images as JPEG
+(quality 90) and half raw (``proportion`` mode, probability 0.5). Flags override single fields.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from impulsevit.data.registry import DATASETS, DatasetInfo, detect_dataset, get_dataset, list_datasets
+from impulsevit.data.sources import ArraySource, FileSource, ImageSource, Problem, check_sample
+
+__all__ = ["PRESETS", "ConversionError", "Preset", "convert_split", "estimate_size", "main", "scan_source"]
+
+OnError = Literal["skip", "fail"]
+MANIFEST_FORMAT = "impulsevit-beton-manifest/1"
+
+
+class ConversionError(RuntimeError):
+    """The conversion stopped (bad inputs with ``on_error='fail'``, or an input changed while being written)."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """How images are stored: ``write_mode`` raw | jpg | proportion | smart (FFCV's ``RGBImageField`` modes),
+    ``max_resolution`` caps the longer side in pixels (None: keep), JPEG ``jpeg_quality`` and, for ``proportion``,
+    the probability ``jpeg_proportion`` that an image is stored as JPEG."""
+
+    name: str
+    write_mode: str = "raw"
+    max_resolution: int | None = None
+    jpeg_quality: int = 90
+    jpeg_proportion: float = 0.5
+
+    def field(self):  # noqa: ANN201 - ffcv is an optional import
+        from ffcv.fields import RGBImageField
+
+        return RGBImageField(write_mode=self.write_mode, max_resolution=self.max_resolution,
+                             jpeg_quality=self.jpeg_quality, compress_probability=self.jpeg_proportion)
+
+
+PRESETS: dict[str, Preset] = {
+    "raw": Preset("raw"),
+    "res256": Preset("res256", "proportion", 256),
+    "res400": Preset("res400", "proportion", 400),
+    "res512": Preset("res512", "proportion", 512),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------- scanning
+@dataclass
+class ScanResult:
+    """Outcome of checking every sample: ``good`` indices, ``problems`` (listing + decoding), the content checksum,
+    per-sample ``sizes`` ``(N, 2)`` (width, height; 0 for bad ones)."""
+
+    good: np.ndarray
+    problems: list[Problem]
+    checksum: str
+    sizes: np.ndarray
+
+
+_SCAN_SOURCE: ImageSource | None = None
+
+
+def _scan_init(source: ImageSource) -> None:
+    global _SCAN_SOURCE
+    _SCAN_SOURCE = source
+
+
+def _scan_chunk(indices: list[int]) -> list[tuple[int, Problem | None, bytes, tuple[int, int]]]:
+    assert _SCAN_SOURCE is not None
+    return [(i, *check_sample(_SCAN_SOURCE, i)) for i in indices]
+
+
+def scan_source(source: ImageSource, workers: int = 1, progress: bool = True) -> ScanResult:
+    """Decode-check every sample of ``source`` (in ``workers`` processes) and hash its content."""
+    n = len(source)
+    sizes = np.zeros((n, 2), dtype=np.int64)
+    problems = list(source.problems)
+    h = hashlib.sha256()
+    h.update(json.dumps(source.classes).encode())
+    h.update(np.asarray(source.labels, dtype=np.int64).tobytes())
+    if isinstance(source, ArraySource):
+        h.update(source.checksum().encode())
+        if n:
+            sizes[:] = (source.images.shape[2], source.images.shape[1])
+        return ScanResult(np.arange(n), problems, h.hexdigest(), sizes)
+    digests: list[bytes] = [b""] * n
+    bad: set[int] = set()
+    chunks = [list(range(s, min(n, s + 64))) for s in range(0, n, 64)]
+    bar = _progress(n, "check", progress)
+    if workers > 1 and n > 256:
+        ctx = mp.get_context("fork")
+        with ctx.Pool(workers, initializer=_scan_init, initargs=(source,)) as pool:
+            results = pool.imap(_scan_chunk, chunks)
+            for res in results:
+                _collect(res, digests, sizes, bad, problems, bar)
+    else:
+        _scan_init(source)
+        for chunk in chunks:
+            _collect(_scan_chunk(chunk), digests, sizes, bad, problems, bar)
+    bar.close()
+    for d in digests:
+        h.update(d)
+    good = np.asarray([i for i in range(n) if i not in bad], dtype=np.int64)
+    return ScanResult(good, problems, h.hexdigest(), sizes)
+
+
+def _collect(res, digests, sizes, bad, problems, bar) -> None:  # noqa: ANN001 - internal
+    for i, problem, digest, size in res:
+        digests[i] = digest
+        sizes[i] = size
+        if problem is not None:
+            problems.append(problem)
+            bad.add(i)
+    bar.update(len(res))
+
+
+def _progress(total: int, desc: str, enabled: bool):  # noqa: ANN202
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="img", disable=not enabled, file=sys.stderr, leave=False)
+
+
+def source_stat(source: ImageSource) -> str:
+    """A cheap fingerprint: class names, labels and (for files) every path's size and mtime; (arrays) content hash."""
+    h = hashlib.sha256()
+    h.update(json.dumps(source.classes).encode())
+    h.update(np.asarray(source.labels, dtype=np.int64).tobytes())
+    if isinstance(source, ArraySource):
+        h.update(source.checksum().encode())
+    else:
+        assert isinstance(source, FileSource)
+        for p in source.paths:
+            try:
+                st = os.stat(p)
+                h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            except OSError:
+                h.update(f"{p}\0missing\n".encode())
+    h.update(json.dumps([str(p) for p in source.problems]).encode())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------------- writing
+def estimate_size(source: ImageSource, indices: np.ndarray, preset: Preset, sample: int = 48, seed: int = 0) -> int:
+    """Expected ``.beton`` size in bytes: encode a random sample of images with ``preset`` and extrapolate."""
+    from ffcv.fields.rgb_image import encode_jpeg, resizer
+
+    if len(indices) == 0:
+        return 0
+    pick = np.random.default_rng(seed).choice(indices, size=min(sample, len(indices)), replace=False)
+    total = 0.0
+    for i in pick:
+        img = resizer(source.load(int(i), preset.max_resolution), preset.max_resolution)
+        raw = img.nbytes
+        if preset.write_mode == "raw":
+            total += raw
+            continue
+        jpg = encode_jpeg(img, preset.jpeg_quality).nbytes
+        if preset.write_mode == "jpg":
+            total += jpg
+        elif preset.write_mode == "proportion":
+            total += preset.jpeg_proportion * jpg + (1 - preset.jpeg_proportion) * raw
+        else:  # smart: FFCV stores raw unless a threshold is set; treat as raw
+            total += raw
+    per_image = total / len(pick) + 32  # + per-sample metadata (mode, size, pointer, label)
+    return int(per_image * len(indices))
+
+
+class _WriterDataset:
+    """What FFCV's writer indexes: ``(image HxWx3 uint8, label)``. A sample that fails to load here (it changed after
+    the check) becomes a 1×1 placeholder and its path is appended to ``error_log`` so the caller can fail the split;
+    raising inside FFCV's writer processes would hang its progress loop."""
+
+    def __init__(self, source: ImageSource, max_side: int | None, error_log: str) -> None:
+        self.source, self.max_side, self.error_log = source, max_side, error_log
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
+        try:
+            img = self.source.load(i, self.max_side)
+        except Exception as exc:  # any decode failure must not escape into FFCV's worker
+            with open(self.error_log, "a") as fh:
+                fh.write(f"{self.source.describe(i)}\t{type(exc).__name__}: {exc}\n")
+            img = np.zeros((1, 1, 3), dtype=np.uint8)
+        return img, int(self.source.labels[i])
+
+
+def _page_size(sizes: np.ndarray, preset: Preset) -> int:
+    from ffcv.writer import MIN_PAGE_SIZE
+
+    biggest = int((sizes[:, 0] * sizes[:, 1]).max()) * 3 if len(sizes) else 0
+    if preset.max_resolution is not None:
+        biggest = min(biggest, preset.max_resolution ** 2 * 3)
+    need = max(MIN_PAGE_SIZE, 2 * biggest + 4096)
+    return 1 << (need - 1).bit_length()
+
+
+def manifest_path(beton: str | os.PathLike) -> Path:
+    beton = Path(beton)
+    return beton.with_name(beton.name.removesuffix(".beton") + ".manifest.json")
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _remove_stale_temps(out: Path, log: Callable[[str], None]) -> None:
+    host = socket.gethostname()
+    for tmp in out.parent.glob(out.name + ".tmp-*"):
+        tag = tmp.name[len(out.name) + len(".tmp-"):]
+        tmp_host, _, pid = tag.rpartition("-")
+        if tmp_host != host or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        log(f"removing {tmp} left by an interrupted conversion")
+        tmp.unlink(missing_ok=True)
+
+
+def read_manifest(beton: str | os.PathLike) -> dict | None:
+    """The manifest of a complete ``.beton`` (file present with the recorded size), else None."""
+    mpath = manifest_path(beton)
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (OSError, ValueError):
+        return None
+    if manifest.get("format") != MANIFEST_FORMAT:
+        return None
+    try:
+        if os.path.getsize(beton) != manifest.get("bytes"):
+            return None
+    except OSError:
+        return None
+    return manifest
+
+
+def convert_split(source: ImageSource, out: str | os.PathLike, preset: Preset, *, workers: int = 1,
+                  on_error: OnError = "skip", progress: bool = True, request: dict | None = None, force: bool = False,
+                  log: Callable[[str], None] = print) -> dict:
+    """Write ``source`` to the ``.beton`` ``out`` (atomically) and its manifest; return the manifest.
+
+    ``request`` is recorded in the manifest and, together with the preset and the source's stat fingerprint, decides
+    whether an existing output is up to date (then nothing is written and the old manifest is returned, with
+    ``"skipped_existing": True``). Raises :class:`ConversionError` for bad inputs with ``on_error='fail'``.
+    """
+    from ffcv.fields import IntField
+    from ffcv.writer import DatasetWriter
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(out, log)
+    request = dict(request or {})
+    stat = source_stat(source)
+    existing = read_manifest(out)
+    if (not force and existing is not None and existing.get("preset") == asdict(preset)
+            and existing.get("source_stat") == stat and existing.get("request") == request):
+        log(f"{out}: up to date ({existing['num_samples']} images), skipped")
+        return {**existing, "skipped_existing": True}
+
+    t0 = time.perf_counter()
+    scan = scan_source(source, workers=workers, progress=progress)
+    if scan.problems:
+        log(f"{out.name}: {len(scan.problems)} bad input(s):")
+        for p in scan.problems:
+            log(f"  {p}")
+        if on_error == "fail":
+            raise ConversionError(f"{len(scan.problems)} bad input(s) in the source of {out} (first: "
+                                  f"{scan.problems[0]}); rerun with --on-error skip to leave them out")
+    good = scan.good
+    if len(good) == 0:
+        raise ConversionError(f"no readable images for {out}")
+    page_size = _page_size(scan.sizes[good], preset)
+    workers = max(1, workers)
+    data_bytes = estimate_size(source, good, preset)
+    # every writer process fills whole pages of its own, so the file grows in page-sized steps per worker
+    expected = int(np.ceil(data_bytes / workers / page_size)) * page_size * workers
+    log(f"{out}: writing {len(good)} images, preset {preset.name} ({preset.write_mode}, max side "
+        f"{preset.max_resolution or 'unchanged'}), expected size ~{expected / 2**20:.1f} MiB")
+
+    tmp = out.with_name(f"{out.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+    error_log = out.with_name(f"{out.name}.errors-{os.getpid()}")
+    error_log.unlink(missing_ok=True)
+    try:
+        writer = DatasetWriter(str(tmp), {"image": preset.field(), "label": IntField()},
+                               page_size=page_size, num_workers=workers)
+        t1 = time.perf_counter()
+        with contextlib.redirect_stderr(open(os.devnull, "w")) if not progress else contextlib.nullcontext():
+            writer.from_indexed_dataset(_WriterDataset(source, preset.max_resolution, str(error_log)),
+                                        indices=good.tolist(), chunksize=100)
+        write_seconds = time.perf_counter() - t1
+        if error_log.exists() and error_log.read_text().strip():
+            failed = error_log.read_text().strip().splitlines()
+            raise ConversionError(f"{len(failed)} input(s) changed or broke while {out} was written (first: "
+                                  f"{failed[0]}); nothing was written, rerun the conversion")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+        error_log.unlink(missing_ok=True)
+    kept = source.labels[good]
+    counts = np.bincount(kept, minlength=len(source.classes))
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "beton": out.name,
+        "request": request,
+        "num_samples": int(len(good)),
+        "num_classes": len(source.classes),
+        "classes": list(source.classes),
+        "class_counts": {c: int(k) for c, k in zip(source.classes, counts)},
+        "preset": asdict(preset),
+        "source_checksum": scan.checksum,
+        "source_stat": stat,
+        "skipped": [asdict(p) for p in scan.problems],
+        "bytes": out.stat().st_size,
+        "expected_bytes": expected,
+        "seconds": round(time.perf_counter() - t0, 3),
+        "write_images_per_second": round(len(good) / max(write_seconds, 1e-9), 1),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    _atomic_write_text(manifest_path(out), json.dumps(manifest, indent=1) + "\n")
+    log(f"{out}: {manifest['bytes'] / 2**20:.1f} MiB, {len(good)} images in {manifest['seconds']:.1f} s "
+        f"({manifest['write_images_per_second']:.0f} img/s written)")
+    return manifest
+
+
+# ---------------------------------------------------------------------------------------------------------- CLI
+def resolve_source(src: str, root: str | None, dataset: str | None) -> tuple[DatasetInfo, Path | None]:
+    """(registry entry, root) for the SRC/--root/--dataset combination (see module docstring)."""
+    if dataset is not None:
+        return get_dataset(dataset), Path(root or src)
+    if root is not None or (src.lower() in DATASETS and not os.path.exists(src)):
+        return get_dataset(src), Path(root) if root else None
+    path = Path(src)
+    if not path.exists():
+        raise FileNotFoundError(f"{src} is neither an existing folder nor a registry dataset "
+                                f"({', '.join(list_datasets())})")
+    info = detect_dataset(path)
+    return (info or get_dataset("imagefolder")), path
+
+
+def default_splits(info: DatasetInfo, root: Path | None) -> list[str]:
+    if info.name != "imagefolder":
+        return [info.train_split, info.val_split]
+    assert root is not None
+    splits = [s for s in ("train", "val", "test") if (root / s).is_dir()]
+    if "val" in splits and "test" in splits:
+        splits.remove("test")
+    return splits or ["train"]
+
+
+def output_path(dst: str, split: str, multiple: bool) -> Path:
+    d = Path(dst)
+    if d.suffix == ".beton":
+        return d.with_name(f"{d.stem}_{split}.beton") if multiple else d
+    return d / f"{split}.beton"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="impulsevit convert", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=f"datasets: {', '.join(list_datasets())}\npresets: {', '.join(PRESETS)}")
+    p.add_argument("src", help="registry name (with --root), a dataset folder, or an ImageFolder tree")
+    p.add_argument("dst", help="output folder (<split>.beton inside) or a .beton path")
+    p.add_argument("--root", help="dataset folder when SRC is a registry name")
+    p.add_argument("--dataset", help="treat SRC as this registry dataset's folder (skip auto-detection)")
+    p.add_argument("--split", nargs="+", help="splits to convert (default: the dataset's train and val splits)")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="storage preset (default: raw for small-image "
+                   "datasets, res256 otherwise)")
+    p.add_argument("--write-mode", choices=["raw", "jpg", "proportion", "smart"])
+    p.add_argument("--max-resolution", type=int, help="cap on the longer side in pixels (0: unchanged)")
+    p.add_argument("--jpeg-quality", type=int)
+    p.add_argument("--jpeg-proportion", type=float, help="share of images stored as JPEG in proportion mode")
+    p.add_argument("--subset", type=int, help="convert only this many images per split (seeded random choice)")
+    p.add_argument("--workers", type=int, default=max(1, min(8, os.cpu_count() or 1)))
+    p.add_argument("--on-error", choices=["skip", "fail"], default="skip", help="bad inputs: leave out or stop")
+    p.add_argument("--verify", choices=["error", "warn", "off"], default="warn",
+                   help="registry datasets: counts that differ from the published ones are an error, a warning, "
+                        "or not checked")
+    p.add_argument("--force", action="store_true", help="rebuild outputs even when their manifest is up to date")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def choose_preset(info: DatasetInfo, args: argparse.Namespace) -> Preset:
+    preset = PRESETS[args.preset or ("raw" if info.small else "res256")]
+    overrides = {}
+    if args.write_mode:
+        overrides["write_mode"] = args.write_mode
+    if args.max_resolution is not None:
+        overrides["max_resolution"] = args.max_resolution or None
+    if args.jpeg_quality is not None:
+        overrides["jpeg_quality"] = args.jpeg_quality
+    if args.jpeg_proportion is not None:
+        overrides["jpeg_proportion"] = args.jpeg_proportion
+    if overrides:
+        preset = replace(preset, name=preset.name + "+custom", **overrides)
+    return preset
+
+
+def subset_indices(n: int, k: int | None, seed: int = 0) -> np.ndarray | None:
+    """The first ``k`` of a seeded permutation of ``range(n)``, sorted (None when ``k`` is None or ≥ ``n``)."""
+    if k is None or k >= n:
+        return None
+    if k <= 0:
+        raise ValueError(f"subset size must be positive, got {k}")
+    return np.sort(np.random.default_rng(seed).permutation(n)[:k])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``impulsevit convert``; returns the process exit code (0 ok, 1 conversion failed, 2 usage)."""
+    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    try:
+        info, root = resolve_source(args.src, args.root, args.dataset)
+        preset = choose_preset(info, args)
+        splits = args.split or default_splits(info, root)
+        for split in splits:
+            source = info.load(root, split, verify=args.verify)
+            sub = subset_indices(len(source), args.subset)
+            if sub is not None:
+                source = source.subset(sub)
+            out = output_path(args.dst, split, len(splits) > 1)
+            print(f"[convert] {info.name} split {split!r} from {root}: {len(source)} images, "
+                  f"{len(source.classes)} classes -> {out}")
+            convert_split(source, out, preset, workers=args.workers, on_error=args.on_error,
+                          progress=not args.no_progress, force=args.force,
+                          request={"dataset": info.name, "root": str(root), "split": split, "subset": args.subset})
+    except ConversionError as exc:
+        print(f"impulsevit convert: {exc}", file=sys.stderr)
+        return 1
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        print(f"impulsevit convert: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

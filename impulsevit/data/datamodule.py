@@ -1,0 +1,302 @@
+"""``ImageDataModule``: any registry dataset through FFCV (default) or torchvision/timm, with DeiT augmentation.
+
+Both backends yield uint8 ``(B, 3, S, S)`` images and int64 labels from their loaders; ``on_after_batch_transfer``
+turns them into normalised float32 on the device (training batches also get the device-side augmentations), so the
+LightningModule always sees ``(images (B, 3, S, S) float32 normalised, labels (B,) int64)``. Mixup/CutMix and label
+smoothing are the module's job (timm ``Mixup``), not the datamodule's.
+
+Backends:
+
+- ``ffcv``: ``prepare_data`` (rank 0 of each node) converts the requested splits to cached ``.beton`` files
+  (:func:`impulsevit.data.convert.convert_split`, atomic, skipped when up to date) under ``cache_dir``; the loaders
+  are built in the dataloader hooks, after the process group exists, with ``distributed=True`` under DDP (see
+  :mod:`impulsevit.data.ffcv_loader`). RandomResizedCrop + flip run in FFCV's decoder; RandAugment, colour jitter
+  and random erasing run on the device (:class:`impulsevit.data.augment.DeviceAugment`).
+- ``torchvision``: timm's ``create_transform`` pipeline (RandomResizedCrop, flip, RandAugment or colour jitter,
+  bicubic) in ``DataLoader`` workers, random erasing on the device (as timm's prefetcher does). Under DDP the
+  datamodule builds a ``DistributedSampler`` itself.
+
+Neither backend depends on Lightning's ``use_distributed_sampler``: the FFCV loader is not a ``DataLoader`` (Lightning
+leaves it alone) and the torchvision loader already carries a ``DistributedSampler``; the recipes set the flag to
+False anyway. Repeated augmentation (``repeated_aug > 1``) follows DeiT's RASampler on both backends.
+
+Not supported: mid-epoch resume (FFCV has no loader state; a resumed run restarts the interrupted epoch with that
+epoch's order), augmentation RNG state in checkpoints, AutoAugment/AugMix on the ffcv backend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from impulsevit.data.augment import DeviceAugment, normalize
+from impulsevit.data.base import BaseImageDataModule
+from impulsevit.data.convert import PRESETS, convert_split, subset_indices
+from impulsevit.data.ffcv_loader import build_ffcv_loader, dist_info, ffcv_available
+from impulsevit.data.registry import DatasetInfo, Verify, get_dataset
+from impulsevit.data.sampling import RepeatedAugSampler
+from impulsevit.data.sources import ImageSource, image_folder_source
+
+__all__ = ["ImageDataModule", "SourceDataset", "default_cache_dir"]
+
+Backend = Literal["ffcv", "torchvision"]
+
+
+def default_cache_dir() -> Path:
+    """``$IMPULSEVIT_CACHE`` or ``~/.cache/impulsevit``; ``.beton`` files go to its ``ffcv/`` sub-folder."""
+    return Path(os.environ.get("IMPULSEVIT_CACHE", Path.home() / ".cache" / "impulsevit"))
+
+
+def _posterize_at_least_1bit(img, bits_to_keep, **kwargs):  # noqa: ANN001, ANN202 - timm op signature
+    from timm.data.auto_augment import posterize
+
+    return posterize(img, max(1, int(bits_to_keep)), **kwargs)
+
+
+def _patch_posterize(transform) -> None:  # noqa: ANN001 - a torchvision Compose
+    """Pillow >= 11 rejects ``posterize(bits=0)``, which timm's ``PosterizeIncreasing`` requests at magnitude 10
+    (reachable with ``m9-mstd0.5``): keep at least 1 bit in this transform's RandAugment ops (the device
+    implementation does the same)."""
+    from timm.data.auto_augment import RandAugment
+
+    for t in getattr(transform, "transforms", []):
+        if isinstance(t, RandAugment):
+            for op in t.ops:
+                if op.name.startswith("Posterize"):
+                    op.aug_fn = _posterize_at_least_1bit
+
+
+class SourceDataset(Dataset):
+    """A torch ``Dataset`` over an :class:`ImageSource`: ``(transform(PIL RGB image), label int)``."""
+
+    def __init__(self, source: ImageSource, transform=None) -> None:  # noqa: ANN001 - any callable
+        self.source, self.transform = source, transform
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int):  # noqa: ANN204
+        from PIL import Image
+
+        img = Image.fromarray(self.source.load(i))
+        return (self.transform(img) if self.transform is not None else img), int(self.source.labels[i])
+
+
+class ImageDataModule(BaseImageDataModule):
+    """Registry dataset → batches for ``ImageClassifier``.
+
+    Args:
+        dataset: registry name (``fashion_mnist``, ``digits``, ``cifar10``, ``cifar100``, ``stl10``, ``flowers102``,
+            ``pets``, ``food101``, ``imagenet``, ``imagenet21k``, ``imagefolder``).
+        root: the dataset's folder (None: the registry default, e.g. Debian's Fashion-MNIST).
+        backend: ``ffcv`` or ``torchvision``.
+        image_size: output side S in pixels.
+        batch_size: per device. num_workers: FFCV threads / DataLoader worker processes.
+        crop_pct: evaluation centre crop as a fraction of the resized side (timm's meaning).
+        scale / ratio / hflip: RandomResizedCrop area range and aspect range; horizontal flip probability.
+        auto_augment: timm RandAugment string (``rand-m9-mstd0.5-inc1``) or None.
+        color_jitter / force_color_jitter: colour-jitter strength (None/0: off); ignored with RandAugment unless
+            forced (timm's rule).
+        re_prob / re_mode / re_count: timm random erasing on the normalised batch.
+        repeated_aug: repetitions per image and epoch (DeiT uses 3 under DDP); 1 = off.
+        train_subset / val_subset: use a seeded random subset of this many images (fast CPU recipes).
+        train_split / val_split: override the registry's default splits.
+        cache_dir: where converted ``.beton`` files live (default :func:`default_cache_dir` ``/ffcv``).
+        in_memory: FFCV OS-cache (True) or process cache (False); None chooses by file size vs available memory.
+        preset: conversion preset (default: ``raw`` for small-image datasets, ``res256`` otherwise).
+        seed: data-order and augmentation seed (epoch order is ``seed + epoch``).
+        verify: registry count check on loading (``error`` | ``warn`` | ``off``).
+        mean / std: override the registry's normalisation statistics.
+    """
+
+    def __init__(
+        self,
+        dataset: str = "fashion_mnist",
+        root: str | None = None,
+        backend: Backend = "ffcv",
+        image_size: int = 224,
+        batch_size: int = 64,
+        num_workers: int = 2,
+        crop_pct: float = 0.875,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        hflip: float = 0.5,
+        auto_augment: str | None = None,
+        color_jitter: float | None = None,
+        force_color_jitter: bool = False,
+        re_prob: float = 0.0,
+        re_mode: str = "pixel",
+        re_count: int = 1,
+        repeated_aug: int = 1,
+        interpolation: str = "bicubic",
+        train_subset: int | None = None,
+        val_subset: int | None = None,
+        train_split: str | None = None,
+        val_split: str | None = None,
+        cache_dir: str | None = None,
+        in_memory: bool | None = None,
+        preset: str | None = None,
+        seed: int = 0,
+        verify: Verify = "error",
+        mean: tuple[float, float, float] | None = None,
+        std: tuple[float, float, float] | None = None,
+    ) -> None:
+        info = get_dataset(dataset)
+        if backend not in ("ffcv", "torchvision"):
+            raise ValueError(f"backend must be 'ffcv' or 'torchvision', got {backend!r}")
+        if backend == "ffcv" and not ffcv_available():
+            raise ImportError("backend='ffcv' needs the ffcv package (pip install 'impulsevit[ffcv]' after installing "
+                              "libopencv-dev libturbojpeg0-dev pkg-config); use backend='torchvision' where FFCV "
+                              "does not build")
+        if preset is not None and preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
+        if not 0 < crop_pct <= 1:
+            raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct}")
+        if repeated_aug < 1:
+            raise ValueError(f"repeated_aug must be >= 1, got {repeated_aug}")
+        num_classes = info.num_classes
+        if info.name == "imagefolder":
+            if root is None:
+                raise ValueError("dataset='imagefolder' needs root (a folder with train/<class>/ and val/<class>/)")
+            train_dir = Path(root) / (train_split or "train")
+            num_classes = len(image_folder_source(train_dir if train_dir.is_dir() else root).classes)
+        super().__init__(num_classes, image_size, batch_size, mean=tuple(mean or info.mean), std=tuple(std or info.std))
+        self.save_hyperparameters()
+        self.info: DatasetInfo = info
+        self.root, self.backend, self.num_workers = root, backend, int(num_workers)
+        self.crop_pct, self.scale, self.ratio, self.hflip = float(crop_pct), tuple(scale), tuple(ratio), float(hflip)
+        self.auto_augment, self.color_jitter, self.force_color_jitter = auto_augment, color_jitter, force_color_jitter
+        self.re_prob, self.re_mode, self.re_count = float(re_prob), re_mode, int(re_count)
+        self.repeated_aug, self.interpolation = int(repeated_aug), interpolation
+        self.train_subset, self.val_subset = train_subset, val_subset
+        self.train_split, self.val_split = train_split or info.train_split, val_split or info.val_split
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir() / "ffcv"
+        self.in_memory, self.seed, self.verify = in_memory, int(seed), verify
+        self.preset = PRESETS[preset or ("raw" if info.small else "res256")]
+        self._device_augment: DeviceAugment | None = None
+        self._sets: dict[str, SourceDataset] = {}
+
+    # ------------------------------------------------------------------ sources and cached files
+    def load_source(self, split: str) -> ImageSource:
+        """The (subset of the) split as an :class:`ImageSource`."""
+        source = self.info.load(self.root, split, verify=self.verify)
+        k = self.train_subset if split == self.train_split else self.val_subset
+        sub = subset_indices(len(source), k)
+        return source.subset(sub) if sub is not None else source
+
+    def beton_path(self, split: str) -> Path:
+        """Cache path of the split's ``.beton``: dataset, split, preset, subset and a hash of the root in the name."""
+        k = self.train_subset if split == self.train_split else self.val_subset
+        root_tag = hashlib.sha1(str(Path(self.root).resolve() if self.root else "default").encode()).hexdigest()[:8]
+        sub = f"-n{k}" if k else ""
+        return self.cache_dir / f"{self.info.name}-{split}-{self.preset.name}{sub}-{root_tag}.beton"
+
+    def prepare_data(self) -> None:
+        """FFCV backend: convert the train and val splits to ``.beton`` files unless they are up to date. Lightning
+        runs this on local rank 0 only; the files are written atomically so other ranks never see partial ones."""
+        if self.backend != "ffcv":
+            return
+        for split in dict.fromkeys((self.train_split, self.val_split)):
+            k = self.train_subset if split == self.train_split else self.val_subset
+            convert_split(self.load_source(split), self.beton_path(split), self.preset,
+                          workers=max(1, self.num_workers), on_error="skip", progress=False,
+                          request={"dataset": self.info.name, "root": str(self.root), "split": split, "subset": k})
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.backend == "ffcv":
+            for split in dict.fromkeys((self.train_split, self.val_split)):
+                if not self.beton_path(split).is_file():
+                    raise FileNotFoundError(f"{self.beton_path(split)} is missing: prepare_data() converts it (the "
+                                            f"Trainer calls it; call dm.prepare_data() when using the datamodule "
+                                            f"by hand)")
+            return
+        train_tf, eval_tf = self._timm_transforms()
+        if stage in (None, "fit"):
+            self._sets["train"] = SourceDataset(self.load_source(self.train_split), train_tf)
+        self._sets["val"] = SourceDataset(self.load_source(self.val_split), eval_tf)
+
+    def _timm_transforms(self):  # noqa: ANN202
+        """timm's ImageNet train/eval transforms (what ``create_transform`` builds; called directly because
+        ``create_transform`` does not pass ``force_color_jitter``), in prefetcher mode: uint8 CHW tensors out."""
+        from timm.data.transforms_factory import transforms_imagenet_eval, transforms_imagenet_train
+
+        common = dict(interpolation=self.interpolation, mean=self.mean, std=self.std, use_prefetcher=True)
+        train = transforms_imagenet_train(self.image_size, scale=self.scale, ratio=self.ratio, hflip=self.hflip,
+                                          color_jitter=self.color_jitter or None,
+                                          force_color_jitter=self.force_color_jitter, auto_augment=self.auto_augment,
+                                          re_prob=0.0, **common)
+        evaluate = transforms_imagenet_eval(self.image_size, crop_pct=self.crop_pct, **common)
+        _patch_posterize(train)
+        return train, evaluate
+
+    # ------------------------------------------------------------------ loaders
+    def _ffcv(self, train: bool):  # noqa: ANN202
+        split = self.train_split if train else self.val_split
+        epoch = self.trainer.current_epoch if getattr(self, "trainer", None) is not None else 0
+        loader = build_ffcv_loader(self.beton_path(split), train=train, image_size=self.image_size,
+                                   batch_size=self.batch_size, num_workers=self.num_workers, scale=self.scale,
+                                   ratio=self.ratio, hflip=self.hflip, crop_pct=self.crop_pct, seed=self.seed,
+                                   in_memory=self.in_memory, repeated_aug=self.repeated_aug if train else 1)
+        loader.sampler.set_epoch(epoch)
+        return loader
+
+    def _torch_loader(self, train: bool) -> DataLoader:
+        key = "train" if train else "val"
+        if key not in self._sets:
+            self.setup("fit" if train else "validate")
+        ds = self._sets[key]
+        rank, world = dist_info()
+        if train and self.repeated_aug > 1:
+            sampler = RepeatedAugSampler(ds, self.repeated_aug, num_replicas=world, rank=rank, seed=self.seed)
+        elif world > 1:
+            sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=train, seed=self.seed)
+        else:
+            sampler = None
+        generator = torch.Generator().manual_seed(self.seed) if train and sampler is None else None
+        return DataLoader(ds, batch_size=self.batch_size, shuffle=train and sampler is None, sampler=sampler,
+                          num_workers=self.num_workers, drop_last=train, generator=generator,
+                          persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available())
+
+    def train_dataloader(self):  # noqa: ANN201 - FFCVLoader or DataLoader
+        return self._ffcv(True) if self.backend == "ffcv" else self._torch_loader(True)
+
+    def val_dataloader(self):  # noqa: ANN201
+        return self._ffcv(False) if self.backend == "ffcv" else self._torch_loader(False)
+
+    def test_dataloader(self):  # noqa: ANN201
+        return self.val_dataloader()
+
+    def predict_dataloader(self):  # noqa: ANN201
+        return self.val_dataloader()
+
+    # ------------------------------------------------------------------ device side
+    def device_augment(self) -> DeviceAugment:
+        """The training-batch augmenter, created on first use with this process's rank (so ranks draw differently).
+        The ffcv backend runs RandAugment / colour jitter here; the torchvision backend ran them in its workers."""
+        if self._device_augment is None:
+            rank = getattr(getattr(self, "trainer", None), "global_rank", None)
+            on_device = self.backend == "ffcv"
+            self._device_augment = DeviceAugment(
+                self.mean, self.std, auto_augment=self.auto_augment if on_device else None,
+                color_jitter=self.color_jitter if on_device else None, force_color_jitter=self.force_color_jitter,
+                re_prob=self.re_prob, re_mode=self.re_mode, re_count=self.re_count, seed=self.seed,
+                rank=dist_info()[0] if rank is None else int(rank))
+        return self._device_augment
+
+    def batch_augment(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """uint8 training batch → augmented, normalised float32 (labels unchanged: mixup is the module's)."""
+        return self.device_augment()(images), labels
+
+    def on_after_batch_transfer(self, batch, dataloader_idx: int):  # noqa: ANN001, ANN201 - Lightning hook
+        images, labels = batch[0], batch[1]
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and trainer.training:
+            images, labels = self.batch_augment(images, labels)
+        else:
+            images = normalize(images, self.mean, self.std)
+        return images, labels.long()

@@ -1,0 +1,158 @@
+"""FFCV ``Loader`` construction for training and evaluation, and the thin adapter Lightning iterates.
+
+Pipelines (``.beton`` fields ``image`` and ``label`` as written by :mod:`impulsevit.data.convert`):
+
+- train: ``RandomResizedCropRGBImageDecoder(S, scale, ratio)`` → ``RandomHorizontalFlip(p)`` → ``ToTensor`` →
+  ``ToTorchImage`` (channels-last view) — uint8 ``(B, 3, S, S)``;
+- eval: ``CenterCropRGBImageDecoder(S, ratio=crop_pct)`` (crops ``crop_pct`` of the shorter side, resizes to S: the
+  same region as timm's resize-to-``S / crop_pct`` + centre crop) → ``ToTensor`` → ``ToTorchImage``;
+- label: ``IntDecoder`` → ``ToTensor`` → ``Squeeze`` — int64 ``(B,)``.
+
+Normalisation is not in the FFCV pipeline: the datamodule normalises (and augments) on the training device in
+``on_after_batch_transfer``. FFCV's own ``NormalizeImage`` needs cupy on GPU and, on CPU, hangs the ``Loader``
+constructor unless placed right after the decoder (design.md §5); keeping uint8 to the device also moves 4× fewer
+bytes.
+
+Ordering: ``RANDOM`` for training (``QUASI_RANDOM`` only when single-process and the file is not OS-cached;
+FFCV raises for ``QUASI_RANDOM`` with ``distributed=True``), ``SEQUENTIAL`` for evaluation; ``distributed=True`` when a
+process group with more than one rank exists (FFCV then shards with ``DistributedSampler`` semantics, padding the last
+shard). Repeated augmentation uses :func:`impulsevit.data.sampling.repeated_aug_order` through a custom
+``TraversalOrder``. Epochs are seeded ``seed + epoch`` (FFCV's rule); :class:`FFCVLoader` exposes ``sampler.set_epoch``
+so Lightning sets the epoch (also after a resume). FFCV has no mid-epoch state: a resume restarts the current epoch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from impulsevit.data.sampling import repeated_aug_order
+
+__all__ = ["FFCVLoader", "build_ffcv_loader", "ffcv_available"]
+
+
+def ffcv_available() -> bool:
+    """True when ``ffcv`` imports (it needs OpenCV and libjpeg-turbo at build time)."""
+    try:
+        import ffcv.loader  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class _EpochSetter:
+    """What Lightning finds as ``dataloader.sampler``: ``set_epoch(e)`` makes the next iteration epoch ``e``."""
+
+    def __init__(self, loader) -> None:  # noqa: ANN001 - ffcv.loader.Loader
+        self.loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.next_epoch = int(epoch)
+
+
+class FFCVLoader:
+    """Iterable of ``(images uint8 (B, 3, S, S), labels int64 (B,))`` around an ``ffcv.loader.Loader``.
+
+    Not a ``torch.utils.data.DataLoader``, so Lightning never injects a sampler into it: ``use_distributed_sampler``
+    has no effect on it and may stay on. ``len()`` is the number of batches per epoch on this rank."""
+
+    def __init__(self, loader) -> None:  # noqa: ANN001 - ffcv.loader.Loader
+        self.loader = loader
+        self.sampler = _EpochSetter(loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return ((images, labels) for images, labels in self.loader)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration will use."""
+        return int(self.loader.next_epoch)
+
+
+def _repeated_aug_order_factory(repeats: int, rank: int, world_size: int):  # noqa: ANN202
+    from ffcv.traversal_order.base import TraversalOrder
+
+    class RepeatedAugOrder(TraversalOrder):
+        def sample_order(self, epoch: int) -> np.ndarray:
+            order = repeated_aug_order(len(self.indices), repeats, rank, world_size, epoch, self.seed)
+            return self.indices[order]
+
+    class Factory(TraversalOrder):
+        """FFCV's ``Loader`` accepts a custom order only as a ``TraversalOrder`` instance, which it calls with
+        itself (``order(self)``); this instance is that callable and is never used as an order."""
+
+        def __init__(self) -> None:  # deliberately skips TraversalOrder.__init__ (it needs the loader)
+            pass
+
+        def __call__(self, loader) -> RepeatedAugOrder:  # noqa: ANN001
+            return RepeatedAugOrder(loader)
+
+        def sample_order(self, epoch: int) -> np.ndarray:
+            raise TypeError("the repeated-augmentation factory is not an order; FFCV's Loader calls it first")
+
+    return Factory()
+
+
+def dist_info() -> tuple[int, int]:
+    """(rank, world_size) of the default process group, (0, 1) without one."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def fits_in_memory(path: str | os.PathLike, fraction: float = 0.5) -> bool:
+    """True when the file is smaller than ``fraction`` of the memory currently available (Linux ``MemAvailable``;
+    elsewhere of physical memory)."""
+    size = os.path.getsize(path)
+    try:
+        with open("/proc/meminfo") as fh:
+            avail = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return size < fraction * avail
+
+
+def build_ffcv_loader(path: str | os.PathLike, *, train: bool, image_size: int, batch_size: int, num_workers: int,
+                      scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3),
+                      hflip: float = 0.5, crop_pct: float = 0.875, seed: int = 0, in_memory: bool | None = None,
+                      repeated_aug: int = 1, drop_last: bool | None = None, batches_ahead: int = 3) -> FFCVLoader:
+    """An :class:`FFCVLoader` over ``path`` for training (random crop + flip, shuffled) or evaluation (centre crop,
+    in order). Call it after the process group exists (inside the dataloader hooks); the rank and world size are
+    read from it. ``in_memory=None`` chooses OS caching when the file fits in half the available memory."""
+    from ffcv.fields.basics import IntDecoder
+    from ffcv.fields.rgb_image import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.transforms import RandomHorizontalFlip, Squeeze, ToTensor, ToTorchImage
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"FFCV file {path} does not exist (run `impulsevit convert` or the datamodule's "
+                                f"prepare_data first)")
+    rank, world = dist_info()
+    distributed = world > 1
+    os_cache = fits_in_memory(path) if in_memory is None else bool(in_memory)
+    size = (int(image_size), int(image_size))
+    if train:
+        image_pipe = [RandomResizedCropRGBImageDecoder(size, scale=tuple(scale), ratio=tuple(ratio))]
+        if hflip > 0:
+            image_pipe.append(RandomHorizontalFlip(flip_prob=hflip))
+        if repeated_aug > 1:
+            order = _repeated_aug_order_factory(repeated_aug, rank, world)
+        elif distributed or os_cache:
+            order = OrderOption.RANDOM
+        else:
+            order = OrderOption.QUASI_RANDOM
+    else:
+        image_pipe = [CenterCropRGBImageDecoder(size, ratio=crop_pct)]
+        order = OrderOption.SEQUENTIAL
+    image_pipe += [ToTensor(), ToTorchImage()]
+    loader = Loader(str(path), batch_size=batch_size, num_workers=max(1, num_workers), os_cache=os_cache,
+                    order=order, distributed=distributed, seed=seed, batches_ahead=batches_ahead,
+                    drop_last=train if drop_last is None else drop_last,
+                    pipelines={"image": image_pipe, "label": [IntDecoder(), ToTensor(), Squeeze(1)]})
+    return FFCVLoader(loader)
