@@ -130,3 +130,24 @@ def test_trains_and_stays_finite():
         opt.step()
     assert torch.isfinite(loss) and all(torch.isfinite(p).all() for p in model.parameters())
     assert not torch.equal(model.blocks[0].mlp_tokens.fc2.weight, fc2_cols)
+
+
+def test_registered_token_kernel_maps():
+    model = make()
+    report = ii.initialize(model, "impulse")
+    maps = ii.attention_maps(model)
+    assert maps.grid == GRID and maps.source == "token-kernel" and maps[0].shape == (1, 64, 64)
+    assert torch.allclose(maps[0].sum(-1), torch.ones(1, 64))
+    # one "head" per block: scored on its first offset (self) -> 1/4 of the mass, argmax ties resolved by index
+    s = ii.summarize(maps, [[o[0]] for o in report.offsets])
+    assert all(h.target_mass == pytest.approx(0.25, abs=1e-6) for h in s)
+    # every row spreads over its on-grid taps only: 4 (interior) down to 2 (corner) equal taps
+    assert all(math.log(2) < h.entropy < math.log(4) + 1e-6 for h in s)
+
+
+def test_kernel5_factored_covers_25_offsets():
+    model = make(token_ratio=1.5)
+    report = ii.initialize(model, "impulse", layout="factored", kernel_size=5)
+    offsets = ii.kernel_offsets(5)
+    assert report.offsets[0] == offsets and report.options["num_offsets"] == 25
+    assert torch.allclose(mixer_token_kernel(model)[0], expected_kernel(offsets, 0.5 / 5), atol=1e-6)

@@ -155,7 +155,7 @@ def test_fixed_bias_option_and_validation_leaves_model_unchanged():
 
 def test_mimetic_swin_factors_exact():
     model = make("small_w4")
-    report = ii.initialize(model, "mimetic", generator=5, value=True)
+    report = ii.initialize(model, "mimetic", generator=5)
     assert report.family == "swin"
     g = torch.Generator().manual_seed(5)
     for _, blk in swin_blocks(model):
@@ -186,7 +186,7 @@ def test_mimetic_rejects_uneven_heads_before_writing():
     with pytest.raises(ValueError, match=r"SwinTransformer: block 'layers.0.blocks.0' has heads·head_dim=30 != dim=32"):
         ii.initialize(model, "mimetic")
     assert torch.equal(before, model.layers[0].blocks[0].attn.qkv.weight)
-    ii.initialize(model, "mimetic", value=False)  # Q/K only is fine
+    ii.initialize(model, "mimetic", value="default")  # Q/K only is fine
 
 
 def test_swin_v2_and_other_methods_rejected():
@@ -205,3 +205,37 @@ def test_all_parameters_finite_after_init():
         ii.initialize(model, method, generator=1)
         assert all(torch.isfinite(p).all() for p in model.parameters())
         assert torch.isfinite(model(torch.randn(1, 3, 32, 32))).all()
+
+
+def test_registered_diagnostics_attention_maps_and_summarize():
+    model = make("small_w4")
+    report = ii.initialize(model, "impulse", generator=0)
+    maps = ii.attention_maps(model)
+    assert maps.grid == (4, 4) and maps.source == "pseudo-input" and len(maps) == 4
+    summary = ii.summarize(maps, report)
+    shift_heads = [s for s in summary if s.offset != (0, 0)]
+    assert all(s.hit_rate == 1.0 and s.target_mass == pytest.approx(0.75, abs=1e-5) for s in summary)
+    # queries without an in-window neighbour are flat: max prob = 1/16 (zero padding, nothing wrapped)
+    assert all(s.border_max == pytest.approx(1 / 16, abs=1e-6) for s in shift_heads)
+    real = ii.summarize(ii.attention_maps(model, torch.randn(2, 3, 32, 32)), report)
+    assert all(s.hit_rate == 1.0 for s in real)
+    # different windows per block (stage resolution below the window) -> clear error
+    torch.manual_seed(0)
+    mixed = SwinTransformer(num_classes=10, img_size=32, patch_size=4, window_size=4, embed_dim=24, depths=(2, 2, 2),
+                            num_heads=(3, 3, 3))  # resolutions 8, 4, 2 -> windows 4, 4, 2
+    with pytest.raises(ValueError, match="different windows"):
+        ii.attention_maps(mixed)
+    ii.initialize(mixed, "impulse")
+    assert [row[1]["hit_rate"] for row in swin_summary(mixed)] == [1.0] * 6
+
+
+def test_kernel5_and_random_offsets():
+    model = make("real_w7")
+    report = ii.initialize(model, "impulse", kernel_size=5)
+    assert report.offsets[2] == ii.kernel_offsets(5)[:9]
+    for row in swin_summary(model):
+        assert all(h["hit_rate"] == 1.0 for h in row)
+    a = ii.initialize(make("small_w4"), "impulse", offsets="random", generator=3).offsets
+    b = ii.initialize(make("small_w4"), "impulse", offsets="random", generator=3).offsets
+    c = ii.initialize(make("small_w4"), "impulse", offsets="random", generator=4).offsets
+    assert a == b and a != c

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from impulsevit.init.api import InitResult, check_options, read_full, register, write_full_
+from impulsevit.init.diagnostics import AttentionMaps, register_attention_maps
 from impulsevit.init.impulse import impulse_indicator, impulse_offsets
 
 __all__ = ["is_mixer", "mixer_token_mlps", "mixer_token_kernel", "mixer_kernel_summary"]
@@ -91,7 +92,9 @@ def mixer_token_mlps(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return out
 
 
-_DEFAULTS: dict[str, Any] = {"layout": "blocks", "num_offsets": None, "gain_in": 1.0, "gain_out": None}
+_DEFAULTS: dict[str, Any] = {
+    "layout": "blocks", "num_offsets": None, "gain_in": 1.0, "gain_out": None, "kernel_size": 3, "offsets": "fixed",
+}
 _LAYOUTS = ("blocks", "fc1_only", "factored")
 
 
@@ -105,10 +108,16 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: dict[st
             blocks/fc1_only (all blocks), 9 for factored. Must be ≤ ``S // N`` for blocks/fc1_only.
         gain_in: value of the one-hot ``fc1`` entries (default 1.0).
         gain_out: value of the ``fc2`` routing / kernel taps (default ``1/√num_offsets``).
+        kernel_size: 3 (default, §2.1 order) or 5 (``impulse.kernel_offsets(5)``); factored then defaults to k².
+        offsets: ``"fixed"`` (default, deterministic) or ``"random"`` (drawn with replacement from the generator,
+            the same for every block).
     """
     opts = check_options("impulse", options, _DEFAULTS)
     if opts["layout"] not in _LAYOUTS:
         raise ValueError(f"impulse (mixer): layout must be one of {_LAYOUTS}, got {opts['layout']!r}")
+    if opts["kernel_size"] not in (3, 5) or opts["offsets"] not in ("fixed", "random"):
+        raise ValueError(f"impulse (mixer): kernel_size must be 3 or 5 and offsets 'fixed' or 'random', got "
+                         f"{opts['kernel_size']!r}, {opts['offsets']!r}")
     grid = _grid(model)
     n = grid[0] * grid[1]
     mlps = mixer_token_mlps(model)
@@ -120,12 +129,13 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: dict[st
                          "(raise mlp_ratio[0])")
     layout = opts["layout"]
     k = opts["num_offsets"]
-    k = (s // n if layout != "factored" else 9) if k is None else int(k)
+    ks = int(opts["kernel_size"])
+    k = (s // n if layout != "factored" else ks * ks) if k is None else int(k)
     if k < 1 or (layout != "factored" and k > s // n):
         raise ValueError(f"impulse (mixer): num_offsets={k} must be in [1, S//N={s // n}] for layout {layout!r}")
     gain_in = float(opts["gain_in"])
     gain_out = 1.0 / math.sqrt(k) if opts["gain_out"] is None else float(opts["gain_out"])
-    offs = impulse_offsets(k)
+    offs = impulse_offsets(k, ks, opts["offsets"], generator=generator)
     shifts = [impulse_indicator(grid[0], grid[1], o) for o in offs]  # (M x)_t = x_{t+o}, zero padding
     eye = torch.eye(n, dtype=torch.float64)
 
@@ -204,3 +214,17 @@ def mixer_kernel_summary(
         res.append({"offset_mass": sum(masses) / max(1, len(masses)), "hit_rate": sum(hits) / max(1, len(hits)),
                     "entropy": ent})
     return res
+
+
+@register_attention_maps(matches=is_mixer)
+def _mixer_maps(model: nn.Module, images: torch.Tensor | None) -> AttentionMaps:
+    """``impulsevit.init.attention_maps`` for Mixer: per block one "head", the row-normalised ``|K|`` of
+    :func:`mixer_token_kernel` ``(1, N, N)`` (a property of the weights; ``images`` are ignored). With several
+    offsets per block, ``summarize`` scores only the first one — use :func:`mixer_kernel_summary` for the offset set.
+    """
+    del images
+    maps = []
+    for k in mixer_token_kernel(model):
+        a = k.abs()
+        maps.append((a / a.sum(-1, keepdim=True).clamp_min(1e-300)).float().unsqueeze(0))
+    return AttentionMaps(maps, _grid(model), 0, "token-kernel")

@@ -16,8 +16,8 @@ The bias table is indexed through the module's own ``relative_position_index`` b
 installed timm uses.
 
 ``mimetic`` (Trockman & Kolter; method.md §5.1) per block: per head ``W_qᵀ W_k`` = best rank-``d`` approximation of
-``alpha·Z + beta·I`` (``Z`` i.i.d. ``U(±√(3/D))``), and ``x W_vᵀ W_oᵀ = x (alpha_v·Z' − beta_v·I)`` per block. The bias
-table is not touched.
+``qk_alpha·Z + qk_beta·I`` (``Z`` i.i.d. ``U(±√(3/D))``), and ``x W_vᵀ W_oᵀ = x (value_alpha·Z' − value_beta·I)`` per
+block. The bias table and everything else keep their values (no ``base`` reset, unlike the ViT adapter).
 
 Not supported: ``SwinTransformerV2`` (its bias comes from a continuous-position MLP, not a table; it does not match
 this family and ``initialize`` raises). Windows smaller than 2 along an axis cannot hold a vertical/horizontal
@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from impulsevit.init.api import InitResult, check_options, read_full, register, write_full_
+from impulsevit.init.diagnostics import AttentionMaps, register_attention_maps
 from impulsevit.init.impulse import impulse_offsets, mimetic_qk_factors, value_proj_factors
 
 __all__ = [
@@ -111,17 +112,20 @@ def _bias_for(target_mass: float, window_area: int) -> float:
     return math.log(target_mass * (window_area - 1) / (1.0 - target_mass))
 
 
-_IMPULSE_DEFAULTS: dict[str, Any] = {"target_mass": 0.75, "bias": None}
+_IMPULSE_DEFAULTS: dict[str, Any] = {"target_mass": 0.75, "bias": None, "kernel_size": 3, "offsets": "fixed"}
 
 
 @register("impulse", family="swin", matches=is_swin)
 def impulse_swin(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
-    """Impulse relative-position bias for every Swin block; Q/K/V untouched (no randomness is used).
+    """Impulse relative-position bias for every Swin block; Q/K/V untouched.
 
     Options:
         target_mass: softmax share of the target key for an interior query of a full window with zero Q/K
             contribution, in (0, 1); sets ``c`` per block from its window area. Default 0.75 (c ≈ 4.97 at 7×7).
         bias: if given, the constant ``c`` for all blocks (``target_mass`` is then only reported, not used).
+        kernel_size: 3 (default, the released §2.1 order) or 5 (``impulse.kernel_offsets(5)``).
+        offsets: ``"fixed"`` (default; no randomness) or ``"random"`` (per block and head, with replacement, from the
+            generator — [CODE-O]).
     """
     opts = check_options("impulse", options, _IMPULSE_DEFAULTS)
     tm = float(opts["target_mass"])
@@ -129,6 +133,9 @@ def impulse_swin(model: nn.Module, generator: torch.Generator, options: dict[str
         raise ValueError(f"impulse (swin): target_mass must be in (0, 1), got {tm}")
     if opts["bias"] is not None and not math.isfinite(float(opts["bias"])):
         raise ValueError(f"impulse (swin): bias must be a finite float, got {opts['bias']!r}")
+    if opts["kernel_size"] not in (3, 5) or opts["offsets"] not in ("fixed", "random"):
+        raise ValueError(f"impulse (swin): kernel_size must be 3 or 5 and offsets 'fixed' or 'random', got "
+                         f"{opts['kernel_size']!r}, {opts['offsets']!r}")
     blocks = swin_blocks(model)
     plans, offsets, notes = [], [], []
     for name, blk in blocks:
@@ -141,7 +148,7 @@ def impulse_swin(model: nn.Module, generator: torch.Generator, options: dict[str
                 f"{type(model).__name__}: block {name!r} relative_position_bias_table has shape {table_shape}, "
                 f"expected ({(2 * wh - 1) * (2 * ww - 1)}, {heads}) for window {wh}x{ww}"
             )
-        offs = impulse_offsets(heads)
+        offs = impulse_offsets(heads, opts["kernel_size"], opts["offsets"], generator=generator)
         if wh * ww < 2:
             c = 0.0
         else:
@@ -157,19 +164,24 @@ def impulse_swin(model: nn.Module, generator: torch.Generator, options: dict[str
     return InitResult(options=opts, offsets=offsets, notes=notes)
 
 
-_MIMETIC_DEFAULTS: dict[str, Any] = {"alpha": 0.7, "beta": 0.7, "alpha_v": 0.4, "beta_v": 0.4, "value": True}
+_MIMETIC_DEFAULTS: dict[str, Any] = {
+    "qk_alpha": 0.7, "qk_beta": 0.7, "value": "mimetic", "value_alpha": 0.4, "value_beta": 0.4,
+}
 
 
 @register("mimetic", family="swin", matches=is_swin)
 def mimetic_swin(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
-    """Mimetic Q/K per head (and V/proj per block when ``value``) for every Swin block.
+    """Mimetic Q/K per head (and V/proj per block) for every Swin block; option names as for ViT.
 
     Options:
-        alpha, beta: ``W_qᵀ W_k ≈ alpha·Z + beta·I`` per head (default 0.7, 0.7).
-        alpha_v, beta_v: ``W_v W_o ≈ alpha_v·Z − beta_v·I`` per block, row convention (default 0.4, 0.4).
-        value: also set V/proj (default True); needs ``heads·head_dim == dim``.
+        qk_alpha, qk_beta: ``W_qᵀ W_k ≈ qk_alpha·Z + qk_beta·I`` per head (default 0.7, 0.7).
+        value: ``"mimetic"`` (default): ``W_v W_o ≈ value_alpha·Z − value_beta·I`` per block, row convention
+            (needs ``heads·head_dim == dim``); ``"default"``: leave V/proj as they are.
+        value_alpha, value_beta: default 0.4, 0.4.
     """
     opts = check_options("mimetic", options, _MIMETIC_DEFAULTS)
+    if opts["value"] not in ("mimetic", "default"):
+        raise ValueError(f"mimetic (swin): value must be 'mimetic' or 'default', got {opts['value']!r}")
     blocks = swin_blocks(model)
     shapes = []
     for name, blk in blocks:
@@ -180,19 +192,19 @@ def mimetic_swin(model: nn.Module, generator: torch.Generator, options: dict[str
         if attn.qkv.out_features != 3 * attn_dim or attn_dim % heads:
             raise ValueError(f"{type(model).__name__}: block {name!r} qkv has {attn.qkv.out_features} rows, "
                              f"expected 3·heads·head_dim")
-        if opts["value"] and attn_dim != dim:
+        if opts["value"] == "mimetic" and attn_dim != dim:
             raise ValueError(f"{type(model).__name__}: block {name!r} has heads·head_dim={attn_dim} != dim={dim}; "
-                             "mimetic V/proj needs them equal (pass value=False)")
+                             "mimetic V/proj needs them equal (pass value='default')")
         shapes.append((dim, heads, attn_dim // heads))
     new = []
     for (_, blk), (dim, heads, hd) in zip(blocks, shapes):
         w = read_full(blk.attn.qkv.weight).detach().to(torch.float64).clone()
-        wq, wk, _ = mimetic_qk_factors(dim, heads, hd, generator, float(opts["alpha"]), float(opts["beta"]))
+        wq, wk, _ = mimetic_qk_factors(dim, heads, hd, generator, float(opts["qk_alpha"]), float(opts["qk_beta"]))
         w[:heads * hd] = wq.reshape(heads * hd, dim)
         w[heads * hd:2 * heads * hd] = wk.reshape(heads * hd, dim)
         proj = None
-        if opts["value"]:
-            wv, proj, _ = value_proj_factors(dim, generator, float(opts["alpha_v"]), float(opts["beta_v"]))
+        if opts["value"] == "mimetic":
+            wv, proj, _ = value_proj_factors(dim, generator, float(opts["value_alpha"]), float(opts["value_beta"]))
             w[2 * heads * hd:] = wv
         new.append((blk.attn, w, proj))
     for attn, w, proj in new:
@@ -287,3 +299,25 @@ def swin_summary(
                          "distance": float((a * dist).sum(-1).mean())})
         out.append(rows)
     return out
+
+
+@register_attention_maps(matches=is_swin)
+def _swin_maps(model: nn.Module, images: torch.Tensor | None) -> AttentionMaps:
+    """``impulsevit.init.attention_maps`` for Swin: :func:`swin_attention_maps` with ``grid`` = the window, so
+    ``summarize(maps, report)`` treats the window as the token grid ("pseudo-input" = zero Q/K contribution).
+
+    Raises:
+        ValueError: the blocks' windows differ (e.g. a stage whose resolution is below the window); use
+            :func:`swin_summary`, which handles a window per block.
+    """
+    windows = sorted({_window(blk) for _, blk in swin_blocks(model)})
+    if len(windows) != 1:
+        raise ValueError(f"{type(model).__name__}: blocks use different windows {windows}; attention_maps needs one "
+                         "window for all blocks — use impulsevit.init.swin.swin_summary instead")
+    was_training = model.training
+    try:
+        model.eval()
+        maps = swin_attention_maps(model, images)
+    finally:
+        model.train(was_training)
+    return AttentionMaps(maps, windows[0], 0, "pseudo-input" if images is None else "images")
