@@ -1,0 +1,293 @@
+"""`impulsevit study`: every init method × seed of one recipe, then a report (mean ± std table and accuracy curves).
+
+Layout: ``<runs-dir>/<study>/`` holds ``study.json`` (the plan: recipe, methods, seeds, overrides), one run directory
+per ``<method>-s<seed>`` (written by ``impulsevit fit``), ``report.md`` and ``report.png``. Each run records its own
+outcome in ``<run>/status.json`` (``running`` / ``done`` / ``failed`` with the exit code), so ``--collect`` can rebuild
+the report at any time and lists failed or unfinished runs instead of dropping them.
+
+Metrics come from the runs' TensorBoard event files: ``val/acc1`` per validation (one point per epoch), ``test/acc1``
+when a test was run. "final" = the last validation, "best" = the maximum over epochs.
+
+Paper numbers: a recipe may carry a machine-readable header comment ``# paper: {torch: 71.67, impulse: 77.02}``
+(top-1 %, keyed by init method); the report prints them beside the measured means.
+
+Not supported: collecting from runs that log no ``val/acc1``; mixing recipes within one study.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["RunResult", "plan_runs", "collect", "write_report", "paper_numbers", "main"]
+
+
+@dataclasses.dataclass
+class RunResult:
+    """One run's outcome. Accuracies are fractions in [0, 1]; ``curve`` is val/acc1 per validation, in order."""
+
+    name: str
+    method: str
+    seed: int
+    state: str  # done | failed | running | missing
+    final: float | None = None
+    best: float | None = None
+    test: float | None = None
+    curve: list[float] = dataclasses.field(default_factory=list)
+    detail: str = ""
+
+
+def plan_runs(methods: list[str], seeds: int) -> list[tuple[str, int, str]]:
+    """``(method, seed, run_name)`` for every method × seed ``0..seeds-1``, method-major."""
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    if not methods:
+        raise ValueError("--methods is empty")
+    return [(m, s, f"{m}-s{s}") for m in methods for s in range(seeds)]
+
+
+def paper_numbers(recipe_path: str | os.PathLike) -> dict[str, float]:
+    """The ``# paper: {...}`` header of a recipe file as ``{method: top-1 %}`` (empty when absent)."""
+    for line in Path(recipe_path).read_text().splitlines():
+        s = line.strip()
+        if not s.startswith("#"):
+            if s:
+                break
+            continue
+        body = s.lstrip("#").strip()
+        if body.startswith("paper:"):
+            value = yaml.safe_load(body[len("paper:"):].strip())
+            if not isinstance(value, dict):
+                raise ValueError(f"{recipe_path}: '# paper:' header must be a mapping method -> top-1, got {value!r}")
+            return {str(k): float(v) for k, v in value.items()}
+    return {}
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
+
+
+def _scalars(run_dir: Path) -> dict[str, list[float]]:
+    """All scalar series in the run's TensorBoard event files, ordered by (wall time, step)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    series: dict[str, list[tuple[float, int, float]]] = {}
+    for ev in sorted(run_dir.rglob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(ev), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags().get("scalars", []):
+            series.setdefault(tag, []).extend((e.wall_time, e.step, e.value) for e in acc.Scalars(tag))
+    return {tag: [v for _, _, v in sorted(pts, key=lambda p: (p[1], p[0]))] for tag, pts in series.items()}
+
+
+def collect(study_dir: str | os.PathLike) -> list[RunResult]:
+    """Read ``study.json`` and every planned run's status and metrics."""
+    study_dir = Path(study_dir)
+    plan_file = study_dir / "study.json"
+    if not plan_file.exists():
+        raise FileNotFoundError(f"{plan_file} not found: not a study directory (run `impulsevit study` first)")
+    plan = json.loads(plan_file.read_text())
+    results = []
+    for run in plan["runs"]:
+        rdir = study_dir / run["name"]
+        status_file = rdir / "status.json"
+        status = json.loads(status_file.read_text()) if status_file.exists() else {"state": "missing"}
+        r = RunResult(run["name"], run["method"], int(run["seed"]), status.get("state", "missing"))
+        if status.get("state") == "failed":
+            r.detail = f"exit code {status.get('returncode')}"
+        if rdir.exists():
+            s = _scalars(rdir)
+            r.curve = s.get("val/acc1", [])
+            if r.curve:
+                r.final, r.best = r.curve[-1], max(r.curve)
+            if s.get("test/acc1"):
+                r.test = s["test/acc1"][-1]
+        if r.state == "done" and not r.curve:
+            r.state, r.detail = "failed", "finished but logged no val/acc1"
+        results.append(r)
+    return results
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+    return m, sd
+
+
+def write_report(study_dir: str | os.PathLike, results: list[RunResult], paper: dict[str, float] | None = None) -> Path:
+    """Write ``report.md`` (mean ± std of final/best/test top-1 in %, per method) and ``report.png``; returns the md path."""
+    study_dir = Path(study_dir)
+    plan = json.loads((study_dir / "study.json").read_text())
+    paper = paper or {}
+    methods = list(dict.fromkeys(r.method for r in results))
+    lines = [
+        f"# Study `{study_dir.name}`",
+        "",
+        f"Recipe `{plan['recipe']}`, methods {', '.join(methods)}, seeds {plan['seeds']}, "
+        f"overrides `{' '.join(plan.get('overrides', [])) or '(none)'}`.",
+        "",
+        "Top-1 accuracy in %, mean ± sample std over the finished seeds (n).",
+        "",
+        "| method | n | final val | best val | test | paper |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def fmt(xs: list[float]) -> str:
+        if not xs:
+            return "–"
+        m, sd = _mean_std([100 * x for x in xs])
+        return f"{m:.2f} ± {sd:.2f}"
+
+    for m in methods:
+        done = [r for r in results if r.method == m and r.state == "done"]
+        lines.append(
+            f"| {m} | {len(done)} | {fmt([r.final for r in done])} | {fmt([r.best for r in done])} | "
+            f"{fmt([r.test for r in done if r.test is not None])} | {paper.get(m, '–')} |"
+        )
+    bad = [r for r in results if r.state != "done"]
+    lines += ["", "## Runs", "", "| run | state | final val | best val | test | note |", "|---|---|---|---|---|---|"]
+    for r in results:
+        cells = ["–" if v is None else f"{100 * v:.2f}" for v in (r.final, r.best, r.test)]
+        lines.append(f"| {r.name} | {r.state} | {' | '.join(cells)} | {r.detail} |")
+    if bad:
+        lines += ["", f"**{len(bad)} run(s) not finished or failed:** " + ", ".join(f"{r.name} ({r.state})" for r in bad)]
+    lines += ["", "![validation accuracy per epoch](report.png)", ""]
+    md = study_dir / "report.md"
+    tmp = md.with_name(".report.md.tmp")
+    tmp.write_text("\n".join(lines))
+    os.replace(tmp, md)
+    _plot(study_dir / "report.png", results, methods)
+    return md
+
+
+def _plot(path: Path, results: list[RunResult], methods: list[str]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for m in methods:
+        curves = [r.curve for r in results if r.method == m and r.state == "done" and r.curve]
+        if not curves:
+            continue
+        n = min(len(c) for c in curves)
+        arr = 100 * np.array([c[:n] for c in curves])
+        x = np.arange(1, n + 1)
+        mean, sd = arr.mean(0), arr.std(0, ddof=1) if len(arr) > 1 else np.zeros(n)
+        ax.plot(x, mean, label=f"{m} (n={len(curves)})")
+        ax.fill_between(x, mean - sd, mean + sd, alpha=0.2)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("val top-1 (%)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = path.with_name(".report.png.tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def _run_one(study_dir: Path, recipe: str, method: str, seed: int, name: str, overrides: list[str]) -> int:
+    rdir = study_dir / name
+    rdir.mkdir(parents=True, exist_ok=True)
+    _write_json_atomic(rdir / "status.json", {"state": "running", "started": time.time()})
+    cmd = [
+        sys.executable, "-m", "impulsevit.cli", "fit", "--recipe", recipe,
+        "--runs-dir", str(study_dir), "--name", name, "--resume", "auto",
+        f"--model.init.method={method}", f"--model.init.seed={seed}", f"--seed_everything={seed}",
+        *overrides,
+    ]
+    t0 = time.time()
+    with open(rdir / "study_fit.log", "ab") as log:
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+    state = "done" if rc == 0 else "failed"
+    _write_json_atomic(rdir / "status.json", {"state": state, "returncode": rc, "seconds": time.time() - t0})
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="impulsevit study",
+        description="Run a recipe with several init methods × seeds and report mean ± std (see impulsevit/study.py).",
+    )
+    p.add_argument("--recipe", required=True, help="recipe name (recipes/NAME.yaml) or path")
+    p.add_argument("--methods", default="impulse,mimetic,torch", help="comma-separated init methods")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per method")
+    p.add_argument("--name", default=None, help="study name (default: <recipe>-study)")
+    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--collect", action="store_true", help="only rebuild the report from the run directories")
+    p.add_argument("--run-index", type=int, default=None, help="run only this entry of the plan (SLURM array task)")
+    p.add_argument("--submit", action="store_true", help="submit the plan as a SLURM array instead of running here")
+    p.add_argument("--dry-run", action="store_true", help="with --submit: print the sbatch script, submit nothing")
+    args, overrides = p.parse_known_args(argv)
+
+    from impulsevit.recipes import resolve_recipe
+
+    recipe_path = resolve_recipe(args.recipe)
+    study_name = args.name or f"{Path(recipe_path).stem}-study"
+    study_dir = Path(args.runs_dir) / study_name
+    plan_file = study_dir / "study.json"
+    if args.collect:
+        results = collect(study_dir)
+    else:
+        runs = plan_runs([m.strip() for m in args.methods.split(",") if m.strip()], args.seeds)
+        study_dir.mkdir(parents=True, exist_ok=True)
+        plan = {
+            "recipe": str(recipe_path), "methods": sorted({m for m, _, _ in runs}, key=args.methods.index),
+            "seeds": args.seeds, "overrides": overrides,
+            "runs": [{"method": m, "seed": s, "name": n} for m, s, n in runs],
+        }
+        if plan_file.exists() and args.run_index is not None:
+            plan = json.loads(plan_file.read_text())
+        else:
+            _write_json_atomic(plan_file, plan)
+        if args.submit:
+            return _submit(args, study_name, len(plan["runs"]), overrides)
+        todo = plan["runs"] if args.run_index is None else [plan["runs"][args.run_index]]
+        for run in todo:
+            status = study_dir / run["name"] / "status.json"
+            if status.exists() and json.loads(status.read_text()).get("state") == "done":
+                print(f"[study] {run['name']}: already done, skipped", flush=True)
+                continue
+            print(f"[study] {run['name']}: fit {plan['recipe']}", flush=True)
+            rc = _run_one(study_dir, plan["recipe"], run["method"], int(run["seed"]), run["name"], plan["overrides"])
+            print(f"[study] {run['name']}: {'done' if rc == 0 else f'FAILED (exit {rc})'}", flush=True)
+        if args.run_index is not None:
+            return 0
+        results = collect(study_dir)
+    md = write_report(study_dir, results, paper_numbers(recipe_path))
+    print(md.read_text())
+    print(f"[study] report: {md}  plot: {md.with_suffix('.png')}")
+    return 0 if all(r.state == "done" for r in results) else 1
+
+
+def _submit(args: argparse.Namespace, study_name: str, n_runs: int, overrides: list[str]) -> int:
+    from impulsevit.cluster.submit import main as submit_main
+
+    command = [
+        "impulsevit", "study", "--recipe", args.recipe, "--name", study_name, "--runs-dir", args.runs_dir,
+        "--run-index", "$SLURM_ARRAY_TASK_ID",
+    ]
+    argv = ["--recipe", args.recipe, "--name", study_name, "--runs-dir", args.runs_dir,
+            "--array", f"0-{n_runs - 1}", "--command", " ".join(command + overrides)]
+    if args.dry_run:
+        argv.append("--dry-run")
+    return submit_main(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
