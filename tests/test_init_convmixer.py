@@ -148,3 +148,38 @@ def test_errors_and_finiteness():
     for method in ("impulse", "box", "random"):
         ii.initialize(model, method, generator=2)
         assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_applicability_table_matches_registry():
+    """Every cell of the table in impulsevit/init/FAMILIES.md: ✓ works, ✗ `msg` raises ValueError containing msg."""
+    import pathlib
+    import re
+
+    from timm.models.mlp_mixer import MlpMixer
+    from timm.models.swin_transformer import SwinTransformer
+
+    builders = [
+        lambda: timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=4, depth=1),
+        lambda: SwinTransformer(img_size=32, patch_size=2, window_size=4, embed_dim=24, depths=(2,), num_heads=(3,)),
+        lambda: MlpMixer(img_size=32, patch_size=4, embed_dim=64, num_blocks=1, mlp_ratio=(4.0, 2.0)),
+        lambda: make(dim=16, depth=1),
+    ]
+    text = (pathlib.Path(ii.__file__).parent / "FAMILIES.md").read_text()
+    section = text.split("## Applicability", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if re.match(r"^\| `\w+` \|", line)]
+    checked = set()
+    for line in rows:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        method = cells[0].strip("`")
+        assert len(cells) == 5, line
+        for build, cell in zip(builders, cells[1:]):
+            model = build()
+            if cell == "✓":
+                ii.initialize(model, method, generator=0)
+                assert all(torch.isfinite(p).all() for p in model.parameters())
+            else:
+                msg = re.fullmatch(r"✗ `(.+)`", cell).group(1)
+                with pytest.raises(ValueError, match=re.escape(msg)):
+                    ii.initialize(model, method, generator=0)
+        checked.add(method)
+    assert checked == {"impulse", "mimetic", "box", "random", "torch", "timm"}
