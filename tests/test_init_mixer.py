@@ -84,6 +84,7 @@ def test_kernel_concentrated_on_offsets(token_ratio, layout, n_off):
         assert not model.blocks[0].mlp_tokens.fc2.weight[:, used:].any()
         assert report.notes[0].endswith(f"{s - used} remainder hidden units (fc1 kept, fc2 columns zero)") or (
             layout == "factored")
+    assert any("identity" in note for note in report.notes) == (layout == "blocks" and n_off == 1)
 
 
 def test_fc1_only_layout_leaves_fc2():

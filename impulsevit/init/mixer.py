@@ -164,10 +164,15 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: dict[st
             if lin.bias is not None:
                 write_full_(lin.bias, torch.zeros_like(read_full(lin.bias)))
     note = f"grid {grid[0]}x{grid[1]} (N={n}), token hidden S={s}, {k} offsets, layout {layout}"
+    notes = []
     if layout == "blocks":
         note += f"; {s - k * n} remainder hidden units (fc1 kept, fc2 columns zero)"
+    notes.append(note)
+    if layout != "factored" and k == 1:
+        notes.append(f"only one offset (identity) fits S//N = {s // n}: token mixing starts as the identity; "
+                     "layout='factored' gives the full kernel")
     return InitResult(options={**opts, "num_offsets": k, "gain_out": gain_out},
-                      offsets=[list(offs) for _ in mlps], notes=[note])
+                      offsets=[list(offs) for _ in mlps], notes=notes)
 
 
 # ---------------------------------------------------------------------------------------------------- diagnostics
