@@ -30,7 +30,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-__all__ = ["BatchColorJitter", "BatchRandAugment", "DeviceAugment", "normalize"]
+__all__ = ["BatchColorJitter", "BatchRandAugment", "DeviceAugment", "fix_timm_posterize", "normalize"]
 
 _GEOMETRIC = ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
 _SUPPORTED = {
@@ -39,6 +39,25 @@ _SUPPORTED = {
     "BrightnessIncreasing", "Sharpness", "SharpnessIncreasing", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel",
 }
 _GRAY = (0.299, 0.587, 0.114)  # PIL's RGB → L weights
+
+
+def _posterize_at_least_1bit(img, bits_to_keep, **kwargs):  # noqa: ANN001, ANN202 - timm op signature
+    from timm.data.auto_augment import posterize
+
+    return posterize(img, max(1, int(bits_to_keep)), **kwargs)
+
+
+def fix_timm_posterize(transform) -> None:  # noqa: ANN001 - timm RandAugment or a Compose holding one
+    """Pillow >= 11 rejects ``posterize(bits=0)``, which timm's ``PosterizeIncreasing`` requests at magnitude 10
+    (reachable with ``m9-mstd0.5``, then the PIL pipeline raises): make the RandAugment ops in ``transform`` keep at
+    least 1 bit, as :class:`BatchRandAugment` does. Modifies the given objects only, not timm."""
+    from timm.data.auto_augment import RandAugment
+
+    for t in [transform, *getattr(transform, "transforms", [])]:
+        if isinstance(t, RandAugment):
+            for op in t.ops:
+                if op.name.startswith("Posterize"):
+                    op.aug_fn = _posterize_at_least_1bit
 
 
 def normalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) -> torch.Tensor:
@@ -54,8 +73,9 @@ def _gray(x: torch.Tensor) -> torch.Tensor:
 
 
 def _blend(degenerate: torch.Tensor, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    """PIL ``Image.blend(degenerate, x, factor)`` per image (``factor`` shape ``(B,)``), clipped to 0–255."""
-    return (degenerate + factor.view(-1, 1, 1, 1) * (x - degenerate)).clamp(0, 255)
+    """PIL ``Image.blend(degenerate, x, factor)`` per image (``factor`` shape ``(B,)``): clipped to 0–255 and
+    truncated to integers as PIL's uint8 blend does."""
+    return torch.floor((degenerate + factor.view(-1, 1, 1, 1) * (x - degenerate)).clamp(0, 255))
 
 
 def _contrast(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
@@ -227,7 +247,7 @@ class BatchRandAugment(torch.nn.Module):
             factor = lv * 1.8 + 0.1
         fn = {"Color": _saturation, "Contrast": _contrast, "Brightness": _brightness, "Sharpness": _sharpness}[
             name.removesuffix("Increasing")]
-        return fn(x, factor).round()
+        return fn(x, factor)
 
     def _matrix(self, name: str, lv: torch.Tensor, sg: torch.Tensor, h: int, w: int) -> torch.Tensor:
         n = lv.shape[0]
@@ -278,7 +298,7 @@ class BatchColorJitter(torch.nn.Module):
                     continue
                 sel = order[:, pos] == k
                 if sel.any():
-                    x[sel] = fn(x[sel], factors[k][sel]).round()
+                    x[sel] = fn(x[sel], factors[k][sel])
         return x
 
 

@@ -34,7 +34,7 @@ from typing import Literal
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from impulsevit.data.augment import DeviceAugment, normalize
+from impulsevit.data.augment import DeviceAugment, fix_timm_posterize, normalize
 from impulsevit.data.base import BaseImageDataModule
 from impulsevit.data.convert import PRESETS, convert_split, subset_indices
 from impulsevit.data.ffcv_loader import build_ffcv_loader, dist_info, ffcv_available
@@ -50,25 +50,6 @@ Backend = Literal["ffcv", "torchvision"]
 def default_cache_dir() -> Path:
     """``$IMPULSEVIT_CACHE`` or ``~/.cache/impulsevit``; ``.beton`` files go to its ``ffcv/`` sub-folder."""
     return Path(os.environ.get("IMPULSEVIT_CACHE", Path.home() / ".cache" / "impulsevit"))
-
-
-def _posterize_at_least_1bit(img, bits_to_keep, **kwargs):  # noqa: ANN001, ANN202 - timm op signature
-    from timm.data.auto_augment import posterize
-
-    return posterize(img, max(1, int(bits_to_keep)), **kwargs)
-
-
-def _patch_posterize(transform) -> None:  # noqa: ANN001 - a torchvision Compose
-    """Pillow >= 11 rejects ``posterize(bits=0)``, which timm's ``PosterizeIncreasing`` requests at magnitude 10
-    (reachable with ``m9-mstd0.5``): keep at least 1 bit in this transform's RandAugment ops (the device
-    implementation does the same)."""
-    from timm.data.auto_augment import RandAugment
-
-    for t in getattr(transform, "transforms", []):
-        if isinstance(t, RandAugment):
-            for op in t.ops:
-                if op.name.startswith("Posterize"):
-                    op.aug_fn = _posterize_at_least_1bit
 
 
 class SourceDataset(Dataset):
@@ -231,7 +212,7 @@ class ImageDataModule(BaseImageDataModule):
                                           force_color_jitter=self.force_color_jitter, auto_augment=self.auto_augment,
                                           re_prob=0.0, **common)
         evaluate = transforms_imagenet_eval(self.image_size, crop_pct=self.crop_pct, **common)
-        _patch_posterize(train)
+        fix_timm_posterize(train)
         return train, evaluate
 
     # ------------------------------------------------------------------ loaders

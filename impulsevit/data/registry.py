@@ -88,9 +88,9 @@ class DatasetInfo:
                 problems.append(f"{len(source)} images, expected {self.split_sizes[split]}")
             if problems:
                 msg = (f"{self.name} split {split!r} at {resolved}: found {' and '.join(problems)} "
-                       f"(the published {self.description or self.name}). Pass verify='warn' to use a modified copy.")
+                       f"(the published {self.description or self.name})")
                 if verify == "error":
-                    raise DatasetMismatchError(msg)
+                    raise DatasetMismatchError(msg + "; pass verify='warn' to use a modified copy")
                 warnings.warn(msg, stacklevel=2)
         return source
 
