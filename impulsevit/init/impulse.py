@@ -203,7 +203,11 @@ def factor_pseudo_input(p: torch.Tensor, head_dim: int, rtol: float = 1e-5) -> P
     ``N < head_dim``); the caller decides whether that is allowed.
     """
     p = p.to(torch.float64)
-    u, s, vh = torch.linalg.svd(p, full_matrices=False)
+    if p.shape[0] < p.shape[1]:  # LAPACK is faster on tall matrices: P = (Pᵀ)ᵀ
+        v_full, s, uh = torch.linalg.svd(p.T, full_matrices=False)
+        u, vh = uh.T, v_full.T
+    else:
+        u, s, vh = torch.linalg.svd(p, full_matrices=False)
     numerical = int((s > rtol * s[0]).sum()) if s.numel() else 0
     r = min(head_dim, numerical)
     if r < 1:
@@ -294,6 +298,7 @@ def solve_qk(
     inv_s = 1.0 / s
     m = inv_s.view(1, -1, 1) * x * inv_s.view(1, 1, -1)  # M_i = Σ⁻¹ X_i Σ⁻¹
     a, mu, ct = torch.linalg.svd(m)  # (h, r, r), (h, r), (h, r, r)
+    a, ct = _fix_signs(a, ct)
     root = mu.sqrt()
     lf = a * root.unsqueeze(1)  # (h, r, r): A diag(√μ)
     rf = ct.transpose(1, 2) * root.unsqueeze(1)  # C diag(√μ)
@@ -320,13 +325,34 @@ def solve_qk(
     return QKSolution(wq=wq, wk=wk, scale=scale, target_logit=scale * tgt)
 
 
-def balanced_factors(c: torch.Tensor, rank: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """SVD split ``C = U S Yᵀ`` → ``(L, R) = (U_k S_k^{1/2}, S_k^{1/2} Y_kᵀ)``: ``L R`` is the best rank-``k`` approx of
-    ``C`` and both factors have singular values ``√s`` (float64 in, float64 out; ``c`` is ``(..., D, D)``)."""
-    u, s, yh = torch.linalg.svd(c.to(torch.float64))
-    k = s.shape[-1] if rank is None else rank
-    root = s[..., :k].sqrt()
-    return u[..., :, :k] * root.unsqueeze(-2), root.unsqueeze(-1) * yh[..., :k, :]
+def _fix_signs(u: torch.Tensor, vh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SVD sign convention: flip each singular pair so the largest-magnitude entry of ``u[..., :, j]`` is positive
+    (the product ``u diag(s) vh`` is unchanged; the factors no longer depend on the LAPACK build's sign choice)."""
+    pivot = u.gather(-2, u.abs().argmax(-2, keepdim=True))  # (..., 1, k)
+    sign = torch.where(pivot < 0, -1.0, 1.0).to(u.dtype)
+    return u * sign, vh * sign.transpose(-2, -1)
+
+
+def balanced_factors(
+    c: torch.Tensor, rank: int | None = None, dtype: torch.dtype = torch.float64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Balanced split of ``C = U S Yᵀ`` (``c``: ``(..., D, D)``): ``(L, R) = (U_k S_k^{1/2}, S_k^{1/2} Y_kᵀ)``.
+
+    ``L R`` is the best rank-``k`` approximation of ``C`` (``k = rank``, default ``D``: ``L R = C``) and both factors
+    have singular values ``√s`` — the released SVD split. Computed from the symmetric eigenproblem ``CᵀC = Y S² Yᵀ``
+    (about 2× cheaper than an SVD) with ``L = C Y_k S_k^{-1/2}``; ``L R = C Y_k Y_kᵀ`` is exact up to the
+    orthogonality of ``Y``, whatever the conditioning of ``C``. Computed in ``dtype``, returned as float64.
+    """
+    c = c.to(dtype)
+    evals, y = torch.linalg.eigh(c.transpose(-2, -1) @ c)  # ascending
+    k = c.shape[-1] if rank is None else rank
+    y = y.flip(-1)[..., :k]
+    s = evals.flip(-1)[..., :k].clamp_min(0).sqrt()
+    lf = c @ y  # = U S
+    lf, yt = _fix_signs(lf, y.transpose(-2, -1))
+    root = s.sqrt()
+    inv_root = torch.where(root > 0, 1.0 / root, torch.zeros_like(root))
+    return (lf * inv_root.unsqueeze(-2)).double(), (root.unsqueeze(-1) * yt).double()
 
 
 def _uniform_unit_variance(shape: tuple[int, ...], dim: int, generator: torch.Generator) -> torch.Tensor:
@@ -336,16 +362,17 @@ def _uniform_unit_variance(shape: tuple[int, ...], dim: int, generator: torch.Ge
 
 
 def value_proj_factors(
-    dim: int, generator: torch.Generator, alpha: float = 0.4, beta: float = 0.4
+    dim: int, generator: torch.Generator, alpha: float = 0.4, beta: float = 0.4, dtype: torch.dtype = torch.float64
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mimetic value/projection of one layer (``method.md`` §2.5 / §5.1 step 2), done right in row convention.
 
     Draws ``Z ~ U(±√3/√D)`` (``D × D``), ``C = αZ − βI``, and returns ``(w_v, w_proj, C)`` with ``w_v = Lᵀ`` (the V
     rows of ``qkv.weight``, ``D × D``) and ``w_proj = Rᵀ`` (``proj.weight``) for the balanced split ``C = L R``, so
-    every token row ``x`` maps to ``(x w_vᵀ) w_projᵀ = x L R = x C``. All float64.
+    every token row ``x`` maps to ``(x w_vᵀ) w_projᵀ = x L R = x C``. Returned as float64; the factorisation runs
+    in ``dtype`` (float32 gives ``L R = C`` to float32 precision, at half the cost).
     """
     c = alpha * _uniform_unit_variance((dim, dim), dim, generator) - beta * torch.eye(dim, dtype=torch.float64)
-    lf, rf = balanced_factors(c)
+    lf, rf = balanced_factors(c, dtype=dtype)
     return lf.T.contiguous(), rf.T.contiguous(), c
 
 
