@@ -8,15 +8,20 @@ The cluster tests (``slurm`` marker) submit real jobs to a single-node SLURM (te
 from __future__ import annotations
 
 import os
+import re
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import lightning.pytorch as L
 import pytest
 import torch
+from slurm_cluster import slurm_cluster  # noqa: F401  (the module-scoped pytest fixture)
 
 from impulsevit.callbacks.preemption import Preempted, SlurmRequeue
-from impulsevit.cluster.events import read_events
+from impulsevit.cluster.events import job_state, read_events
 from impulsevit.data.synthetic import SyntheticDataModule
 from impulsevit.module import ImageClassifier
 
@@ -108,3 +113,150 @@ def test_usr1_without_requeue_stops_cleanly(tmp_path, no_slurm_env):
         trainer.fit(model, data)
     assert e.value.code == 0 and trainer.global_step == 2
     assert _ckpt_step(tmp_path / "checkpoints" / "preempted.ckpt") == 2
+
+
+# ------------------------------------------------------------------------------------------ against a real SLURM
+# The fixture's cluster and helpers live in tests/slurm_cluster.py; jobs import slurm_cluster.StepPacer (PYTHONPATH).
+
+TESTS_DIR = Path(__file__).parent
+RECIPE = """# tiny synthetic DDP run for the SLURM tests (2 CPU tasks, gloo)
+seed_everything: 0
+trainer:
+  max_epochs: 3
+  log_every_n_steps: 1
+  enable_progress_bar: false
+  enable_model_summary: false
+  num_sanity_val_steps: 0
+  limit_val_batches: 1
+  callbacks:
+    - class_path: slurm_cluster.StepPacer
+      init_args: {sleep_s: 0.3}
+checkpoint: {monitor: null, save_top_k: 1, save_last: true}  # last.ckpt = the end of every epoch
+model:
+  backbone: vit_tiny_patch16_224
+  backbone_kwargs: {img_size: 16, patch_size: 8, depth: 1, embed_dim: 32, num_heads: 2}
+  init: {method: torch, seed: 0}
+  log_attention: false
+data:
+  class_path: impulsevit.data.synthetic.SyntheticDataModule
+  init_args: {num_classes: 4, image_size: 16, num_train: 64, num_val: 16, batch_size: 8}
+"""
+STEPS_2_TASKS = 3 * 64 // (8 * 2)  # epochs x batches per rank
+
+
+def _cli() -> list[str]:
+    exe = Path(sys.executable).parent / "impulsevit"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "impulsevit.cli"]
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, slurm_cluster):  # noqa: F811
+    root = tmp_path_factory.mktemp("jobs")
+    (root / "tiny.yaml").write_text(RECIPE)
+    env = {**slurm_cluster.env, "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return {"root": root, "env": env, "cluster": slurm_cluster, "results": {}}
+
+
+def _submit(ws, name: str, *extra: str) -> str:
+    proc = subprocess.run([*_cli(), "submit", "--recipe", "tiny.yaml", "--runs-dir", "runs", "--name", name, *extra],
+                          cwd=ws["root"], env=ws["env"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    m = re.search(r"Submitted batch job (\d+)", proc.stdout)
+    assert m, proc.stdout
+    run_dir = ws["root"] / "runs" / name
+    assert f"{run_dir}/slurm/{m.group(1)}.out" in proc.stdout
+    return m.group(1)
+
+
+def _wait(ws, name: str, job_id: str, until, timeout: float = 240.0) -> str:
+    """Poll the run directory's events (no squeue/sacct) until ``until(state)``; returns the state."""
+    run_dir = ws["root"] / "runs" / name
+    t0 = time.monotonic()
+    state = job_state(run_dir)
+    while time.monotonic() - t0 < timeout:
+        state = job_state(run_dir)
+        if until(state):
+            return state
+        time.sleep(0.3)
+    log = run_dir / "slurm" / f"{job_id}.out"
+    raise AssertionError(f"job {job_id} state {state!r} after {timeout:.0f} s\n--- {log}:\n"
+                         f"{log.read_text() if log.exists() else '(none)'}\n{ws['cluster'].logs()}")
+
+
+def _job_log(ws, name: str, job_id: str) -> str:
+    return (ws["root"] / "runs" / name / "slurm" / f"{job_id}.out").read_text()
+
+
+def _loss_steps(run_dir: Path) -> list[int]:
+    """Every ``train/loss`` step in the run's TensorBoard event files, duplicates kept (raw records, no purging)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    steps = []
+    for f in sorted(run_dir.rglob("events.out.tfevents.*")):
+        for ev in EventFileLoader(str(f)).Load():
+            steps += [ev.step for v in ev.summary.value if v.tag == "train/loss"]
+    return sorted(steps)
+
+
+def _check_run_dir(run_dir: Path) -> int:
+    """Shared checks on a finished run directory; returns the final global step."""
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "submit.sbatch").is_file()
+    assert list(run_dir.glob("events.out.tfevents.*")), "no TensorBoard events in the run directory"
+    assert not list(run_dir.rglob("version_*")), "a version_N folder appeared: the requeued job must reuse the log"
+    return _ckpt_step(run_dir / "checkpoints" / "last.ckpt")
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_submit_two_tasks_completes(workspace):
+    job = _submit(workspace, "plain", "--tasks-per-node", "2", "--trainer.strategy=ddp")
+    assert _wait(workspace, "plain", job, lambda s: s in ("completed", "failed")) == "completed", \
+        _job_log(workspace, "plain", job)
+    run_dir = workspace["root"] / "runs" / "plain"
+    step = _check_run_dir(run_dir)
+    assert step == STEPS_2_TASKS
+    steps = _loss_steps(run_dir)
+    assert steps == list(range(STEPS_2_TASKS)), steps
+    log = _job_log(workspace, "plain", job)
+    assert "world_size: 2" in log or "MEMBER: 2/2" in log, log  # Lightning's DDP banner: 2 ranks from SLURM
+    workspace["results"]["plain"] = (step, steps)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_usr1_checkpoints_requeues_and_resumes(workspace):
+    ws, name = workspace, "preempt"
+    if "plain" not in ws["results"]:
+        pytest.skip("needs the uninterrupted run of test_submit_two_tasks_completes")
+    cluster, run_dir = ws["cluster"], ws["root"] / "runs" / name
+    job = _submit(ws, name, "--tasks-per-node", "2", "--trainer.strategy=ddp")
+    t0 = time.monotonic()
+    while not ((run_dir / "progress").exists() and int((run_dir / "progress").read_text() or 0) >= 5):
+        assert time.monotonic() - t0 < 180, f"job never reached step 5\n{cluster.logs()}"
+        assert job_state(run_dir) not in ("completed", "failed"), _job_log(ws, name, job)
+        time.sleep(0.05)
+    cluster.run(["scancel", "--signal=USR1", job])  # to the job steps: both srun tasks
+    t_signal = time.monotonic()
+    state = _wait(ws, name, job, lambda s: s in ("completed", "failed") and
+                  any(e["event"] == "resume" for e in read_events(run_dir)))
+    log = _job_log(ws, name, job)
+    assert state == "completed", log
+    events = read_events(run_dir)
+    kinds = [(e["event"], e["restart"]) for e in events]
+    ckpt = next(e for e in events if e["event"] == "checkpoint")
+    resume = next(e for e in events if e["event"] == "resume")
+    requeue = next(e for e in events if e["event"] == "requeue")
+    assert requeue["rc"] == "0" and ckpt["restart"] == "0" and resume["restart"] == "1", kinds
+    assert ckpt["path"] == str(run_dir / "checkpoints" / "preempted.ckpt") == resume["path"], (ckpt, resume)
+    assert int(ckpt["step"]) == int(resume["step"]) >= 5, (ckpt, resume)
+    assert ("start", "1") in kinds and kinds[-1] == ("exit", "1"), kinds
+    # the restarted attempt ran under the same job id, wrote into the same directory and log file
+    for needle in ("received SIGUSR1", f"checkpoint saved to {run_dir}/checkpoints/preempted.ckpt",
+                   f"scontrol requeue {job} -> exit 0", f"resumed from {run_dir}/checkpoints/preempted.ckpt"):
+        assert needle in log, needle
+    print("\n".join(ln for ln in log.splitlines() if "[impulsevit]" in ln))  # shown with -s: the report's lines
+    print(f"signal -> completed after requeue: {time.monotonic() - t_signal:.1f} s")
+    plain_step, plain_steps = ws["results"]["plain"]
+    assert _check_run_dir(run_dir) == plain_step
+    assert _loss_steps(run_dir) == plain_steps  # neither duplicated nor missing steps across the requeue

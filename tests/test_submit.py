@@ -58,6 +58,7 @@ def test_golden_sbatch(layout):
     assert srun.startswith("srun --kill-on-bad-exit=1 impulsevit fit --recipe /scratch/impulsevit/recipes/")
     assert "--name deit_base_in1k --runs-dir /scratch/runs --resume auto" in srun
     assert f"--trainer.devices={gpus} --trainer.num_nodes={nodes}" in srun and "--trainer.accelerator=gpu" in srun
+    assert "--trainer.callbacks+=impulsevit.callbacks.preemption.SlurmRequeue" in srun
     assert srun.endswith("--trainer.max_epochs=300")
     assert 'export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK}"' in script  # srun >= 22.05 does not inherit it
     proc = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
@@ -182,3 +183,11 @@ def test_events_roundtrip(tmp_path, monkeypatch):
     evs = read_events(tmp_path)
     assert [(e["job"], e["restart"], e["event"]) for e in evs] == [("17", "0", "start"), ("17", "1", "exit")]
     assert job_state(tmp_path) == "completed"
+    append_event(events_path(tmp_path), event="start")
+    append_event(events_path(tmp_path), event="requeue", rc=0)
+    append_event(events_path(tmp_path), event="exit", rc=0)
+    assert job_state(tmp_path) == "requeued"
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    append_event(events_path(tmp_path), event="start")
+    append_event(events_path(tmp_path), event="exit", rc=1)
+    assert job_state(tmp_path) == "failed"

@@ -92,6 +92,7 @@ class SlurmRequeue(Callback):
         self._exit_code: int | None = None
         self._saved_step: int | None = None
         self._previous: dict[int, Any] = {}
+        self._active = False
 
     # ------------------------------------------------------------------------------------------------- signals
     def _on_signal(self, signum: int, frame: Any) -> None:  # async-signal context: set a flag, nothing else
@@ -192,7 +193,9 @@ class SlurmRequeue(Callback):
 
     # ----------------------------------------------------------------------------------------------------- hooks
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage != "fit":
+        # Only the first SlurmRequeue of the trainer acts (e.g. one from the CLI defaults and one from a recipe).
+        self._active = stage == "fit" and next(c for c in trainer.callbacks if isinstance(c, SlurmRequeue)) is self
+        if not self._active:
             return
         env = trainer._accelerator_connector.cluster_environment  # the object Lightning's _SignalConnector reads
         if isinstance(env, SLURMEnvironment) and env.auto_requeue:
@@ -206,10 +209,14 @@ class SlurmRequeue(Callback):
                       event="warning", reason="no-scontrol")
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if not self._active:
+            return
         if stage == "fit":
             self._uninstall(trainer)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self._active:
+            return
         if trainer.ckpt_path:
             restart = os.environ.get("SLURM_RESTART_COUNT", "0")
             self._say(trainer, f"resumed from {trainer.ckpt_path} at global step {trainer.global_step} "
@@ -218,6 +225,8 @@ class SlurmRequeue(Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        if not self._active:
+            return
         flag = torch.tensor(self._pending, dtype=torch.int32, device=trainer.strategy.root_device)
         decision = int(trainer.strategy.reduce(flag, reduce_op="max").item()) if trainer.world_size > 1 else int(flag)
         if decision == _NONE:
@@ -233,16 +242,24 @@ class SlurmRequeue(Callback):
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
+        if not self._active:
+            return
         self._leave_if_done(trainer)
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self._active:
+            return
         if trainer.state.fn == "fit":
             self._leave_if_done(trainer)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self._active:
+            return
         self._leave_if_done(trainer)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if not self._active:
+            return
         try:
             if (isinstance(exception, SIGTERMException) and trainer.state.fn == "fit"
                     and self._saved_step != trainer.global_step):

@@ -55,15 +55,18 @@ def read_events(run_dir: str | os.PathLike) -> list[dict[str, str]]:
 
 
 def job_state(run_dir: str | os.PathLike) -> str:
-    """``pending`` (no event yet), ``running``, ``completed`` (last exit rc=0) or ``failed`` (last exit rc≠0).
+    """``pending`` (no event yet), ``running``, ``requeued`` (a successful ``scontrol requeue`` since the last start:
+    waiting to restart), ``completed`` (last exit rc=0) or ``failed`` (last exit rc≠0).
 
-    A requeued job shows ``failed``/``running`` for the attempt that was stopped until its next ``start`` arrives;
-    look at the ``requeue`` events to tell the two apart.
+    Only what the job wrote is known: a job killed with SIGKILL, or one still waiting in the queue after
+    ``impulsevit submit``, shows its last recorded state.
     """
     state = "pending"
     for ev in read_events(run_dir):
         if ev["event"] == "start":
             state = "running"
-        elif ev["event"] == "exit":
+        elif ev["event"] == "requeue" and ev.get("rc") == "0":
+            state = "requeued"
+        elif ev["event"] == "exit" and state != "requeued":
             state = "completed" if ev.get("rc") == "0" else "failed"
     return state
