@@ -157,7 +157,7 @@ def test_defaults_file_errors_name_file_and_key(workdir, text, match):
 
 def test_bad_input_exit_code_2(workdir, capsys):
     assert main(["--recipe", "nope.yaml", "--dry-run"]) == 2
-    assert "recipe 'nope.yaml' not found" in capsys.readouterr().err
+    assert "unknown recipe 'nope.yaml'" in capsys.readouterr().err
     assert main(["--recipe", "tiny", "--gpus-per-node", "2", "--tasks-per-node", "3", "--dry-run"]) == 2
     assert "one task per GPU" in capsys.readouterr().err
 

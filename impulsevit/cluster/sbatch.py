@@ -5,10 +5,11 @@ process), launches them with ``srun``, and runs ``impulsevit fit --recipe R --na
 ``--trainer.num_nodes``/``--trainer.devices`` equal to the allocation (Lightning's ``SLURMEnvironment`` refuses a
 mismatch). It asks SLURM for ``--signal=USR1@<lead>`` (sent to every task ``lead`` seconds before the time limit) and
 ``--requeue``, and adds the :class:`~impulsevit.callbacks.preemption.SlurmRequeue` callback (checkpoint at the next
-step boundary, then ``scontrol requeue``) to the trainer's callbacks. The run directory is fixed in the script, so a requeued job (same job id, ``SLURM_RESTART_COUNT`` + 1)
-resumes from the newest checkpoint in the same directory. Output goes to ``<run dir>/slurm/<job id>.out`` (appended
-across restarts) and every start and exit is recorded in ``<run dir>/slurm/events.log``, so the job's state can be
-read from the run directory without ``squeue``/``sacct`` (see :mod:`impulsevit.cluster.events`).
+step boundary, then ``scontrol requeue``) to the trainer's callbacks. The run directory is fixed in the script, so
+a requeued job (same job id, ``SLURM_RESTART_COUNT`` + 1) resumes from the newest checkpoint in the same directory.
+Output goes to ``<run dir>/slurm/<job id>.out`` (appended across restarts) and every start and exit is recorded in
+``<run dir>/slurm/events.log``, so the job's state can be read from the run directory without ``squeue``/``sacct``
+(see :mod:`impulsevit.cluster.events`).
 
 Array jobs (``--array``): each array task is its own run ``<run dir>/task<ID>/``; ``%a`` inside a fit override is
 replaced by the array task id (e.g. ``--model.init.seed=%a``).

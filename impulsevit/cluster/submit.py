@@ -23,11 +23,10 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from impulsevit import recipes
 from impulsevit.cluster.events import events_path, job_state
 from impulsevit.cluster.sbatch import FitJob, SlurmOptions, render_sbatch
 from impulsevit.cluster.slurm_config import config_path, load_defaults
-
-_REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,12 +55,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def resolve_recipe(recipe: str) -> str:
-    """An absolute path for a recipe file or a name in ``recipes/``; raises ``FileNotFoundError`` naming both."""
-    candidates = [Path(recipe), Path(recipe + ".yaml"), _REPO_RECIPES / recipe, _REPO_RECIPES / f"{recipe}.yaml"]
-    for c in candidates:
-        if c.is_file():
-            return str(c.resolve())
-    raise FileNotFoundError(f"recipe {recipe!r} not found (looked for {', '.join(map(str, candidates))})")
+    """An absolute path for a recipe file or name (:func:`impulsevit.recipes.resolve_recipe`), so the job finds it
+    from any directory; raises ``RecipeNotFoundError`` (a ``ValueError``) listing the available recipes."""
+    return str(recipes.resolve_recipe(recipe).resolve())
 
 
 def default_launcher() -> str:
@@ -73,7 +69,7 @@ def default_launcher() -> str:
 def build(argv: list[str]) -> tuple[FitJob, SlurmOptions, argparse.Namespace]:
     """Parse ``argv`` (+ the defaults file) into the job and its options.
 
-    Raises ``ValueError`` (bad option, naming it) or ``FileNotFoundError`` (recipe not found).
+    Raises ``ValueError`` (a bad option, naming it; an unknown recipe, listing the available ones).
     """
     args, overrides = _parser().parse_known_args(argv)
     defaults = load_defaults(args.slurm_config)
