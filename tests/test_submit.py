@@ -120,6 +120,8 @@ def workdir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("IMPULSEVIT_SLURM_CONFIG", str(tmp_path / "slurm.yaml"))
     (tmp_path / "tiny.yaml").write_text("trainer: {max_epochs: 1}\n")
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "tiny.yaml").write_text("trainer: {max_epochs: 1}\n")  # found by name from ./recipes
     return tmp_path
 
 
