@@ -4,20 +4,24 @@ Lightning 2.6 ``Trainer._run`` order: ``setup`` -> ``configure_model`` -> restor
 single device) -> ``strategy.setup`` (DDP wrap + rank-0 broadcast, optimizers built) -> **on_fit_start** -> restore
 weights (FSDP2 / ModelParallel) -> restore optimizer and loop state. Hence (design.md §4):
 
-1. Never on a resumed run: skipped when ``trainer.ckpt_path`` is set (covers FSDP2, whose callback state is restored
-   only after ``on_fit_start``) or when this callback's own restored state says it was applied.
-2. Identical on every rank: each rank seeds its own ``torch.Generator(seed)`` (never global RNG), computes the same
-   values, then the callback all-gathers a checksum and raises ``RuntimeError`` naming the ranks when they differ.
-   For plain tensors the checksum covers every parameter and buffer; for FSDP2 ``DTensor`` shards (each rank holds a
-   different slice) it covers the seed, the generator's final state and any replicated tensors.
+1. Never on a resumed run: skipped when ``trainer.ckpt_path`` is set or when this callback's restored state says it
+   was applied (DDP / single device restore both before ``on_fit_start``). FSDP2 restores weights, callback state and
+   ``trainer.ckpt_path`` only after ``on_fit_start``: with ``fit(ckpt_path=...)`` the init runs and is then overwritten
+   by the checkpoint (the resumed weights are right; ``on_train_start`` records it and logs nothing); set
+   ``trainer.ckpt_path = path`` before ``fit`` to skip even that computation.
+2. Identical on every rank: each rank seeds its own ``torch.Generator(seed)`` (never global RNG) and computes the
+   same values; the callback then all-gathers the seed, the generator's final state and per-tensor checksums and
+   raises ``RuntimeError`` naming the ranks and tensors when they differ (wrong seed, different code or model).
+   Rounding-level differences (LAPACK/BLAS are not bit-reproducible across processes) are removed by broadcasting
+   rank 0's tensors. FSDP2 ``DTensor`` shards (a different slice per rank) are checked through the generator state.
 3. FSDP2: the initializer reads / writes ``DTensor`` parameters through ``read_full`` / ``write_full_``; this callback
    passes the unwrapped backbone (``pl_module.backbone``, never the DDP wrapper).
 4. In place, so the optimizer built in ``strategy.setup`` keeps valid references; afterwards it calls
    ``pl_module.on_initialized(report)`` when defined (``ImageClassifier`` takes its EMA copy there).
 
-Logs (global rank 0): the method, seed, family and resolved options as hyperparameters (``init/*``), the
-``InitReport`` table as text (``init/report``), and the initial attention maps + per-head summary
-(``init/attention/*``, see ``attention_logging``).
+Logs (global rank 0, at ``on_train_start``, before the first step): the method, seed, family and resolved options
+as hyperparameters (``init/*``), the ``InitReport`` table as text (``init/report``), and the initial attention maps +
+per-head summary (``init/attention/*``, see ``attention_logging``).
 
 Not supported: Lightning's FSDP1 ``FSDPStrategy`` (flat parameters), models the method does not handle (the error
 names the method and the model before any training step).
@@ -36,7 +40,7 @@ from torch import nn
 from impulsevit.callbacks.attention_logging import log_attention
 from impulsevit.init import InitReport, initialize, make_generator
 
-__all__ = ["Initializer", "model_checksum", "verify_same_on_all_ranks"]
+__all__ = ["Initializer", "generator_digest", "tensor_digests", "verify_same_on_all_ranks"]
 
 log = logging.getLogger(__name__)
 
@@ -45,44 +49,74 @@ def _is_dtensor(t: torch.Tensor) -> bool:
     return hasattr(t, "device_mesh") and hasattr(t, "placements")
 
 
-def model_checksum(model: nn.Module, generator: torch.Generator | None = None, seed: int | None = None) -> torch.Tensor:
-    """A float64 vector ``(5,)`` that differs when parameters, the generator state or the seed differ.
-
-    Entries: sum and position-weighted sum over every non-sharded parameter / buffer (float64), sum and weighted sum of
-    the generator's byte state, and the seed. ``DTensor`` shards are left out (they differ between ranks by design).
-    """
-    s = torch.zeros(5, dtype=torch.float64)
-    for i, (_, t) in enumerate(list(model.named_parameters()) + list(model.named_buffers())):
+def tensor_digests(model: nn.Module) -> tuple[list[str], torch.Tensor]:
+    """Names and float64 digests ``(T, 3)`` (sum, position-weighted sum, sum of absolute values) of every parameter
+    and buffer of ``model`` that is a plain (not ``DTensor``-sharded) numeric tensor."""
+    names: list[str] = []
+    rows: list[torch.Tensor] = []
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         data = t.data if isinstance(t, nn.Parameter) else t
         if _is_dtensor(data) or not (data.is_floating_point() or data.dtype in (torch.int64, torch.int32)):
             continue
         flat = data.detach().reshape(-1).to(device="cpu", dtype=torch.float64)
-        s[0] += flat.sum()
-        w = torch.linspace(1.0, 2.0, flat.numel(), dtype=torch.float64) if flat.numel() else flat
-        s[1] += (flat * w).sum() * (1.0 + 1e-3 * i)
-    if generator is not None:
-        state = generator.get_state().to(torch.float64)
-        s[2] = state.sum()
-        s[3] = (state * torch.arange(1, state.numel() + 1, dtype=torch.float64)).sum()
-    if seed is not None:
-        s[4] = float(seed)
-    return s
+        w = torch.linspace(1.0, 2.0, flat.numel(), dtype=torch.float64)
+        names.append(name)
+        rows.append(torch.stack([flat.sum(), (flat * w).sum(), flat.abs().sum()]))
+    return names, torch.stack(rows) if rows else torch.zeros(0, 3, dtype=torch.float64)
 
 
-def verify_same_on_all_ranks(trainer: L.Trainer, digest: torch.Tensor, what: str) -> None:
-    """All-gather ``digest`` and raise ``RuntimeError`` naming the ranks whose digest differs from rank 0's."""
+def generator_digest(generator: torch.Generator, seed: int) -> torch.Tensor:
+    """float64 ``(3,)``: the seed and two sums of the generator's byte state (equal iff same seed and same draws)."""
+    state = generator.get_state().to(torch.float64)
+    return torch.stack([torch.tensor(float(seed), dtype=torch.float64), state.sum(),
+                        (state * torch.arange(1, state.numel() + 1, dtype=torch.float64)).sum()])
+
+
+def verify_same_on_all_ranks(
+    trainer: L.Trainer, model: nn.Module, generator: torch.Generator, seed: int, what: str, rtol: float = 1e-6
+) -> float:
+    """Check that every rank computed the same init; make plain tensors bit-identical to rank 0's.
+
+    All-gathers the seed, the generator state and per-tensor digests. Raises ``RuntimeError`` naming the ranks and
+    tensors when the seed / generator state differ or a tensor's digest differs by more than ``rtol`` (relative to its
+    absolute sum) — a wrong seed, different code or a different model on some rank. Differences within ``rtol`` (the
+    same computation rounding differently in another process: BLAS / LAPACK paths are not bit-reproducible across
+    processes) are removed by broadcasting rank 0's plain tensors in place. ``DTensor`` shards are checked through the
+    generator state only (each rank holds a different slice). Returns the largest relative difference seen.
+    """
     if trainer.world_size <= 1:
-        return
+        return 0.0
+    names, per = tensor_digests(model)
+    vec = torch.cat([generator_digest(generator, seed), per.reshape(-1)])
     device = trainer.strategy.root_device
-    gathered = trainer.strategy.all_gather(digest.to(device)).reshape(trainer.world_size, -1).cpu()
-    ref = gathered[0]
-    bad = [r for r in range(trainer.world_size) if not torch.allclose(gathered[r], ref, rtol=1e-12, atol=0.0)]
-    if bad:
-        rows = "; ".join(f"rank {r}: {gathered[r].tolist()}" for r in range(trainer.world_size))
+    gathered = trainer.strategy.all_gather(vec.to(device)).reshape(trainer.world_size, -1).cpu()
+    gen_ok = [r for r in range(trainer.world_size) if torch.equal(gathered[r, :3], gathered[0, :3])]
+    tens = gathered[:, 3:].reshape(trainer.world_size, len(names), 3)
+    scale = tens[0, :, 2].abs().clamp_min(1e-30)
+    rel = ((tens - tens[0]).abs().amax(dim=2) / scale) if names else torch.zeros(trainer.world_size, 0)
+    worst = float(rel.max()) if rel.numel() else 0.0
+    bad_ranks = sorted({r for r in range(trainer.world_size) if r not in gen_ok}
+                       | {r for r in range(trainer.world_size) if rel.numel() and float(rel[r].max()) > rtol})
+    if bad_ranks:
+        bad_tensors = [names[i] for i in range(len(names)) if float(rel[:, i].max()) > rtol]
+        seeds = {r: float(gathered[r, 0]) for r in range(trainer.world_size)}
         raise RuntimeError(
-            f"Initializer: {what} differs across ranks after init (ranks {bad} differ from rank 0). Every rank must "
-            f"use the same init seed and the same model; replicas would silently diverge. Checksums: {rows}"
+            f"Initializer: {what} differs across ranks (ranks {bad_ranks} differ from rank 0; generator state "
+            f"{'differs' if len(gen_ok) < trainer.world_size else 'matches'}; seeds per rank {seeds}; tensors "
+            f"differing: {bad_tensors[:8]}{' ...' if len(bad_tensors) > 8 else ''}; max relative difference "
+            f"{worst:.3g}). Every rank must run the same code with the same init seed; otherwise the replicas would "
+            "silently train different models."
         )
+    if worst > 0.0:
+        import torch.distributed as dist
+
+        with torch.no_grad():
+            for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+                if name in names:
+                    dist.broadcast(t.data if isinstance(t, nn.Parameter) else t, src=0)
+        rank_zero_info(f"Initializer: {what} differed across ranks by {worst:.2g} (relative, rounding); "
+                       "rank 0's values were broadcast")
+    return worst
 
 
 class Initializer(L.Callback):
@@ -116,6 +150,8 @@ class Initializer(L.Callback):
         self.applied = False
         self.report: InitReport | None = None
         self.skipped_reason: str | None = None
+        self.max_rank_difference: float | None = None
+        self._pending_log: tuple[nn.Module, InitReport] | None = None
 
     @property
     def state_key(self) -> str:
@@ -152,15 +188,33 @@ class Initializer(L.Callback):
             raise type(e)(f"init method {self.method!r} does not fit backbone {name!r}: {e}") from e
         self.applied, self.report = True, report
         if self.verify:
-            verify_same_on_all_ranks(
-                trainer, model_checksum(model, generator, self.seed), f"the {self.method!r} init of {name!r}"
+            self.max_rank_difference = verify_same_on_all_ranks(
+                trainer, model, generator, self.seed, f"the {self.method!r} init of {name!r}"
             )
         hook = getattr(pl_module, "on_initialized", None)
         if callable(hook):
             hook(report)
         rank_zero_info(f"Initializer: applied {report.method!r} ({report.family}) to {report.model} in "
                        f"{report.seconds * 1000:.1f} ms")
-        self._log(trainer, model, report)
+        self._pending_log = (model, report)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Log the init (deferred to here: strategies that restore after ``on_fit_start`` are known to resume only now).
+
+        Under FSDP2 / ModelParallel Lightning sets ``trainer.ckpt_path`` only after ``on_fit_start`` when the run was
+        started with ``fit(ckpt_path=...)``: the init then ran, but the checkpoint's weights (and this callback's
+        state) were restored over it. That case is recorded in ``skipped_reason`` and nothing is logged. Setting
+        ``trainer.ckpt_path = path`` before ``fit`` lets the callback skip the computation as well.
+        """
+        pending, self._pending_log = self._pending_log, None
+        if pending is None:
+            return
+        if trainer.ckpt_path is not None:
+            self.skipped_reason = (f"resumed from {trainer.ckpt_path} (restored after on_fit_start; the checkpoint's "
+                                   "weights replaced the init)")
+            rank_zero_info(f"Initializer: {self.skipped_reason}")
+            return
+        self._log(trainer, *pending)
 
     def _log(self, trainer: L.Trainer, model: nn.Module, report: InitReport) -> None:
         if self.log_attention:
