@@ -107,3 +107,12 @@ def test_register_attention_maps_for_another_family():
     assert maps.grid == (2, 2) and ii.summarize(maps)[0].entropy == pytest.approx(math.log(4))
     with pytest.raises(ValueError, match="no attention-map diagnostics registered for Linear"):
         ii.attention_maps(nn.Linear(2, 2))
+
+
+def test_demo_prints_reports_and_summaries(capsys):
+    from impulsevit.init.demo import main
+
+    main(["--layers", "1", "--images", "1"])
+    out = capsys.readouterr().out
+    assert "init=impulse" in out and "init=mimetic" in out
+    assert out.count("target_mass") == 4 and "random-noise images" in out

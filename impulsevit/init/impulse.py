@@ -341,7 +341,7 @@ def balanced_factors(
     ``L R`` is the best rank-``k`` approximation of ``C`` (``k = rank``, default ``D``: ``L R = C``) and both factors
     have singular values ``√s`` — the released SVD split. Computed from the symmetric eigenproblem ``CᵀC = Y S² Yᵀ``
     (about 2× cheaper than an SVD) with ``L = C Y_k S_k^{-1/2}``; ``L R = C Y_k Y_kᵀ`` is exact up to the
-    orthogonality of ``Y``, whatever the conditioning of ``C``. Computed in ``dtype``, returned as float64.
+    orthogonality of ``Y``, whatever the conditioning of ``C``. Computed and returned in ``dtype``.
     """
     c = c.to(dtype)
     evals, y = torch.linalg.eigh(c.transpose(-2, -1) @ c)  # ascending
@@ -352,7 +352,7 @@ def balanced_factors(
     lf, yt = _fix_signs(lf, y.transpose(-2, -1))
     root = s.sqrt()
     inv_root = torch.where(root > 0, 1.0 / root, torch.zeros_like(root))
-    return (lf * inv_root.unsqueeze(-2)).double(), (root.unsqueeze(-1) * yt).double()
+    return lf * inv_root.unsqueeze(-2), root.unsqueeze(-1) * yt
 
 
 def _uniform_unit_variance(shape: tuple[int, ...], dim: int, generator: torch.Generator) -> torch.Tensor:
@@ -368,10 +368,11 @@ def value_proj_factors(
 
     Draws ``Z ~ U(±√3/√D)`` (``D × D``), ``C = αZ − βI``, and returns ``(w_v, w_proj, C)`` with ``w_v = Lᵀ`` (the V
     rows of ``qkv.weight``, ``D × D``) and ``w_proj = Rᵀ`` (``proj.weight``) for the balanced split ``C = L R``, so
-    every token row ``x`` maps to ``(x w_vᵀ) w_projᵀ = x L R = x C``. Returned as float64; the factorisation runs
-    in ``dtype`` (float32 gives ``L R = C`` to float32 precision, at half the cost).
+    every token row ``x`` maps to ``(x w_vᵀ) w_projᵀ = x L R = x C``. ``Z`` is drawn in float64; the factorisation
+    runs in ``dtype`` and all three are returned in it (float32: ``L R = C`` to float32 precision, at half the cost).
     """
     c = alpha * _uniform_unit_variance((dim, dim), dim, generator) - beta * torch.eye(dim, dtype=torch.float64)
+    c = c.to(dtype)
     lf, rf = balanced_factors(c, dtype=dtype)
     return lf.T.contiguous(), rf.T.contiguous(), c
 
