@@ -278,6 +278,22 @@ def read_manifest(beton: str | os.PathLike) -> dict | None:
     return manifest
 
 
+def beton_num_classes(path: str | os.PathLike) -> int:
+    """Class count of a ``.beton``: from its manifest, else the largest label + 1 (read from the file's metadata)."""
+    manifest = read_manifest(path)
+    if manifest is not None:
+        return int(manifest["num_classes"])
+    from ffcv.reader import Reader
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"FFCV file {path} does not exist")
+    reader = Reader(str(path))
+    names = list(reader.handlers)
+    if "label" not in names:
+        raise ValueError(f"{path}: no 'label' field (fields: {names})")
+    return int(reader.metadata[f"f{names.index('label')}"].max()) + 1
+
+
 def convert_split(source: ImageSource, out: str | os.PathLike, preset: Preset, *, workers: int = 1,
                   on_error: OnError = "skip", progress: bool = True, request: dict | None = None, force: bool = False,
                   log: Callable[[str], None] = print) -> dict:

@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from impulsevit.data.augment import DeviceAugment, fix_timm_posterize, normalize
 from impulsevit.data.base import BaseImageDataModule
-from impulsevit.data.convert import PRESETS, convert_split, subset_indices
+from impulsevit.data.convert import PRESETS, beton_num_classes, convert_split, subset_indices
 from impulsevit.data.ffcv_loader import build_ffcv_loader, dist_info, ffcv_available
 from impulsevit.data.registry import DatasetInfo, Verify, get_dataset
 from impulsevit.data.sampling import RepeatedAugSampler
@@ -93,6 +93,9 @@ class ImageDataModule(BaseImageDataModule):
         seed: data-order and augmentation seed (epoch order is ``seed + epoch``).
         verify: registry count check on loading (``error`` | ``warn`` | ``off``).
         mean / std: override the registry's normalisation statistics.
+        train_beton / val_beton: use these ``.beton`` files (from ``impulsevit convert``) as they are, instead of
+            converting ``dataset``; ``dataset`` then only supplies the normalisation statistics (``imagefolder``:
+            ImageNet's) and the class count comes from the manifest.
     """
 
     def __init__(
@@ -126,6 +129,8 @@ class ImageDataModule(BaseImageDataModule):
         verify: Verify = "error",
         mean: tuple[float, float, float] | None = None,
         std: tuple[float, float, float] | None = None,
+        train_beton: str | None = None,
+        val_beton: str | None = None,
     ) -> None:
         info = get_dataset(dataset)
         if backend not in ("ffcv", "torchvision"):
@@ -141,7 +146,13 @@ class ImageDataModule(BaseImageDataModule):
         if repeated_aug < 1:
             raise ValueError(f"repeated_aug must be >= 1, got {repeated_aug}")
         num_classes = info.num_classes
-        if info.name == "imagefolder":
+        if (train_beton is None) != (val_beton is None):
+            raise ValueError("give both train_beton and val_beton (files written by `impulsevit convert`), or neither")
+        if train_beton is not None:
+            if backend != "ffcv":
+                raise ValueError("train_beton/val_beton need backend='ffcv'")
+            num_classes = beton_num_classes(train_beton)
+        elif info.name == "imagefolder":
             if root is None:
                 raise ValueError("dataset='imagefolder' needs root (a folder with train/<class>/ and val/<class>/)")
             train_dir = Path(root) / (train_split or "train")
@@ -159,6 +170,7 @@ class ImageDataModule(BaseImageDataModule):
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir() / "ffcv"
         self.in_memory, self.seed, self.verify = in_memory, int(seed), verify
         self.preset = PRESETS[preset or ("raw" if info.small else "res256")]
+        self.betons = {self.train_split: Path(train_beton), self.val_split: Path(val_beton)} if train_beton else {}
         self._device_augment: DeviceAugment | None = None
         self._sets: dict[str, SourceDataset] = {}
 
@@ -171,7 +183,10 @@ class ImageDataModule(BaseImageDataModule):
         return source.subset(sub) if sub is not None else source
 
     def beton_path(self, split: str) -> Path:
-        """Cache path of the split's ``.beton``: dataset, split, preset, subset and a hash of the root in the name."""
+        """Cache path of the split's ``.beton``: dataset, split, preset, subset and a hash of the root in the name
+        (or the file given as ``train_beton`` / ``val_beton``)."""
+        if split in self.betons:
+            return self.betons[split]
         k = self.train_subset if split == self.train_split else self.val_subset
         root_tag = hashlib.sha1(str(Path(self.root).resolve() if self.root else "default").encode()).hexdigest()[:8]
         sub = f"-n{k}" if k else ""
@@ -180,7 +195,7 @@ class ImageDataModule(BaseImageDataModule):
     def prepare_data(self) -> None:
         """FFCV backend: convert the train and val splits to ``.beton`` files unless they are up to date. Lightning
         runs this on local rank 0 only; the files are written atomically so other ranks never see partial ones."""
-        if self.backend != "ffcv":
+        if self.backend != "ffcv" or self.betons:
             return
         for split in dict.fromkeys((self.train_split, self.val_split)):
             k = self.train_subset if split == self.train_split else self.val_subset

@@ -46,33 +46,52 @@ def ffcv_available() -> bool:
 class _EpochSetter:
     """What Lightning finds as ``dataloader.sampler``: ``set_epoch(e)`` makes the next iteration epoch ``e``."""
 
-    def __init__(self, loader) -> None:  # noqa: ANN001 - ffcv.loader.Loader
-        self.loader = loader
+    def __init__(self, owner: FFCVLoader) -> None:
+        self.owner = owner
 
     def set_epoch(self, epoch: int) -> None:
-        self.loader.next_epoch = int(epoch)
+        self.owner.set_epoch(epoch)
 
 
 class FFCVLoader:
     """Iterable of ``(images uint8 (B, 3, S, S), labels int64 (B,))`` around an ``ffcv.loader.Loader``.
 
     Not a ``torch.utils.data.DataLoader``, so Lightning never injects a sampler into it: ``use_distributed_sampler``
-    has no effect on it and may stay on. ``len()`` is the number of batches per epoch on this rank."""
+    has no effect on it and may stay on. ``len()`` is the number of batches per epoch on this rank.
+
+    Epochs: every iteration started before the next ``set_epoch`` call replays the same epoch (Lightning calls
+    ``iter()`` more than once per epoch, e.g. to check the loader is iterable); after an iteration runs to the end
+    without a new ``set_epoch``, the next one advances by one epoch, so plain ``for epoch ...: for batch in loader``
+    loops also see a new order each epoch. FFCV starts decoding at the first ``next()``, not at ``iter()``.
+    """
 
     def __init__(self, loader) -> None:  # noqa: ANN001 - ffcv.loader.Loader
         self.loader = loader
-        self.sampler = _EpochSetter(loader)
+        self.sampler = _EpochSetter(self)
+        self.batch_sampler = None  # Lightning's loops probe DataLoader attributes; batching happens inside FFCV
+        self._epoch = 0
+        self._completed = False
 
     def __len__(self) -> int:
         return len(self.loader)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        return ((images, labels) for images, labels in self.loader)
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = int(epoch)
+        self._completed = False
 
     @property
     def epoch(self) -> int:
         """The epoch the next iteration will use."""
-        return int(self.loader.next_epoch)
+        return self._epoch + 1 if self._completed else self._epoch
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self._iterate()
+
+    def _iterate(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self._epoch, self._completed = self.epoch, False
+        self.loader.next_epoch = self._epoch
+        yield from self.loader
+        self._completed = True
 
 
 def _repeated_aug_order_factory(repeats: int, rank: int, world_size: int):  # noqa: ANN202
