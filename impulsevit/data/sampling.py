@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sized
 import numpy as np
 from torch.utils.data import DistributedSampler
 
-__all__ = ["RepeatedAugSampler", "distributed_order", "repeated_aug_order"]
+__all__ = ["RepeatedAugSampler", "repeated_aug_order"]
 
 
 def repeated_aug_order(num_samples: int, repeats: int, rank: int, world_size: int, epoch: int, seed: int) -> np.ndarray:
@@ -32,16 +32,6 @@ def repeated_aug_order(num_samples: int, repeats: int, rank: int, world_size: in
     mine = repeated[rank:total:world_size]
     keep = num_samples // 256 * 256 // world_size if num_samples >= 256 else num_samples // world_size
     return mine[: max(1, keep)]
-
-
-def distributed_order(num_samples: int, rank: int, world_size: int, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
-    """Plain sharding: shuffle (seeded by seed and epoch) or not, pad by wrapping, take every ``world_size``-th."""
-    order = np.random.default_rng([seed, epoch]).permutation(num_samples) if shuffle else np.arange(num_samples)
-    per_rank = int(math.ceil(num_samples / world_size))
-    total = per_rank * world_size
-    if total > len(order):
-        order = np.concatenate([order, order[: total - len(order)]])
-    return order[rank:total:world_size]
 
 
 class RepeatedAugSampler(DistributedSampler):
