@@ -219,7 +219,7 @@ def test_submit_two_tasks_completes(workspace):
     steps = _loss_steps(run_dir)
     assert steps == list(range(STEPS_2_TASKS)), steps
     log = _job_log(workspace, "plain", job)
-    assert "world_size: 2" in log or "MEMBER: 2/2" in log, log  # Lightning's DDP banner: 2 ranks from SLURM
+    assert "GLOBAL_RANK: 0, MEMBER: 1/2" in log and "GLOBAL_RANK: 1, MEMBER: 2/2" in log, log  # ranks from srun
     workspace["results"]["plain"] = (step, steps)
 
 
@@ -260,3 +260,51 @@ def test_usr1_checkpoints_requeues_and_resumes(workspace):
     plain_step, plain_steps = ws["results"]["plain"]
     assert _check_run_dir(run_dir) == plain_step
     assert _loss_steps(run_dir) == plain_steps  # neither duplicated nor missing steps across the requeue
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_ddp_checkpoint_from_two_ranks_resumes_on_one(workspace):
+    """The 2-rank run of test_submit_two_tasks_completes continues for one more epoch as a 1-task job."""
+    if "plain" not in workspace["results"]:
+        pytest.skip("needs the 2-task run of test_submit_two_tasks_completes")
+    run_dir = workspace["root"] / "runs" / "plain"
+    job = _submit(workspace, "plain", "--tasks-per-node", "1", "--trainer.max_epochs=4")
+    state = _wait(workspace, "plain", job, lambda s: s in ("completed", "failed")
+                  and sum(e["event"] == "exit" for e in read_events(run_dir)) == 2)
+    log = _job_log(workspace, "plain", job)
+    assert state == "completed", log
+    assert f"resumed from {run_dir}/checkpoints/" in log and f"at global step {STEPS_2_TASKS}" in log, log
+    one_rank_epoch = 64 // 8
+    assert _check_run_dir(run_dir) == STEPS_2_TASKS + one_rank_epoch
+    assert _loss_steps(run_dir) == list(range(STEPS_2_TASKS + one_rank_epoch))
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_fsdp2_under_srun_resumes_on_fewer_ranks_and_exports(workspace):
+    """FSDP2 (ModelParallelStrategy) with 2 SLURM tasks writes a distributed checkpoint; a 1-task job resumes from it
+    and ``impulsevit export`` consolidates it into a timm state dict."""
+    ws, name = workspace, "fsdp2"
+    run_dir = ws["root"] / "runs" / name
+    job = _submit(ws, name, "--tasks-per-node", "2", "--trainer.strategy=fsdp2", "--trainer.max_epochs=1")
+    assert _wait(ws, name, job, lambda s: s in ("completed", "failed")) == "completed", _job_log(ws, name, job)
+    log = _job_log(ws, name, job)
+    assert "MEMBER: 2/2" in log, log
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert last.is_dir() and (last / ".metadata").is_file(), "FSDP2 should write a distributed checkpoint folder"
+    job = _submit(ws, name, "--tasks-per-node", "1", "--trainer.strategy=fsdp2", "--trainer.max_epochs=2")
+    assert _wait(ws, name, job, lambda s: s in ("completed", "failed")
+                 and sum(e["event"] == "exit" for e in read_events(run_dir)) == 2) == "completed", \
+        _job_log(ws, name, job)
+    log = _job_log(ws, name, job)
+    assert f"at global step {64 // 16}" in log, log  # resumed after the 2-rank epoch (4 steps)
+    out = ws["root"] / "fsdp2.pth"
+    proc = subprocess.run([*_cli(), "export", str(last), str(out)], cwd=ws["root"], env=ws["env"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import timm
+
+    model = timm.create_model("vit_tiny_patch16_224", num_classes=4, checkpoint_path=str(out),
+                              img_size=16, patch_size=8, depth=1, embed_dim=32, num_heads=2)
+    assert sum(p.numel() for p in model.parameters()) > 0
