@@ -18,6 +18,7 @@ fails instead of skipping when ``CI`` or ``IMPULSEVIT_REQUIRE_SLURM`` is set).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -38,6 +39,14 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In a daemon's child before exec: SIGTERM it if the test process dies (a killed pytest leaks no daemons)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 def missing_requirements() -> str | None:
@@ -126,10 +135,9 @@ class SlurmCluster:
 
     # ---------------------------------------------------------------------------------------------- start / stop
     def _spawn(self, name: str, argv: list[str]) -> None:
-        log = open(self.root / "log" / f"{name}.out", "wb")  # noqa: SIM115 - kept open for the daemon's lifetime
-        self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                            start_new_session=True)
-        log.close()
+        with open(self.root / "log" / f"{name}.out", "wb") as log:
+            self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                                start_new_session=True, preexec_fn=_die_with_parent)
 
     def start(self, timeout: float = 30.0) -> SlurmCluster:
         """Write the config, start munged, slurmctld, slurmd and wait until node ``localhost`` is idle."""
@@ -192,7 +200,8 @@ class SlurmCluster:
     def stop(self) -> None:
         """Cancel all jobs, end leftover job processes by PID, then the daemons (TERM, then KILL after 10 s)."""
         if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
-            self.run(["scancel", "--full", "--signal=KILL", "--partition=debug"], check=False)
+            self.run(["scancel", "--full", "--signal=KILL", "--partition=debug"], check=False)  # running jobs, now
+            self.run(["scancel", "--partition=debug"], check=False)  # and pending (e.g. requeued) ones
             t0 = time.monotonic()
             while time.monotonic() - t0 < 15 and self.run(["squeue", "-h"], check=False).stdout.strip():
                 time.sleep(0.3)

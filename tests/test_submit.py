@@ -162,6 +162,8 @@ def test_bad_input_exit_code_2(workdir, capsys):
     assert "unknown recipe 'nope.yaml'" in capsys.readouterr().err
     assert main(["--recipe", "tiny", "--gpus-per-node", "2", "--tasks-per-node", "3", "--dry-run"]) == 2
     assert "one task per GPU" in capsys.readouterr().err
+    assert main(["--recipe", "tiny", "--gpus-per-node", "2", "--trainer.devices=4", "--dry-run"]) == 2
+    assert "--trainer.devices is set by the batch script" in capsys.readouterr().err
 
 
 def test_missing_sbatch_names_the_script(workdir, monkeypatch, capsys):

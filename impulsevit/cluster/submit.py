@@ -28,6 +28,11 @@ from impulsevit.cluster.events import events_path, job_state
 from impulsevit.cluster.sbatch import FitJob, SlurmOptions, render_sbatch
 from impulsevit.cluster.slurm_config import config_path, load_defaults
 
+# fit options the batch script sets itself (why), so they must not come in as fit overrides
+_FIXED_KEYS = {"--trainer.devices": "from --gpus-per-node / --tasks-per-node", "--trainer.num_nodes": "from --nodes",
+               "--trainer.accelerator": "from --gpus-per-node (0: cpu)", "--runs_dir": "use --runs-dir",
+               "--resume": "always 'auto', so a requeued job finds its checkpoint"}
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="impulsevit submit", allow_abbrev=False,
@@ -46,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(name)
     p.add_argument("--exclusive", action="store_true", default=None)
     p.add_argument("--signal-lead", type=int, dest="signal_lead_s",
-                   help="seconds before the time limit at which SLURM sends USR1 (default 120)")
+                   help="seconds before the time limit at which SLURM sends USR1 (default 120); the job "
+                        "checkpoints at the next training step, so make it longer than one validation pass")
     p.add_argument("--launcher", help="command that starts the CLI inside the job (default: this environment's "
                                       "impulsevit; e.g. 'apptainer exec --nv img.sif impulsevit')")
     p.add_argument("--slurm-config", help=f"defaults file (default {config_path()})")
@@ -82,6 +88,10 @@ def build(argv: list[str]) -> tuple[FitJob, SlurmOptions, argparse.Namespace]:
             values[f.name] = v
     opts = SlurmOptions(**values)
     opts.validate()
+    for o in overrides:
+        key = o.split("=", 1)[0]
+        if key in _FIXED_KEYS:
+            raise ValueError(f"{key} is set by the batch script ({_FIXED_KEYS[key]}); do not pass it as a fit override")
     recipe = resolve_recipe(args.recipe)
     if launcher is None:
         launcher = "impulsevit" if opts.container_image else default_launcher()
