@@ -8,7 +8,8 @@ The batch script written by :func:`impulsevit.cluster.sbatch.render_sbatch` appe
     2026-01-01T12:32:10 job=123 restart=1 event=start host=node7 ...
 
 and the preemption callback adds ``event=checkpoint path=… step=N`` and ``event=requeue rc=…`` lines.
-``restart`` is SLURM's ``SLURM_RESTART_COUNT`` (same job id after a requeue).
+``restart`` is SLURM's ``SLURM_RESTART_COUNT`` (same job id after a requeue). The tasks of an array job share the
+file of the submitted run directory (``job=<array id>_<task id>``); :func:`job_state` does not separate them.
 """
 
 from __future__ import annotations
