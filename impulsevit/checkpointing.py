@@ -5,6 +5,7 @@
   truncated one. A killed write leaves only a ``*.tmp-<pid>`` file, which discovery ignores.
 - :func:`latest_checkpoint` is what ``impulsevit fit --resume auto`` uses: among ``<run_dir>/checkpoints/*.ckpt`` and
   Lightning's SLURM ``<run_dir>/hpc_ckpt_*.ckpt`` it returns the newest (modification time) that is complete.
+- :class:`RunCheckpoint` is Lightning's ``ModelCheckpoint`` with a ``last.ckpt`` that is always the newest state.
 - :class:`RNGStateCheckpoint` stores the global torch / numpy / python RNG states in each checkpoint and restores them
   on resume, so stochastic parts of training (mixup, drop path, dropout) continue their streams after a resume.
 
@@ -25,12 +26,14 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.fabric.utilities.types import _PATH
-from lightning.pytorch import Callback
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 __all__ = [
     "AtomicCheckpointIO",
     "RNGStateCheckpoint",
+    "RunCheckpoint",
     "atomic_torch_save",
     "atomic_write_text",
     "checkpoint_candidates",
@@ -186,3 +189,37 @@ class RNGStateCheckpoint(Callback):
         cuda = state_dict.get("cuda")
         if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
+
+
+class RunCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` whose ``last.ckpt`` always holds the newest state: rewritten after every validation at
+    the end of an epoch (or at the end of every training epoch when validation is off) and at every
+    ``every_n_train_steps`` step, whether or not a top-k checkpoint was written then.
+
+    Why: Lightning 2.6 writes ``last.ckpt`` only when a top-k checkpoint was saved at the same step, so an epoch whose
+    monitored metric did not improve leaves ``last.ckpt`` behind (a resume would silently redo that epoch); and a
+    step-interval save is deferred until the monitored ``val/*`` metric exists (so no mid-epoch checkpoint before the
+    first validation). Top-k selection itself is unchanged. Sanity checks, ``fast_dev_run`` and non-fit stages never
+    save (Lightning's rules).
+    """
+
+    def _save_last_if_stale(self, trainer: Trainer) -> None:
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer) and \
+                self._last_global_step_saved != trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any, **kwargs: Any) -> None:
+        super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
+        n = self._every_n_train_steps
+        if n >= 1 and trainer.global_step % n == 0:
+            self._save_last_if_stale(trainer)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._should_save_on_train_epoch_end(trainer):
+            self._save_last_if_stale(trainer)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if not self._should_save_on_train_epoch_end(trainer):
+            self._save_last_if_stale(trainer)

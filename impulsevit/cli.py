@@ -45,7 +45,13 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from impulsevit import __version__
-from impulsevit.checkpointing import AtomicCheckpointIO, RNGStateCheckpoint, atomic_write_text, latest_checkpoint
+from impulsevit.checkpointing import (
+    AtomicCheckpointIO,
+    RNGStateCheckpoint,
+    RunCheckpoint,
+    atomic_write_text,
+    latest_checkpoint,
+)
 from impulsevit.data.base import BaseImageDataModule
 from impulsevit.recipes import RecipeNotFoundError, format_listing, resolve_recipe
 
@@ -274,11 +280,12 @@ class RunConfigSaver(SaveConfigCallback):
 class ImpulseCLI(LightningCLI):
     """LightningCLI for :class:`impulsevit.module.ImageClassifier` and any :class:`BaseImageDataModule` subclass.
 
-    See the module docstring for the command line. Extra keys (all subcommands): ``name``, ``runs_dir``, ``resume`` and
-    the ``checkpoint`` group (Lightning ``ModelCheckpoint``: ``monitor: val/acc1``, ``mode: max``, ``save_last:
-    true`` by default; ``dirpath`` defaults to ``<run_dir>/checkpoints``). Trainer defaults added when the recipe does
-    not set them: ``default_root_dir=<run_dir>``, ``TensorBoardLogger(save_dir=runs_dir, name=name, version="")``,
-    the :class:`~impulsevit.checkpointing.AtomicCheckpointIO` plugin, and ``seed_everything: 0``.
+    See the module docstring for the command line. Extra keys (all subcommands): ``name``, ``runs_dir``, ``resume``
+    and the ``checkpoint`` group (:class:`~impulsevit.checkpointing.RunCheckpoint`, a Lightning ``ModelCheckpoint``;
+    defaults ``monitor: val/acc1``, ``mode: max``, ``save_last: true``, ``dirpath: <run_dir>/checkpoints``). Trainer
+    defaults added when the recipe does not set them: ``default_root_dir=<run_dir>``,
+    ``TensorBoardLogger(save_dir=runs_dir, name=name, version="")``, the
+    :class:`~impulsevit.checkpointing.AtomicCheckpointIO` plugin, and ``seed_everything: 0``.
     """
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
@@ -318,7 +325,7 @@ class ImpulseCLI(LightningCLI):
         parser.add_argument("--resume", type=str | None, default=None,
                             help="'auto': newest complete checkpoint of the run directory (fresh start if none); "
                                  "or a checkpoint path.")
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.monitor": "val/acc1", "checkpoint.mode": "max", "checkpoint.save_last": True})
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
 

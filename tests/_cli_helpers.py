@@ -1,0 +1,62 @@
+"""Shared pieces of the CLI / resume / export tests: run the real CLI in-process on the tiny synthetic recipe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from impulsevit.cli import ImpulseCLI, prepare_argv
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "recipes" / "tiny_synthetic.yaml"
+
+
+class StopAfterEpoch(L.Callback):
+    """Stops fitting (Lightning's graceful ``should_stop``) at the end of epoch ``epoch`` (0-based) — an interruption
+    that, unlike a smaller ``max_epochs``, leaves the recipe (and so the lr schedule) unchanged."""
+
+    def __init__(self, epoch: int = 0) -> None:
+        self.epoch = epoch
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.current_epoch >= self.epoch:
+            trainer.should_stop = True
+
+
+class StopAfterStep(L.Callback):
+    """Stops fitting right after optimizer step ``step`` (1-based ``global_step``), mid-epoch."""
+
+    def __init__(self, step: int = 1) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
+
+
+def run_cli(*args: str) -> ImpulseCLI:
+    """``impulsevit <args>`` in this process (argv normalised as the console script does); returns the CLI object."""
+    return ImpulseCLI(args=prepare_argv(list(args)))
+
+
+def tiny(runs_dir: Path, name: str, *extra: str, subcommand: str = "fit") -> list[str]:
+    """Arguments for the tiny synthetic recipe writing to ``runs_dir/name``."""
+    return [subcommand, "--recipe", str(TINY), f"--runs_dir={runs_dir}", f"--name={name}", *extra]
+
+
+def state_dict(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+
+def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """All ``(step, value)`` of a TensorBoard scalar over every event file of a run directory, in file order."""
+    out: list[tuple[int, float]] = []
+    for f in sorted(run_dir.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime_ns):
+        ea = EventAccumulator(str(f), size_guidance={"scalars": 0})
+        ea.Reload()
+        if tag in ea.Tags()["scalars"]:
+            out += [(e.step, e.value) for e in ea.Scalars(tag)]
+    return out
