@@ -251,6 +251,8 @@ def test_usr1_checkpoints_requeues_and_resumes(workspace):
     assert ckpt["path"] == str(run_dir / "checkpoints" / "preempted.ckpt") == resume["path"], (ckpt, resume)
     assert int(ckpt["step"]) == int(resume["step"]) >= 5, (ckpt, resume)
     assert ("start", "1") in kinds and kinds[-1] == ("exit", "1"), kinds
+    # one requeue owner: a single requeue, and no Lightning hpc_ckpt_*.ckpt (its USR1 handler never ran)
+    assert [k for k, _ in kinds].count("requeue") == 1 and not list(run_dir.rglob("hpc_ckpt_*")), kinds
     # the restarted attempt ran under the same job id, wrote into the same directory and log file
     for needle in ("received SIGUSR1", f"checkpoint saved to {run_dir}/checkpoints/preempted.ckpt",
                    f"scontrol requeue {job} -> exit 0", f"resumed from {run_dir}/checkpoints/preempted.ckpt"):
