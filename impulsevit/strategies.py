@@ -4,9 +4,11 @@
 parallelism); ``ImageClassifier.configure_model`` applies ``torch.distributed.fsdp.fully_shard`` (FSDP2) per block.
 It runs on CPU with gloo as well as on GPUs with NCCL, and resumes from its distributed checkpoint (a folder).
 
-``fsdp`` is re-registered as the same strategy: Lightning's own ``fsdp`` (FSDP1, ``FSDPStrategy``) refuses CPU and
-flattens parameters, so the initializer could not see whole tensors at ``on_fit_start``. Importing this module (done
-by ``impulsevit.module``) makes ``Trainer(strategy="fsdp")`` mean FSDP2 in this process.
+``fsdp`` means the same in impulsevit: Lightning's own ``fsdp`` (FSDP1, ``FSDPStrategy``) refuses CPU and flattens
+parameters, so the initializer could not see whole tensors at ``on_fit_start``. Importing this module (done by
+``impulsevit.module``) re-registers the name, which is enough on GPU; on CPU Lightning rejects the *string* ``"fsdp"``
+before consulting the registry, so callers pass the name through :func:`resolve_strategy` (the CLI does), which
+returns ``"fsdp2"`` for it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 
-__all__ = ["FSDP2Strategy", "default_precision", "STRATEGY_NAMES"]
+__all__ = ["FSDP2Strategy", "default_precision", "resolve_strategy", "STRATEGY_NAMES"]
 
 STRATEGY_NAMES = ("auto", "ddp", "fsdp2", "fsdp")
 
@@ -35,6 +37,11 @@ class FSDP2Strategy(ModelParallelStrategy):
         if self._data_parallel_size == "auto":
             self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
+
+
+def resolve_strategy(strategy: Any) -> Any:
+    """``"fsdp"`` -> ``"fsdp2"`` (see the module docstring); anything else unchanged."""
+    return "fsdp2" if isinstance(strategy, str) and strategy == "fsdp" else strategy
 
 
 def default_precision(accelerator: str | None = None) -> str:

@@ -88,7 +88,10 @@ class ThroughputLogger(ThroughputMonitor):
                 self.available_flops = int(peak)
                 for tp in self._throughputs.values():
                     tp.available_flops = self.available_flops
-        if stage == "fit" and not hasattr(pl_module, "flops_per_batch"):
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # after the module's own setup() validated the data / backbone pairing
+        if not hasattr(pl_module, "flops_per_batch"):
             pl_module.flops_per_batch = self._measure(trainer, pl_module)
 
     @staticmethod
@@ -103,7 +106,7 @@ class ThroughputLogger(ThroughputMonitor):
                 model = build()
                 images = torch.empty(int(batch), 3, int(size), int(size))
             return training_flops(model, images)
-        except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError):
             return None  # an op without a meta kernel / FLOP formula: log throughput without FLOPs
 
     def on_train_batch_end(
