@@ -25,6 +25,9 @@ from impulsevit.cluster.events import job_state, read_events
 from impulsevit.data.synthetic import SyntheticDataModule
 from impulsevit.module import ImageClassifier
 
+# in-process runs happen on a machine with SLURM installed but outside a job: Lightning's hint about srun is noise
+pytestmark = pytest.mark.filterwarnings("ignore:The `srun` command is available")
+
 TINY = {"img_size": 16, "patch_size": 8, "depth": 1, "embed_dim": 32, "num_heads": 2}
 
 
