@@ -113,7 +113,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=None, help="run a single config (name as printed)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
     print(
         f"{'model':<24} {'impulsevit s':>12} {'per-head s':>11} {'ratio':>7} {'qk: ours s':>11} {'qk: per-head s':>15}"

@@ -112,7 +112,7 @@ def test_register_attention_maps_for_another_family():
 def test_demo_prints_reports_and_summaries(capsys):
     from impulsevit.init.demo import main
 
-    main(["--layers", "1", "--images", "1"])
+    main(["--layers", "1", "--images", "1", "--img-size", "128"])
     out = capsys.readouterr().out
     assert "init=impulse" in out and "init=mimetic" in out
     assert out.count("target_mass") == 4 and "random-noise images" in out

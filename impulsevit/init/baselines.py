@@ -7,9 +7,10 @@ the same full value on every rank. Neither touches the global torch / numpy RNG 
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import inspect
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -97,37 +98,48 @@ def torch_defaults(
                     generic.append((n, p))
             if generic and hasattr(mod, "reset_parameters") and mod is not model:
                 seed = _seed_from(generator)
-                clone = _cpu_copy(mod)
-                with torch.random.fork_rng(devices=[]):
+                with _plain_cpu_tensors(mod) as tmp, torch.random.fork_rng(devices=[]):
                     torch.manual_seed(seed)
-                    clone.reset_parameters()
-                for n, _ in generic:
-                    values[prefix + n] = clone._parameters[n].detach().float().clone()
+                    tmp.reset_parameters()
+                    for n, _ in generic:
+                        values[prefix + n] = tmp._parameters[n].detach().float().clone()
             else:
                 kept.extend(prefix + n for n, _ in generic)
     notes = [f"torch baseline kept as constructed (no PyTorch default known): {', '.join(kept)}"] if kept else []
     return values, notes
 
 
-def _cpu_copy(module: nn.Module) -> nn.Module:
-    """A deep copy of ``module`` with every parameter / buffer as a plain full CPU tensor (gathers DTensors)."""
-    clone = copy.deepcopy(module)
-    for mod in clone.modules():
-        for n, p in list(mod._parameters.items()):
-            if p is not None:
-                mod._parameters[n] = nn.Parameter(read_full(p).detach().cpu().clone(), requires_grad=p.requires_grad)
-        for n, b in list(mod._buffers.items()):
-            if b is not None:
-                mod._buffers[n] = read_full(b).detach().cpu().clone()
-    return clone
+@contextlib.contextmanager
+def _plain_cpu_tensors(module: nn.Module) -> Iterator[nn.Module]:
+    """Temporarily replace every parameter / buffer of ``module`` by a plain full CPU copy (gathers DTensors), so
+    in-place init code can run on it without touching the real tensors; the originals are put back on exit, also
+    on error. Works where ``copy.deepcopy`` does not (FSDP2 modules refuse it)."""
+    saved: list[tuple[dict, str, torch.Tensor]] = []
+    try:
+        for mod in module.modules():
+            for n, p in list(mod._parameters.items()):
+                if p is not None:
+                    saved.append((mod._parameters, n, p))
+                    mod._parameters[n] = nn.Parameter(
+                        read_full(p).detach().cpu().clone(), requires_grad=p.requires_grad
+                    )
+            for n, b in list(mod._buffers.items()):
+                if b is not None:
+                    saved.append((mod._buffers, n, b))
+                    mod._buffers[n] = read_full(b).detach().cpu().clone()
+        yield module
+    finally:
+        for store, n, t in reversed(saved):
+            store[n] = t
 
 
 def timm_defaults(model: nn.Module, generator: torch.Generator, mode: str = "") -> dict[str, torch.Tensor]:
-    """timm's own init of ``model`` (its ``init_weights``), computed on a CPU copy, not written.
+    """timm's own init of ``model`` (its ``init_weights``), computed, not written.
 
-    The copy runs ``init_weights(mode=mode)`` (or ``init_weights()`` / ``apply(_init_weights)`` when that is what the
-    model has) inside ``torch.random.fork_rng(devices=[])`` with ``torch.manual_seed`` drawn from ``generator``: the
-    global RNG state is unchanged afterwards and the values are the same on every device. A ViT built with
+    With every tensor temporarily swapped for a plain CPU copy, runs ``init_weights(mode=mode)`` (or
+    ``init_weights()`` / ``apply(_init_weights)`` when that is what the model has) inside
+    ``torch.random.fork_rng(devices=[])`` with ``torch.manual_seed`` drawn from ``generator``: the global RNG state is
+    unchanged afterwards and the values are the same on every device and rank (FSDP2 shards included). A ViT built with
     ``weight_init='skip'`` remembers mode ``'reset'`` (PyTorch defaults only); ``mode=''`` forces timm's trunc-normal
     init instead.
 
@@ -141,21 +153,24 @@ def timm_defaults(model: nn.Module, generator: torch.Generator, mode: str = "") 
             "`_init_weights` method (use method 'torch' for PyTorch defaults)"
         )
     seed = _seed_from(generator)
-    clone = _cpu_copy(model)
-    with torch.random.fork_rng(devices=[]):
+    saved_mode = getattr(model, "weight_init_mode", None)
+    with _plain_cpu_tensors(model) as tmp, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if callable(getattr(clone, "init_weights", None)):
-            params = inspect.signature(clone.init_weights).parameters
-            if getattr(clone, "weight_init_mode", None) == "reset" and not mode:
-                clone.weight_init_mode = ""
-            if "mode" in params:
-                clone.init_weights(mode=mode)
+        try:
+            if callable(getattr(tmp, "init_weights", None)):
+                if saved_mode == "reset" and not mode:
+                    tmp.weight_init_mode = ""
+                if "mode" in inspect.signature(tmp.init_weights).parameters:
+                    tmp.init_weights(mode=mode)
+                else:
+                    tmp.init_weights()
             else:
-                clone.init_weights()
-        else:
-            clone.apply(clone._init_weights)
-    out = {n: p.detach() for n, p in clone.named_parameters()}
-    out.update({n: b for n, b in clone.named_buffers()})
+                tmp.apply(tmp._init_weights)
+        finally:
+            if saved_mode is not None:
+                tmp.weight_init_mode = saved_mode
+        out = {n: p.detach() for n, p in tmp.named_parameters()}
+        out.update({n: b for n, b in tmp.named_buffers()})
     return out
 
 

@@ -25,10 +25,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=3, help="layers shown in the summary tables")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--images", type=int, default=4, help="random-noise images for the real-forward summary")
+    parser.add_argument("--img-size", type=int, default=224, help="input size (patch 16; >= 128 keeps N >= head_dim)")
     args = parser.parse_args(argv)
-    noise = torch.randn(args.images, 3, 224, 224, generator=torch.Generator().manual_seed(args.seed))
+    size = args.img_size
+    noise = torch.randn(args.images, 3, size, size, generator=torch.Generator().manual_seed(args.seed))
     for method in ("impulse", "mimetic"):
-        model = timm.create_model("vit_tiny_patch16_224", weight_init="skip")
+        model = timm.create_model("vit_tiny_patch16_224", weight_init="skip", img_size=size)
         report = initialize(model, method, generator=args.seed)
         print(report.table())
         # mimetic has no offsets: score its heads against the offsets impulse would give them
