@@ -337,6 +337,7 @@ class ImpulseCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         importlib.import_module("impulsevit.strategies")  # registers `fsdp2` / `fsdp` with Lightning
+        importlib.import_module("impulsevit.models")  # registers impulsevit's architectures with timm
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         trainer_cfg = self._get(self.config_init, "trainer", default={})

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from unittest import mock
 
 import lightning as L
 import torch
@@ -38,8 +40,12 @@ class StopAfterStep(L.Callback):
 
 
 def run_cli(*args: str) -> ImpulseCLI:
-    """``impulsevit <args>`` in this process (argv normalised as the console script does); returns the CLI object."""
-    return ImpulseCLI(args=prepare_argv(list(args)))
+    """``impulsevit <args>`` in this process (argv normalised as the console script does); returns the CLI object.
+
+    ``sys.argv`` is set to the bare program name meanwhile, as under the console script (LightningCLI warns when it
+    sees pytest's own arguments next to ``args``)."""
+    with mock.patch.object(sys, "argv", ["impulsevit"]):
+        return ImpulseCLI(args=prepare_argv(list(args)))
 
 
 def tiny(runs_dir: Path, name: str, *extra: str, subcommand: str = "fit") -> list[str]:

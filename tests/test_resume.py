@@ -1,0 +1,206 @@
+"""Resuming: bit-exact after an epoch boundary, step-exact mid-epoch, and safe after SIGKILL during a checkpoint write.
+
+Data order on resume (documented behaviour, checked here where it is observable):
+
+- At an epoch boundary the resumed run is bit-exact: the datamodule's order is a function of (seed, epoch) and the
+  global RNG states (mixup, drop path) come back from the checkpoint (``RNGStateCheckpoint``).
+- Mid-epoch, after ``k`` of an epoch's ``N`` steps: Lightning restores the step / scheduler / optimizer counters, so
+  the run performs exactly the remaining ``N - k`` optimizer steps with the lr schedule where it stopped (no step is
+  repeated or skipped). The data loaders here are not stateful (no ``state_dict``), so the interrupted epoch's
+  (seed, epoch) order restarts from its beginning: the resumed run sees that order's first ``N - k`` batches — the
+  first ``k`` batches of that epoch are seen twice, the last ``k`` not at all in that epoch. Later epochs are as in an
+  uninterrupted run. Weights are therefore not bit-exact after a mid-epoch resume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from _cli_helpers import REPO, TINY, run_cli, scalars, state_dict, tiny
+
+from impulsevit.checkpointing import (
+    AtomicCheckpointIO,
+    checkpoint_candidates,
+    is_complete_checkpoint,
+    latest_checkpoint,
+)
+
+STOP_AFTER_EPOCH_0 = '--trainer.callbacks=[{"class_path": "_cli_helpers.StopAfterEpoch", "init_args": {"epoch": 0}}]'
+
+
+def _initializer(cli):
+    return next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "Initializer")
+
+
+def test_resume_at_epoch_boundary_is_bit_exact_and_does_not_reinitialize(tmp_path):
+    # the tiny recipe has mixup/cutmix, drop path and an EMA: every stochastic part must continue exactly
+    straight = run_cli(*tiny(tmp_path, "straight"))
+    assert _initializer(straight).applied and _initializer(straight).skipped_reason is None
+
+    first = run_cli(*tiny(tmp_path, "split", STOP_AFTER_EPOCH_0))
+    assert first.trainer.global_step == 4 and first.trainer.current_epoch == 1
+    stopped_at = state_dict(tmp_path / "split" / "checkpoints" / "last.ckpt")
+
+    resumed = run_cli(*tiny(tmp_path, "split", "--resume=auto"))
+    assert resumed.trainer.ckpt_path == str(tmp_path / "split" / "checkpoints" / "last.ckpt")
+    init = _initializer(resumed)
+    assert init.skipped_reason is not None and init.skipped_reason.startswith("resumed from")
+    assert resumed.trainer.global_step == 8
+
+    a = state_dict(tmp_path / "straight" / "checkpoints" / "last.ckpt")
+    b = state_dict(tmp_path / "split" / "checkpoints" / "last.ckpt")
+    assert a.keys() == b.keys() and any(k.startswith("ema.") for k in a)
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert different == []
+    assert any(not torch.equal(stopped_at[k], b[k]) for k in b)  # the second epoch did train
+    # the lr schedule continued where it stopped: same per-step lr as the uninterrupted run
+    assert scalars(tmp_path / "split", "lr") == scalars(tmp_path / "straight", "lr")
+
+
+def test_mid_epoch_resume_neither_repeats_nor_skips_optimizer_steps(tmp_path):
+    every2 = ["--checkpoint.every_n_train_steps=2", "--checkpoint.save_top_k=-1", "--checkpoint.monitor=null",
+              "--checkpoint.filename=step{step}", "--checkpoint.auto_insert_metric_name=false"]
+    run_cli(*tiny(tmp_path, "ref", *every2))
+    ckpts = sorted(p.name for p in (tmp_path / "ref" / "checkpoints").glob("step*.ckpt"))
+    assert ckpts == ["step2.ckpt", "step4.ckpt", "step6.ckpt", "step8.ckpt"]
+    mid = tmp_path / "ref" / "checkpoints" / "step6.ckpt"  # epoch 1 (steps 4..7), after 2 of its 4 steps
+    loops = torch.load(mid, map_location="cpu", weights_only=True)["loops"]["fit_loop"]
+    assert loops["epoch_loop.batch_progress"]["current"]["processed"] == 2
+
+    resumed = run_cli(*tiny(tmp_path, "mid", f"--resume={mid}"))
+    assert resumed.trainer.global_step == 8
+    logged = [s for s, _ in scalars(tmp_path / "mid", "train/loss")]
+    assert logged == [6, 7]  # exactly the two remaining steps of the epoch, then the run ends
+    ref_lr = dict(scalars(tmp_path / "ref", "lr"))
+    assert [(s, v) for s, v in scalars(tmp_path / "mid", "lr")] == [(6, ref_lr[6]), (7, ref_lr[7])]
+    final = torch.load(tmp_path / "mid" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    adam_steps = {int(s["step"]) for s in final["optimizer_states"][0]["state"].values()}
+    assert adam_steps == {8}
+    ref_final = torch.load(tmp_path / "ref" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert final["global_step"] == ref_final["global_step"] == 8
+
+
+def test_resume_auto_without_checkpoint_starts_fresh_and_explicit_path_must_exist(tmp_path):
+    cli = run_cli(*tiny(tmp_path, "fresh", "--resume=auto", "--trainer.max_epochs=1"))
+    assert cli.trainer.ckpt_path is None and _initializer(cli).applied and _initializer(cli).skipped_reason is None
+    with pytest.raises(FileNotFoundError, match="no such checkpoint"):
+        run_cli(*tiny(tmp_path, "fresh", f"--resume={tmp_path / 'missing.ckpt'}"))
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        run_cli(*tiny(tmp_path, "empty", "--resume=auto", subcommand="test"))
+
+
+def test_resume_auto_prefers_a_newer_slurm_hpc_checkpoint(tmp_path):
+    cli = run_cli(*tiny(tmp_path, "hpc", "--trainer.max_epochs=1"))
+    run = tmp_path / "hpc"
+    # what Lightning's SLURM handler does on the requeue signal: save hpc_ckpt_N.ckpt into default_root_dir
+    hpc = Path(cli.trainer._checkpoint_connector.hpc_save_path(cli.trainer.default_root_dir))
+    cli.trainer.save_checkpoint(hpc)
+    assert hpc.parent == run and hpc.name == "hpc_ckpt_1.ckpt"
+    assert latest_checkpoint(run) == hpc
+    resumed = run_cli(*tiny(tmp_path, "hpc", "--resume=auto"))
+    assert resumed.trainer.ckpt_path == str(hpc) and resumed.trainer.global_step == 8
+
+
+# ------------------------------------------------------------------------------------------------ crash safety
+def test_discovery_skips_temp_truncated_and_unfinished_checkpoints(tmp_path):
+    run = tmp_path / "run"
+    ckdir = run / "checkpoints"
+    good = {"global_step": 3, "state_dict": {"w": torch.ones(1000)}}
+    io = AtomicCheckpointIO()
+    io.save_checkpoint(good, ckdir / "last.ckpt")
+    assert latest_checkpoint(run) == ckdir / "last.ckpt"
+    # newer but broken candidates: a leftover temp file, a truncated file, an empty file, a non-checkpoint
+    blob = (ckdir / "last.ckpt").read_bytes()
+    time.sleep(0.01)
+    (ckdir / f"last.ckpt.tmp-{os.getpid()}").write_bytes(blob[: len(blob) // 2])
+    (ckdir / "epoch=1-step=6.ckpt").write_bytes(blob[: len(blob) - 100])
+    (ckdir / "empty.ckpt").write_bytes(b"")
+    torch.save({"not": "a checkpoint"}, ckdir / "other.ckpt")
+    assert ckdir / f"last.ckpt.tmp-{os.getpid()}" not in checkpoint_candidates(run)
+    assert not is_complete_checkpoint(ckdir / "epoch=1-step=6.ckpt")
+    assert latest_checkpoint(run) == ckdir / "last.ckpt"
+    # a distributed-checkpoint folder counts only once its meta.pt (written last) is newer than every shard
+    dcp = ckdir / "dist.ckpt"
+    dcp.mkdir()
+    (dcp / ".metadata").write_bytes(b"x")
+    (dcp / "__0_0.distcp").write_bytes(b"x")
+    assert not is_complete_checkpoint(dcp)
+    time.sleep(0.01)
+    torch.save({"global_step": 9}, dcp / "meta.pt")
+    assert latest_checkpoint(run) == dcp
+    time.sleep(0.01)
+    (dcp / "__0_0.distcp").write_bytes(b"y")  # a newer shard: an overwrite that did not finish
+    assert latest_checkpoint(run) == ckdir / "last.ckpt"
+
+
+def test_atomic_write_leaves_old_file_when_the_write_fails(tmp_path):
+    path = tmp_path / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"global_step": 1}, path)
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("disk full (simulated by a failing pickle)")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        io.save_checkpoint({"global_step": 2, "bad": Unpicklable()}, path)
+    assert torch.load(path, weights_only=True)["global_step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+@pytest.mark.slow
+def test_sigkill_during_checkpoint_write_then_resume_auto(tmp_path):
+    """A real fit in a subprocess is SIGKILLed while it writes a checkpoint (a temp file exists); ``--resume auto``
+    then continues from the last complete checkpoint and never picks up the partial file."""
+    # ~8 M parameters (wide MLP on 2x2 patches + cls): each checkpoint (weights + 2 Adam moments) is ~100 MB,
+    # so a write takes long enough to be caught in the act
+    big = {"img_size": 8, "patch_size": 4, "embed_dim": 64, "depth": 1, "num_heads": 2, "mlp_ratio": 1000}
+    data = {"class_path": "impulsevit.data.SyntheticDataModule",
+            "init_args": {"num_classes": 4, "image_size": 8, "num_train": 24, "num_val": 8, "batch_size": 4}}
+    args = [
+        "fit", "--recipe", str(TINY), f"--runs_dir={tmp_path}", "--name=killed",
+        f"--model.backbone_kwargs={json.dumps(big)}", f"--data={json.dumps(data)}", "--model.init.method=timm",
+        "--model.ema_decay=null", "--checkpoint.every_n_train_steps=1", "--checkpoint.save_top_k=0",
+        "--trainer.max_epochs=1",
+    ]
+    ckdir = tmp_path / "killed" / "checkpoints"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    proc = subprocess.Popen([sys.executable, "-m", "impulsevit.cli", *args], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    caught = None
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            tmps = list(ckdir.glob("last.ckpt.tmp-*")) if ckdir.is_dir() else []
+            if tmps and (ckdir / "last.ckpt").is_file():  # a second write is in progress, a first one is complete
+                os.kill(proc.pid, signal.SIGKILL)
+                caught = tmps[0]
+                break
+            time.sleep(0.002)
+    finally:
+        if proc.poll() is None and caught is None:
+            proc.kill()
+        proc.wait()
+    stderr = proc.stderr.read().decode(errors="replace")
+    assert caught is not None, f"never saw a checkpoint write in progress; fit stderr:\n{stderr[-3000:]}"
+    assert proc.returncode == -signal.SIGKILL
+    assert caught.exists()  # the partial write is left behind, under its temp name only
+    complete = torch.load(ckdir / "last.ckpt", map_location="cpu", weights_only=True)
+    step_before = complete["global_step"]
+    assert step_before >= 1
+    assert latest_checkpoint(tmp_path / "killed") == ckdir / "last.ckpt"
+
+    resumed = run_cli(*args, "--resume=auto")
+    assert resumed.trainer.ckpt_path == str(ckdir / "last.ckpt")
+    assert _initializer(resumed).skipped_reason is not None
+    assert resumed.trainer.global_step == 6  # 24 samples / batch 4: the epoch was completed
+    logged = [s for s, _ in scalars(tmp_path / "killed", "train/loss")]
+    assert logged[-(6 - step_before):] == list(range(step_before, 6))
