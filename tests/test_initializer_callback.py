@@ -68,6 +68,7 @@ def init_callback(t: L.Trainer) -> Initializer:
     return next(c for c in t.callbacks if isinstance(c, Initializer))
 
 
+@pytest.mark.slow
 def test_resume_never_reinitializes_and_continues_bit_identically(tmp_path: Path) -> None:
     CALLS.clear()
     straight = tiny()
@@ -111,7 +112,7 @@ def test_optimizer_state_valid_after_init(tmp_path: Path) -> None:
     opt_state = t.optimizers[0].state
     for name, p in m.backbone.named_parameters():
         assert p in opt_state and int(opt_state[p]["step"]) == 1, name
-        assert not torch.equal(p.detach(), probe.init[name]), (name, init_callback(t).__dict__, len(CALLS))
+        assert not torch.equal(p.detach(), probe.init[name]), name
 
 
 def test_bad_option_fails_before_training_naming_method_and_backbone(tmp_path: Path) -> None:
@@ -121,8 +122,8 @@ def test_bad_option_fails_before_training_naming_method_and_backbone(tmp_path: P
     with pytest.raises(TypeError, match=r"init method 'impulse' does not fit backbone 'vit_tiny_patch16_224'.*"
                                         r"gain_qq"):
         fit(tmp_path, m, max_steps=1)
-    for k, v in m.backbone.state_dict().items():  # nothing was modified
-        assert torch.equal(v, before[k]), k
+    for k, v in m.backbone.state_dict().items():  # nothing was modified (weight_init=skip garbage may hold NaN)
+        torch.testing.assert_close(v, before[k], rtol=0, atol=0, equal_nan=True, msg=k)
 
 
 def test_unknown_method_is_named(tmp_path: Path) -> None:
