@@ -109,6 +109,16 @@ def test_resume_auto_prefers_a_newer_slurm_hpc_checkpoint(tmp_path):
     assert resumed.trainer.ckpt_path == str(hpc) and resumed.trainer.global_step == 8
 
 
+def test_resume_auto_with_fsdp2_distributed_checkpoint_folder(tmp_path):
+    args = tiny(tmp_path, "fsdp", "--trainer.strategy=fsdp2", "--model.ema_decay=null")
+    run_cli(*args, STOP_AFTER_EPOCH_0)
+    folder = tmp_path / "fsdp" / "checkpoints" / "last.ckpt"
+    assert folder.is_dir() and latest_checkpoint(tmp_path / "fsdp") == folder
+    resumed = run_cli(*args, "--resume=auto")
+    assert resumed.trainer.ckpt_path == str(folder) and resumed.trainer.global_step == 8
+    assert _initializer(resumed).skipped_reason is not None
+
+
 # ------------------------------------------------------------------------------------------------ crash safety
 def test_discovery_skips_temp_truncated_and_unfinished_checkpoints(tmp_path):
     run = tmp_path / "run"
