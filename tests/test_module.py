@@ -243,3 +243,12 @@ def test_strategy_names_and_precision() -> None:
         assert isinstance(t.strategy, FSDP2Strategy) and t.strategy._tensor_parallel_size == 1
     assert resolve_strategy("ddp") == "ddp"
     assert default_precision("cpu") == "32-true" and default_precision("gpu") == "bf16-mixed"
+
+
+def test_dense_peak_flops_cover_h200_names() -> None:
+    from impulsevit.callbacks.throughput import peak_flops
+
+    assert peak_flops("NVIDIA H200", torch.bfloat16) == 989.5e12  # what torch.cuda.get_device_name reports (SXM)
+    assert peak_flops("NVIDIA H200 NVL", torch.bfloat16) == 835e12
+    assert peak_flops("NVIDIA H200", "tfloat32") == 494.7e12
+    assert peak_flops("NVIDIA A100-SXM4-80GB", torch.bfloat16) is None  # left to Lightning's own table
