@@ -1,0 +1,213 @@
+"""``impulsevit study``: real ``impulsevit fit`` runs per method x seed, a report whose numbers are the runs' logged
+metrics (read here with TensorBoard's raw ``EventFileLoader``, not study.py's reader), failed and unfinished runs
+listed, per-method overrides from the recipe header, and the SLURM array path (script + one task run as SLURM would)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+from impulsevit import study
+
+TINY_RECIPE = """\
+# Tiny study recipe for tests: 1-block ViT on synthetic blobs, 2 epochs
+# paper: {impulse: 55.5}
+# study: {methods: [impulse, torch], overrides: {torch: [--trainer.max_epochs=3]}}
+seed_everything: 0
+trainer:
+  accelerator: cpu
+  devices: 1
+  precision: 32-true
+  max_epochs: 2
+  log_every_n_steps: 1
+  enable_progress_bar: false
+  enable_model_summary: false
+model:
+  backbone: vit_tiny_patch16_224
+  backbone_kwargs: {img_size: 16, patch_size: 4, embed_dim: 32, depth: 1, num_heads: 2}
+  init: {method: impulse, seed: 0}
+  optimizer: {name: adamw, lr: 3.0e-3, weight_decay: 0.05}
+  scheduler: {name: cosine, warmup_epochs: 0, min_lr: 1.0e-5}
+  mixup: null
+  log_attention: false
+data:
+  class_path: impulsevit.data.SyntheticDataModule
+  init_args: {num_classes: 4, image_size: 16, num_train: 64, num_val: 32, batch_size: 16, noise: 2.0}
+"""
+
+
+@pytest.fixture
+def recipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    path = tmp_path / "tiny_study.yaml"
+    path.write_text(TINY_RECIPE)
+    return path
+
+
+def val_acc1(run_dir: Path) -> list[float]:
+    """``val/acc1`` of a run, one value per validation in step order, straight from the event protobufs."""
+    points = []
+    for f in sorted(run_dir.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(f)).Load():
+            for v in event.summary.value:
+                if v.tag == "val/acc1":
+                    value = v.simple_value if v.HasField("simple_value") else float(v.tensor.float_val[0])
+                    points.append((event.step, event.wall_time, value))
+    return [v for _, _, v in sorted(points)]
+
+
+def table_rows(md: str, header: str) -> dict[str, list[str]]:
+    """Rows of the markdown table whose header line starts with ``header``, keyed by the first cell."""
+    lines = md.splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith(header))
+    rows = {}
+    for line in lines[i + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def mean_std(xs: list[float]) -> str:
+    xs = [100 * x for x in xs]
+    return f"{statistics.mean(xs):.2f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.2f}"
+
+
+@pytest.mark.slow
+def test_study_report_matches_logged_metrics_and_lists_failures(recipe: Path, tmp_path: Path, capsys) -> None:
+    runs_dir = tmp_path / "runs"
+    rc = study.main(["--recipe", str(recipe), "--methods", "impulse,torch,nosuch", "--seeds", "2",
+                     "--runs-dir", str(runs_dir)])
+    assert rc == 1, "a study with failed runs must exit non-zero"
+    sdir = runs_dir / "tiny_study-study"
+    plan = json.loads((sdir / "study.json").read_text())
+    assert [r["name"] for r in plan["runs"]] == ["impulse-s0", "impulse-s1", "torch-s0", "torch-s1",
+                                                 "nosuch-s0", "nosuch-s1"]
+
+    curves = {name: val_acc1(sdir / name) for name in ("impulse-s0", "impulse-s1", "torch-s0", "torch-s1")}
+    # the recipe's 2 epochs, and 3 for torch from the header's per-method override
+    assert {n: len(c) for n, c in curves.items()} == {"impulse-s0": 2, "impulse-s1": 2, "torch-s0": 3, "torch-s1": 3}
+    assert curves["impulse-s0"] != curves["impulse-s1"], "seeds 0 and 1 gave identical curves"
+
+    md = (sdir / "report.md").read_text()
+    assert md in capsys.readouterr().out
+    per_run = table_rows(md, "| run |")
+    for name, c in curves.items():
+        state, final, best, test, _ = per_run[name]
+        assert (state, final, best, test) == ("done", f"{100 * c[-1]:.2f}", f"{100 * max(c):.2f}", "–")
+    for name in ("nosuch-s0", "nosuch-s1"):
+        assert per_run[name][0] == "failed" and per_run[name][4].startswith("exit code ")
+        status = json.loads((sdir / name / "status.json").read_text())
+        assert status["state"] == "failed" and status["returncode"] != 0
+        assert "nosuch" in (sdir / name / "study_fit.log").read_text()
+
+    per_method = table_rows(md, "| method |")
+    for m in ("impulse", "torch"):
+        cs = [curves[f"{m}-s0"], curves[f"{m}-s1"]]
+        assert per_method[m][:4] == ["2", mean_std([c[-1] for c in cs]), mean_std([max(c) for c in cs]), "–"]
+    assert per_method["impulse"][4] == "55.5" and per_method["torch"][4] == "–"
+    assert per_method["nosuch"][:2] == ["0", "–"]
+    assert "**2 run(s) not finished or failed:** nosuch-s0 (failed), nosuch-s1 (failed)" in md
+    png = (sdir / "report.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+    # --collect rebuilds the report from the run directories; a run that is still running is listed, not dropped
+    (sdir / "report.md").unlink()
+    (sdir / "impulse-s1" / "status.json").write_text(json.dumps({"state": "running"}))
+    assert study.main(["--recipe", str(recipe), "--runs-dir", str(runs_dir), "--collect"]) == 1
+    md = (sdir / "report.md").read_text()
+    assert table_rows(md, "| run |")["impulse-s1"][0] == "running"
+    assert table_rows(md, "| method |")["impulse"][:2] == ["1", mean_std([curves["impulse-s0"][-1]])]
+    assert "impulse-s1 (running)" in md
+
+
+def test_recipe_headers(tmp_path: Path) -> None:
+    r = tmp_path / "r.yaml"
+    r.write_text(TINY_RECIPE)
+    assert study.paper_numbers(r) == {"impulse": 55.5}
+    assert study.study_header(r) == {"methods": ["impulse", "torch"],
+                                     "overrides": {"torch": ["--trainer.max_epochs=3"]}}
+    assert study.run_args("torch", 2, study.study_header(r)["overrides"]) == [
+        "--model.init.method=torch", "--model.init.seed=2", "--seed_everything=2", "--trainer.max_epochs=3"]
+    assert study.run_args("impulse", 0, {}) == ["--model.init.method=impulse", "--model.init.seed=0",
+                                                "--seed_everything=0"]
+    # a header comment after the YAML starts is not a header
+    r.write_text("seed_everything: 0\n# paper: {impulse: 1.0}\n")
+    assert study.paper_numbers(r) == {} and study.study_header(r) == {"methods": None, "overrides": {}}
+    for bad in ("# study: [impulse]", "# study: {method: [impulse]}", "# study: {overrides: {random: x}}",
+                "# study: {overrides: {random: [spatial_trainable=true]}}", "# study: {methods: impulse}"):
+        r.write_text(bad + "\nseed_everything: 0\n")
+        with pytest.raises(ValueError, match=str(r)):
+            study.study_header(r)
+    r.write_text("# paper: 77.0\n")
+    with pytest.raises(ValueError, match="paper"):
+        study.paper_numbers(r)
+
+
+def test_shipped_cpu_recipes_have_study_headers() -> None:
+    root = Path(study.__file__).resolve().parents[1] / "recipes"
+    for name, methods in (("cpu_fmnist_vit", ["impulse", "mimetic", "torch"]),
+                          ("cpu_digits_vit", ["impulse", "mimetic", "torch"]),
+                          ("cpu_fmnist_convmixer", ["impulse", "box", "random"])):
+        header = study.study_header(root / f"{name}.yaml")
+        assert header["methods"] == methods
+    cm = study.study_header(root / "cpu_fmnist_convmixer.yaml")["overrides"]
+    assert cm == {"random": ["--model.backbone_kwargs.spatial_trainable=true"]}
+    assert "spatial_trainable: false" in (root / "cpu_fmnist_convmixer.yaml").read_text()
+
+
+def test_submit_dry_run_prints_array_script_and_writes_nothing(recipe: Path, tmp_path: Path, capsys) -> None:
+    runs_dir = tmp_path / "runs"
+    rc = study.main(["--recipe", str(recipe), "--seeds", "3", "--runs-dir", str(runs_dir), "--submit", "--dry-run",
+                     "--time", "00:10:00", "--trainer.max_epochs=1"])
+    assert rc == 0
+    script = capsys.readouterr().out
+    assert "#SBATCH --array=0-5" in script and "#SBATCH --time=00:10:00" in script
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    sdir = runs_dir / "tiny_study-study"
+    assert f" study --array-task {sdir} fit --recipe {recipe} " in srun
+    assert srun.endswith(" --trainer.max_epochs=1") and "--time" not in srun
+    assert not runs_dir.exists()
+
+
+@pytest.mark.slow
+def test_array_task_runs_its_plan_entry_like_slurm_would(recipe: Path, tmp_path: Path, monkeypatch) -> None:
+    """``--submit`` without ``sbatch`` on PATH writes the plan and the script (and fails, naming sbatch); then the
+    script's command for array task 3 runs here with the variables SLURM would set."""
+    runs_dir, empty = tmp_path / "runs", tmp_path / "empty_path"
+    empty.mkdir()
+    path = os.environ["PATH"]
+    monkeypatch.setenv("PATH", str(empty))  # no sbatch
+    assert study.main(["--recipe", str(recipe), "--seeds", "2", "--runs-dir", str(runs_dir), "--submit",
+                       "--trainer.max_epochs=1"]) == 1
+    monkeypatch.setenv("PATH", path)
+    sdir = runs_dir / "tiny_study-study"
+    plan = json.loads((sdir / "study.json").read_text())
+    assert plan["runs"][3]["name"] == "torch-s1"
+    script = (sdir / "submit.sbatch").read_text()
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    command = re.sub(r"^srun \S+ ", "", srun)
+    env = {**os.environ, "SLURM_ARRAY_TASK_ID": "3", "SLURM_PROCID": "0"}
+    assert Path(shlex.split(command)[0]).parent == Path(sys.executable).parent
+    proc = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    status = json.loads((sdir / "torch-s1" / "status.json").read_text())
+    assert status["state"] == "done"
+    # the header's torch override (3 epochs) came before the job's own override (1 epoch), which wins
+    assert len(val_acc1(sdir / "torch-s1")) == 1
+    config = (sdir / "torch-s1" / "config.yaml").read_text()
+    assert re.search(r"method: torch", config) and re.search(r"seed_everything: 1", config)
+    assert not (sdir / "task3").exists()
+    results = {r.name: r.state for r in study.collect(sdir)}
+    assert results == {"impulse-s0": "missing", "impulse-s1": "missing", "torch-s0": "missing", "torch-s1": "done"}
+    assert shlex.split(command)[1:4] == ["study", "--array-task", str(sdir)]
