@@ -117,6 +117,13 @@ def test_gains_and_value_modes():
     ii.initialize(m2, "impulse", generator=0, value="default", base="keep")
     assert torch.equal(m2.blocks[0].attn.qkv.weight[128:], v_rows)
     assert torch.equal(m2.blocks[0].attn.proj.weight, proj)
+    for method in ("impulse", "mimetic"):  # value='default' + base='torch': V rows / proj get PyTorch defaults
+        m3 = vit(dim=64, heads=2)
+        m3.blocks[0].attn.qkv.weight.data.fill_(float("nan"))
+        m3.blocks[0].attn.proj.weight.data.fill_(float("nan"))
+        ii.initialize(m3, method, generator=0, value="default")
+        v3 = m3.blocks[0].attn.qkv.weight[128:]
+        assert v3.isfinite().all() and v3.abs().max() <= 1 / 8 and m3.blocks[0].attn.proj.weight.isfinite().all()
 
 
 def test_noise_scale_changes_only_noise():

@@ -246,9 +246,9 @@ def impulse_vit(model: nn.Module, generator: torch.Generator, options: dict[str,
             f"{lay.model}: head_dim {d} > {n} patch tokens ({H}x{W}); the rank-{d} pseudo-inverse would invert "
             "zero singular values. Pass allow_rank_deficient=True to solve at the pseudo-input's rank instead"
         )
-    full = {f"{a}.qkv.weight" for a in lay.attn_names}
+    full = set()  # tensors overwritten entirely: the base init draws nothing for them
     if opts["value"] == "mimetic":
-        full |= {f"{a}.proj.weight" for a in lay.attn_names}
+        full = {f"{a}.{w}.weight" for a in lay.attn_names for w in ("qkv", "proj")}
     values, base_notes = _base_values(model, generator, opts["base"], full)
     notes += base_notes
 
@@ -321,9 +321,9 @@ def mimetic_vit(model: nn.Module, generator: torch.Generator, options: dict[str,
     lay = vit_layout(model, need_pos_embed=False)
     if lay.head_dim > lay.dim:
         raise ValueError(f"{lay.model}: head_dim {lay.head_dim} > embed dim {lay.dim}; mimetic Q/K not defined")
-    full = {f"{a}.qkv.weight" for a in lay.attn_names}
+    full = set()  # tensors overwritten entirely: the base init draws nothing for them
     if opts["value"] == "mimetic":
-        full |= {f"{a}.proj.weight" for a in lay.attn_names}
+        full = {f"{a}.{w}.weight" for a in lay.attn_names for w in ("qkv", "proj")}
     values, notes = _base_values(model, generator, opts["base"], full)
     ad, dim = lay.num_heads * lay.head_dim, lay.dim
     for attn_name in lay.attn_names:
