@@ -11,9 +11,11 @@ import shlex
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from slurm_cluster import slurm_cluster  # noqa: F401  (module-scoped loopback SLURM fixture)
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from impulsevit import study
@@ -211,3 +213,32 @@ def test_array_task_runs_its_plan_entry_like_slurm_would(recipe: Path, tmp_path:
     results = {r.name: r.state for r in study.collect(sdir)}
     assert results == {"impulse-s0": "missing", "impulse-s1": "missing", "torch-s0": "missing", "torch-s1": "done"}
     assert shlex.split(command)[1:4] == ["study", "--array-task", str(sdir)]
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_submit_runs_the_plan_as_a_real_slurm_array(recipe: Path, tmp_path: Path, slurm_cluster) -> None:  # noqa: F811
+    """``study --submit`` on a loopback SLURM cluster: both array tasks run their plan entries, then ``--collect``."""
+    env = {**slurm_cluster.env, "OMP_NUM_THREADS": "1"}
+    cli = [sys.executable, "-m", "impulsevit.cli", "study", "--recipe", str(recipe), "--methods", "impulse,torch",
+           "--seeds", "1", "--runs-dir", str(tmp_path / "runs")]
+    proc = subprocess.run([*cli, "--submit", "--trainer.max_epochs=1"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "Submitted batch job" in proc.stdout, proc.stdout + proc.stderr
+    sdir = tmp_path / "runs" / "tiny_study-study"
+    states: dict[str, str] = {}
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 300:
+        states = {n: json.loads((sdir / n / "status.json").read_text())["state"]
+                  for n in ("impulse-s0", "torch-s0") if (sdir / n / "status.json").exists()}
+        if len(states) == 2 and "running" not in states.values():
+            break
+        time.sleep(1)
+    logs = "\n".join(p.read_text() for p in (sdir / "slurm").glob("*.out"))
+    assert states == {"impulse-s0": "done", "torch-s0": "done"}, f"{states}\n{logs}\n{slurm_cluster.logs()}"
+    proc = subprocess.run([*cli, "--collect"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = table_rows((sdir / "report.md").read_text(), "| run |")
+    for name in ("impulse-s0", "torch-s0"):
+        assert rows[name][:3] == ["done", f"{100 * val_acc1(sdir / name)[-1]:.2f}",
+                                  f"{100 * val_acc1(sdir / name)[-1]:.2f}"]
