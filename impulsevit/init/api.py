@@ -164,7 +164,7 @@ def initialize(
     if entry is None:
         raise ValueError(
             f"init method {method!r} cannot be applied to {type(model).__name__}: it supports the families "
-            f"{known[method]} (see impulsevit/init/README.md, 'Applicability')"
+            f"{known[method]} (applicability tables: impulsevit/init/README.md and impulsevit/init/FAMILIES.md)"
         )
     gen = make_generator(generator)
     t0 = time.perf_counter()
@@ -241,8 +241,4 @@ def _load_builtin() -> None:
     import importlib
 
     for name in ("vit", "baselines", "weight_selection", "swin", "mixer", "convmixer"):
-        try:
-            importlib.import_module(f"impulsevit.init.{name}")
-        except ModuleNotFoundError as e:  # a family module not written yet must not break the others
-            if e.name != f"impulsevit.init.{name}":
-                raise
+        importlib.import_module(f"impulsevit.init.{name}")
