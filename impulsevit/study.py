@@ -291,10 +291,15 @@ def _fit(cmd: list[str], rdir: Path, *, record: bool = True) -> int:
     return rc
 
 
+def _args(run: dict[str, Any]) -> list[str]:
+    """A plan entry's fit arguments (plans written before per-run ``args`` existed: method and seed only)."""
+    return run["args"] if "args" in run else run_args(run["method"], int(run["seed"]))
+
+
 def _run_one(study_dir: Path, recipe: str, run: dict[str, Any], overrides: list[str]) -> int:
     cmd = [
         sys.executable, "-m", "impulsevit.cli", "fit", "--recipe", recipe,
-        "--runs-dir", str(study_dir), "--name", run["name"], "--resume", "auto", *run["args"], *overrides,
+        "--runs-dir", str(study_dir), "--name", run["name"], "--resume", "auto", *_args(run), *overrides,
     ]
     return _fit(cmd, study_dir / run["name"])
 
@@ -324,7 +329,7 @@ def _array_task(study_dir: Path, fit_argv: list[str]) -> int:
             argv += [flag, value]
     # the run's own arguments go right after the recipe (they override it; the job's overrides still win)
     at = argv.index("--recipe") + 2 if "--recipe" in argv else 1
-    cmd = [sys.executable, "-m", "impulsevit.cli", *argv[:at], *run["args"], *argv[at:]]
+    cmd = [sys.executable, "-m", "impulsevit.cli", *argv[:at], *_args(run), *argv[at:]]
     print(f"[study] array task {task}: {run['name']}", flush=True)
     return _fit(cmd, study_dir / run["name"], record=os.environ.get("SLURM_PROCID", "0") == "0")
 
@@ -387,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
             if status.exists() and json.loads(status.read_text()).get("state") == "done":
                 print(f"[study] {run['name']}: already done, skipped", flush=True)
                 continue
-            print(f"[study] {run['name']}: fit {plan['recipe']} {' '.join(run['args'])}", flush=True)
+            print(f"[study] {run['name']}: fit {plan['recipe']} {' '.join(_args(run))}", flush=True)
             rc = _run_one(study_dir, plan["recipe"], run, plan["overrides"])
             print(f"[study] {run['name']}: {'done' if rc == 0 else f'FAILED (exit {rc})'}", flush=True)
         if args.run_index is not None:
