@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from _cli_helpers import REPO, TINY, run_cli, scalars, state_dict, tiny
 
 from impulsevit.checkpointing import (
@@ -214,3 +215,27 @@ def test_sigkill_during_checkpoint_write_then_resume_auto(tmp_path):
     assert resumed.trainer.global_step == 6  # 24 samples / batch 4: the epoch was completed
     logged = [s for s, _ in scalars(tmp_path / "killed", "train/loss")]
     assert logged[-(6 - step_before):] == list(range(step_before, 6))
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_resume_auto_is_bit_exact(tmp_path):
+    """``impulsevit fit`` with ``strategy: ddp`` on 2 CPU processes (gloo), as a user runs it (a subprocess: Lightning
+    re-launches the command for rank 1): stop after epoch 0, ``--resume auto``, compare with an uninterrupted run."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu"]
+
+    def fit(name: str, *extra: str) -> str:
+        cmd = [sys.executable, "-m", "impulsevit.cli", *tiny(tmp_path, name, *ddp, *extra)]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout + done.stderr
+
+    fit("straight")
+    fit("split", STOP_AFTER_EPOCH_0)
+    log = fit("split", "--resume=auto")
+    assert "resuming from" in log and "is not re-applied" in log
+    a = torch.load(tmp_path / "straight" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    b = torch.load(tmp_path / "split" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert a["global_step"] == b["global_step"] == 4  # 64 samples / 2 ranks / batch 16 = 2 steps per epoch
+    assert [k for k in a["state_dict"] if not torch.equal(a["state_dict"][k], b["state_dict"][k])] == []
+    assert yaml.safe_load((tmp_path / "split" / "config.yaml").read_text())["trainer"]["strategy"] == "ddp"
