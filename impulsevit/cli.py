@@ -65,7 +65,7 @@ EXTERNAL_SUBCOMMANDS: dict[str, tuple[str, str, bool]] = {
     "convert": ("impulsevit.data.convert", "main", True),
     "submit": ("impulsevit.cluster.submit", "main", True),
     "study": ("impulsevit.study", "main", True),
-    "demo": ("impulsevit.init.demo", "main", False),
+    "demo": ("impulsevit.init.demo", "main", True),
 }
 LOCAL_SUBCOMMANDS = ("recipes", "export")
 ALL_SUBCOMMANDS = (*TRAINER_SUBCOMMANDS, *LOCAL_SUBCOMMANDS, *EXTERNAL_SUBCOMMANDS)
