@@ -60,12 +60,12 @@ __all__ = ["ImpulseCLI", "RunConfigSaver", "ImpulseArgumentParser", "main", "pre
 log = logging.getLogger("impulsevit")
 
 TRAINER_SUBCOMMANDS = ("fit", "validate", "test", "predict")
-# subcommand -> (module, function, takes argv): provided by other parts of the package, imported on use
-EXTERNAL_SUBCOMMANDS: dict[str, tuple[str, str, bool]] = {
-    "convert": ("impulsevit.data.convert", "main", True),
-    "submit": ("impulsevit.cluster.submit", "main", True),
-    "study": ("impulsevit.study", "main", True),
-    "demo": ("impulsevit.init.demo", "main", True),
+# subcommand -> (module, function(argv) -> exit status): provided by other parts of the package, imported on use
+EXTERNAL_SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "convert": ("impulsevit.data.convert", "main"),
+    "submit": ("impulsevit.cluster.submit", "main"),
+    "study": ("impulsevit.study", "main"),
+    "demo": ("impulsevit.init.demo", "main"),
 }
 LOCAL_SUBCOMMANDS = ("recipes", "export")
 ALL_SUBCOMMANDS = (*TRAINER_SUBCOMMANDS, *LOCAL_SUBCOMMANDS, *EXTERNAL_SUBCOMMANDS)
@@ -395,7 +395,7 @@ def _setup_logging() -> None:
 
 
 def _run_external(sub: str, rest: list[str]) -> int:
-    module, func, takes_argv = EXTERNAL_SUBCOMMANDS[sub]
+    module, func = EXTERNAL_SUBCOMMANDS[sub]
     try:
         fn = getattr(importlib.import_module(module), func)
     except ModuleNotFoundError as e:
@@ -403,8 +403,7 @@ def _run_external(sub: str, rest: list[str]) -> int:
             print(f"impulsevit {sub}: not available in this installation ({module} is missing)", file=sys.stderr)
             return 2
         raise
-    result = fn(rest) if takes_argv else fn()
-    return int(result or 0)
+    return int(fn(rest) or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
