@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -222,6 +223,9 @@ def test_ddp_two_processes_resume_auto_is_bit_exact(tmp_path):
     """``impulsevit fit`` with ``strategy: ddp`` on 2 CPU processes (gloo), as a user runs it (a subprocess: Lightning
     re-launches the command for rank 1): stop after epoch 0, ``--resume auto``, compare with an uninterrupted run."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    with socket.socket() as s:  # a port of our own for the gloo rendezvous (other DDP tests may run concurrently)
+        s.bind(("127.0.0.1", 0))
+        env["MASTER_PORT"] = str(s.getsockname()[1])
     ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu"]
 
     def fit(name: str, *extra: str) -> str:
