@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from unittest import mock
@@ -43,9 +44,21 @@ def run_cli(*args: str) -> ImpulseCLI:
     """``impulsevit <args>`` in this process (argv normalised as the console script does); returns the CLI object.
 
     ``sys.argv`` is set to the bare program name meanwhile, as under the console script (LightningCLI warns when it
-    sees pytest's own arguments next to ``args``)."""
-    with mock.patch.object(sys, "argv", ["impulsevit"]):
+    sees pytest's own arguments next to ``args``), and ``os.environ`` is restored afterwards: a single-process
+    ``fsdp2`` run sets ``LOCAL_RANK`` / ``MASTER_PORT`` / ... there, which would make later subprocesses (any test's
+    DDP launch) believe an external launcher started them."""
+    with mock.patch.object(sys, "argv", ["impulsevit"]), mock.patch.dict(os.environ):
         return ImpulseCLI(args=prepare_argv(list(args)))
+
+
+def subprocess_env() -> dict[str, str]:
+    """Environment for an ``impulsevit`` subprocess: one thread, the repo and ``tests/`` importable, and no
+    distributed-launch variables inherited from this process."""
+    launch = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+    env = {k: v for k, v in os.environ.items() if k not in launch}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
+    return env
 
 
 def tiny(runs_dir: Path, name: str, *extra: str, subcommand: str = "fit") -> list[str]:

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from _cli_helpers import REPO, TINY, run_cli, scalars, state_dict, tiny
+from _cli_helpers import TINY, run_cli, scalars, state_dict, subprocess_env, tiny
 
 from impulsevit.checkpointing import (
     AtomicCheckpointIO,
@@ -184,7 +184,7 @@ def test_sigkill_during_checkpoint_write_then_resume_auto(tmp_path):
         "--trainer.max_epochs=1",
     ]
     ckdir = tmp_path / "killed" / "checkpoints"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    env = subprocess_env()
     proc = subprocess.Popen([sys.executable, "-m", "impulsevit.cli", *args], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     caught = None
@@ -222,7 +222,7 @@ def test_sigkill_during_checkpoint_write_then_resume_auto(tmp_path):
 def test_ddp_two_processes_resume_auto_is_bit_exact(tmp_path):
     """``impulsevit fit`` with ``strategy: ddp`` on 2 CPU processes (gloo), as a user runs it (a subprocess: Lightning
     re-launches the command for rank 1): stop after epoch 0, ``--resume auto``, compare with an uninterrupted run."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    env = subprocess_env()
     with socket.socket() as s:  # a port of our own for the gloo rendezvous (other DDP tests may run concurrently)
         s.bind(("127.0.0.1", 0))
         env["MASTER_PORT"] = str(s.getsockname()[1])
