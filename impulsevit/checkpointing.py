@@ -136,7 +136,8 @@ def is_complete_checkpoint(path: str | os.PathLike) -> bool:
 
 def checkpoint_candidates(run_dir: str | os.PathLike, extra_dirs: tuple[str | os.PathLike, ...] = ()) -> list[Path]:
     """``<run_dir>/checkpoints/*.ckpt``, ``<run_dir>/hpc_ckpt_*.ckpt`` and ``<d>/*.ckpt`` for each extra dir, newest
-    first (by modification time; ties broken by name). Temp files are excluded; completeness is not checked here."""
+    first (by modification time; ties broken by name). Temp files and ``last_good.ckpt`` are excluded; completeness is
+    not checked here."""
     run_dir = Path(run_dir)
     found: set[Path] = set()
     for d in (run_dir / "checkpoints", *map(Path, extra_dirs)):
@@ -144,7 +145,9 @@ def checkpoint_candidates(run_dir: str | os.PathLike, extra_dirs: tuple[str | os
             found.update(d.glob("*.ckpt"))
     if run_dir.is_dir():
         found.update(run_dir.glob("hpc_ckpt_*.ckpt"))
-    found = {p for p in found if not _TMP_RE.search(p.name)}
+    # last_good.ckpt (NonFiniteLossGuard) is a mid-step snapshot taken before a NaN/inf loss: resuming it as-is would
+    # usually hit the same loss again, so `--resume auto` never picks it; resume it explicitly with `--resume PATH`.
+    found = {p for p in found if not _TMP_RE.search(p.name) and p.name != "last_good.ckpt"}
     return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True)
 
 

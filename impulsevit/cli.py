@@ -45,6 +45,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from impulsevit import __version__
+from impulsevit.callbacks.preemption import SlurmRequeue
 from impulsevit.checkpointing import (
     AtomicCheckpointIO,
     RNGStateCheckpoint,
@@ -54,6 +55,7 @@ from impulsevit.checkpointing import (
 )
 from impulsevit.data.base import BaseImageDataModule
 from impulsevit.recipes import RecipeNotFoundError, format_listing, resolve_recipe
+from impulsevit.strategies import default_precision, resolve_strategy
 
 __all__ = ["ImpulseCLI", "RunConfigSaver", "ImpulseArgumentParser", "main", "prepare_argv", "run_dir_of"]
 
@@ -285,7 +287,9 @@ class ImpulseCLI(LightningCLI):
     defaults ``monitor: val/acc1``, ``mode: max``, ``save_last: true``, ``dirpath: <run_dir>/checkpoints``). Trainer
     defaults added when the recipe does not set them: ``default_root_dir=<run_dir>``,
     ``TensorBoardLogger(save_dir=runs_dir, name=name, version="")``, the
-    :class:`~impulsevit.checkpointing.AtomicCheckpointIO` plugin, and ``seed_everything: 0``.
+    :class:`~impulsevit.checkpointing.AtomicCheckpointIO` plugin, ``precision`` = bf16-mixed on GPU / 32-true on CPU,
+    ``strategy: fsdp`` read as FSDP2, the :class:`~impulsevit.callbacks.preemption.SlurmRequeue` callback (the one
+    owner of SLURM requeueing, also for sbatch scripts users write themselves) and ``seed_everything: 0``.
     """
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
@@ -301,7 +305,7 @@ class ImpulseCLI(LightningCLI):
             save_config_callback=RunConfigSaver,
             save_config_kwargs={"overwrite": True},
             parser_class=ImpulseArgumentParser,
-            trainer_defaults={"callbacks": [RNGStateCheckpoint()]},
+            trainer_defaults={"callbacks": [RNGStateCheckpoint(), SlurmRequeue()]},
             auto_configure_optimizers=False,
             args=args,
             run=run,
@@ -351,6 +355,10 @@ class ImpulseCLI(LightningCLI):
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
+        if trainer_cfg.get("strategy") == "fsdp":  # Lightning refuses the string "fsdp" on CPU before its registry
+            kwargs["strategy"] = resolve_strategy("fsdp")
+        if trainer_cfg.get("precision") is None:
+            kwargs["precision"] = default_precision(trainer_cfg.get("accelerator"))
         ckpt_cb = self._get(self.config_init, "checkpoint")
         if isinstance(ckpt_cb, ModelCheckpoint) and ckpt_cb.dirpath is None:
             ckpt_cb.dirpath = os.path.realpath(run_dir / "checkpoints")

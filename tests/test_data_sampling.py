@@ -37,3 +37,19 @@ def test_sampler_follows_set_epoch_and_validates():
     assert list(s) != first
     with pytest.raises(ValueError, match="repeats >= 1"):
         repeated_aug_order(10, 0, 0, 1, 0, 0)
+
+
+def test_torchvision_train_order_is_a_function_of_the_trainers_epoch():
+    """A loader created at epoch e (as on a resumed run) yields the same order as the uninterrupted run's epoch e."""
+    from types import SimpleNamespace
+
+    from impulsevit.data import ImageDataModule
+
+    def first_labels(epoch: int) -> list[int]:
+        dm = ImageDataModule(dataset="digits", backend="torchvision", image_size=8, batch_size=64, num_workers=0,
+                             scale=(1.0, 1.0), hflip=0.0, crop_pct=1.0)
+        dm.trainer = SimpleNamespace(current_epoch=epoch, training=False)
+        return next(iter(dm.train_dataloader()))[1].tolist()
+
+    assert first_labels(3) == first_labels(3)
+    assert first_labels(3) != first_labels(4)

@@ -247,15 +247,19 @@ class ImageDataModule(BaseImageDataModule):
             self.setup("fit" if train else "validate")
         ds = self._sets[key]
         rank, world = dist_info()
-        if train and self.repeated_aug > 1:
-            sampler = RepeatedAugSampler(ds, self.repeated_aug, num_replicas=world, rank=rank, seed=self.seed)
+        sampler: DistributedSampler | None = None
+        if train:
+            # The order is a function of (seed, epoch) and the epoch is set here: on a resumed run Lightning fetches
+            # the first batch before its own set_epoch call, so a resumed epoch replays the uninterrupted order.
+            sampler = (RepeatedAugSampler(ds, self.repeated_aug, num_replicas=world, rank=rank, seed=self.seed)
+                       if self.repeated_aug > 1 else
+                       DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=self.seed))
+            trainer = getattr(self, "trainer", None)
+            sampler.set_epoch(trainer.current_epoch if trainer is not None else 0)
         elif world > 1:
-            sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=train, seed=self.seed)
-        else:
-            sampler = None
-        generator = torch.Generator().manual_seed(self.seed) if train and sampler is None else None
-        return DataLoader(ds, batch_size=self.batch_size, shuffle=train and sampler is None, sampler=sampler,
-                          num_workers=self.num_workers, drop_last=train, generator=generator,
+            sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False, seed=self.seed)
+        return DataLoader(ds, batch_size=self.batch_size, sampler=sampler,
+                          num_workers=self.num_workers, drop_last=train,
                           persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available())
 
     def train_dataloader(self):  # noqa: ANN201 - FFCVLoader or DataLoader
