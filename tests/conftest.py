@@ -14,3 +14,14 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_process_group():
+    """In-process Lightning runs (e.g. a 1-device FSDP2 fit) may leave a default process group behind; tear it down so
+    later tests that create their own group (tests/test_init_fsdp.py) run instead of finding one."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
