@@ -12,7 +12,14 @@ from __future__ import annotations
 import lightning as L
 import torch
 
-__all__ = ["BaseImageDataModule"]
+__all__ = ["BaseImageDataModule", "dist_info"]
+
+
+def dist_info() -> tuple[int, int]:
+    """(rank, world_size) of the default process group, (0, 1) without one."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
 
 
 class BaseImageDataModule(L.LightningDataModule):

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from impulsevit.data.base import dist_info
 from impulsevit.data.sampling import repeated_aug_order
 
 __all__ = ["FFCVLoader", "build_ffcv_loader", "ffcv_available"]
@@ -116,13 +117,6 @@ def _repeated_aug_order_factory(repeats: int, rank: int, world_size: int):  # no
             raise TypeError("the repeated-augmentation factory is not an order; FFCV's Loader calls it first")
 
     return Factory()
-
-
-def dist_info() -> tuple[int, int]:
-    """(rank, world_size) of the default process group, (0, 1) without one."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
 
 
 def fits_in_memory(path: str | os.PathLike, fraction: float = 0.5) -> bool:

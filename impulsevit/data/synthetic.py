@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from impulsevit.data.base import BaseImageDataModule
+from impulsevit.data.base import BaseImageDataModule, dist_info
 
 __all__ = ["SyntheticDataModule"]
 
@@ -53,9 +53,7 @@ class SyntheticDataModule(BaseImageDataModule):
         # The order is a function of (seed, epoch), and the epoch is set here: on a resumed run Lightning prefetches
         # the first batch before its own set_epoch call, so a resumed epoch sees the same batches as an uninterrupted
         # one. A DistributedSampler (sharded by rank under DDP) is left in place by Lightning.
-        dist = torch.distributed
-        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() \
-            else (0, 1)
+        rank, world = dist_info()
         sampler = DistributedSampler(self.train_set, num_replicas=world, rank=rank, shuffle=True, seed=self.seed)
         sampler.set_epoch(self.trainer.current_epoch if self.trainer is not None else 0)
         return DataLoader(self.train_set, batch_size=self.batch_size, sampler=sampler, drop_last=True,
