@@ -22,6 +22,8 @@ from typing import Literal
 
 import torch
 
+from impulsevit.init.rng import numpy_stream, truncated_normal
+
 __all__ = [
     "PRIORITY_3X3",
     "kernel_offsets",
@@ -36,8 +38,11 @@ __all__ = [
     "QKSolution",
     "solve_qk",
     "balanced_factors",
+    "draw_value_matrix",
+    "value_proj_from",
     "value_proj_factors",
     "mimetic_qk_factors",
+    "draw_mimetic_qk_targets",
 ]
 
 Offset = tuple[int, int]
@@ -141,9 +146,9 @@ def impulse_indicator(height: int, width: int, offset: Offset, boundary: Boundar
 
 def draw_noise(num_heads: int, num_tokens: int, generator: torch.Generator, std: float = 0.6, clip: float = 2.0):
     """The target noise ``E``: ``(num_heads, N, N)`` float32, i.i.d. truncated normal (mean 0, ``std``, cut at the
-    absolute interval ``[−clip, clip]``), drawn in one call so the order is layer-major, then head, then row."""
-    e = torch.empty(num_heads, num_tokens, num_tokens)
-    return torch.nn.init.trunc_normal_(e, std=std, a=-clip, b=clip, generator=generator)
+    absolute interval ``[−clip, clip]``), drawn in one call (one seed from ``generator``, see
+    :func:`impulsevit.init.rng.truncated_normal`) so the order is layer-major, then head, then row."""
+    return truncated_normal((num_heads, num_tokens, num_tokens), generator, std=std, clip=clip)
 
 
 def target_logits(
@@ -220,8 +225,8 @@ class QKSolution:
     """Result of :func:`solve_qk` for one layer.
 
     Attributes:
-        wq, wk: ``(h, head_dim, D)`` float64 — head ``i``'s rows of ``qkv.weight`` (Q block, K block). Rows beyond the
-            solve rank are zero.
+        wq, wk: ``(h, head_dim, D)`` (``dtype`` of :func:`solve_qk`) — head ``i``'s rows of ``qkv.weight`` (Q block,
+            K block). Rows beyond the solve rank are zero.
         scale: ``(h,)`` the factor ``c_i`` in ``Λ_i = c_i · Π_r T_i Π_r`` (logits on the pseudo-input, incl. ``1/√d``).
         target_logit: ``(h,)`` mean of ``Λ_i`` over the head's target entries (nan for a head with none).
     """
@@ -257,6 +262,7 @@ def solve_qk(
     gain: float = 7.0,
     normalize: Literal["frobenius", "logit"] = "frobenius",
     target_logit: float = 5.0,
+    dtype: torch.dtype = torch.float64,
 ) -> QKSolution:
     """Closed-form Q/K of one layer, all heads batched (``method.md`` §2.4, subspace formulation).
 
@@ -270,6 +276,9 @@ def solve_qk(
         normalize: ``'logit'`` instead sets both factors to equal norm so that the mean logit on the head's target
             entries (over valid queries, on the pseudo-input) equals ``target_logit`` — the scale rule for
             rank-deficient pseudo-inputs, where the Frobenius rule collapses the logits to ≈ 0.
+        dtype: of ``wq`` / ``wk`` and of the two large products (noise ``E_i U_r`` and the expansion ``… V_rᵀ`` to
+            ``D`` columns); ``float32`` when the weights are stored in float32 anyway (relative error ~1e-7). The
+            ``r × r`` solve and the impulse part of the target are float64 always.
 
     Returns:
         :class:`QKSolution`. Heads whose target has no valid query (impossible for k ≤ grid size) fall back to the
@@ -283,25 +292,22 @@ def solve_qk(
         raise ValueError(f"noise must be (h, N, N) = ({h}, {n}, {n}), got {tuple(noise.shape)}")
     u, s, v, r = pi.u, pi.s, pi.v, pi.rank
     qs, ts = _target_gather(pi, height, width, offsets, boundary)
-    e = noise.to(torch.float64)
+    e = noise.to(dtype)
     # X_i = U_rᵀ T_i U_r with T_i = a S_i + b (E_i − E_i ⊙ S_i)
-    eu = torch.matmul(e, u)  # (h, N, r)
-    x = torch.matmul(u.T, eu)  # (h, r, r)
-    x = noise_scale * x
+    uc = u.to(dtype)
+    x = noise_scale * torch.matmul(uc.T, torch.matmul(e, uc)).double()  # (h, r, r)
     for i in range(h):
         q, t = qs[i], ts[i]
         if q.numel() == 0:
             continue
         uq, ut = u[q], u[t]  # (m, r)
-        on = e[i, q, t]  # (m,) noise entries that S replaces
+        on = e[i, q, t].double()  # (m,) noise entries that S replaces
         x[i] += uq.T @ ((on_value - noise_scale * on).unsqueeze(1) * ut)
     inv_s = 1.0 / s
     m = inv_s.view(1, -1, 1) * x * inv_s.view(1, 1, -1)  # M_i = Σ⁻¹ X_i Σ⁻¹
     a, mu, ct = torch.linalg.svd(m)  # (h, r, r), (h, r), (h, r, r)
     a, ct = _fix_signs(a, ct)
     root = mu.sqrt()
-    lf = a * root.unsqueeze(1)  # (h, r, r): A diag(√μ)
-    rf = ct.transpose(1, 2) * root.unsqueeze(1)  # C diag(√μ)
     nuclear = mu.sum(1)  # ‖F_i‖² = ‖G_i‖² = Σ μ
     # target entries of Π T Π: U_r[q] X U_r[t]ᵀ  (Λ_i = c_i Π T_i Π)
     tgt = torch.full((h,), float("nan"), dtype=torch.float64)
@@ -317,20 +323,31 @@ def solve_qk(
         coef = torch.where(ok, (target_logit * sqrt_d / tgt.clamp_min(1e-300)).sqrt(), gain / nuclear.sqrt())
     else:
         raise ValueError(f"normalize must be 'frobenius' or 'logit', got {normalize!r}")
-    wq = torch.zeros(h, head_dim, v.shape[0], dtype=torch.float64)
-    wk = torch.zeros_like(wq)
-    wq[:, :r] = coef.view(-1, 1, 1) * torch.matmul(v, lf).transpose(1, 2)
-    wk[:, :r] = coef.view(-1, 1, 1) * torch.matmul(v, rf).transpose(1, 2)
+    # W_q^(i) = c_i (V_r A_i diag(√μ_i))ᵀ = (c_i diag(√μ_i) A_iᵀ) V_rᵀ, W_k^(i) likewise with C_i (= ctᵀ)
+    w = coef.view(-1, 1, 1) * root.unsqueeze(2)  # (h, r, 1)
+    factors = torch.cat([w * a.transpose(1, 2), w * ct]).to(dtype)  # (2h, r, r)
+    wqk = torch.matmul(factors, v.T.to(dtype))  # (2h, r, D), one product for both
+    wq_r, wk_r = wqk[:h], wqk[h:]
+    if r < head_dim:  # rows beyond the solve rank stay zero
+        pad = (0, 0, 0, head_dim - r)
+        wq_r, wk_r = torch.nn.functional.pad(wq_r, pad), torch.nn.functional.pad(wk_r, pad)
     scale = coef**2 / sqrt_d
-    return QKSolution(wq=wq, wk=wk, scale=scale, target_logit=scale * tgt)
+    return QKSolution(wq=wq_r, wk=wk_r, scale=scale, target_logit=scale * tgt)
 
 
 def _fix_signs(u: torch.Tensor, vh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """SVD sign convention: flip each singular pair so the largest-magnitude entry of ``u[..., :, j]`` is positive
     (the product ``u diag(s) vh`` is unchanged; the factors no longer depend on the LAPACK build's sign choice)."""
-    pivot = u.gather(-2, u.abs().argmax(-2, keepdim=True))  # (..., 1, k)
-    sign = torch.where(pivot < 0, -1.0, 1.0).to(u.dtype)
-    return u * sign, vh * sign.transpose(-2, -1)
+    sign = _pivot_signs(u.transpose(-2, -1))  # (..., k, 1): one sign per column of u
+    return u * sign.transpose(-2, -1), vh * sign
+
+
+def _pivot_signs(rows: torch.Tensor) -> torch.Tensor:
+    """``±1`` per row of ``rows`` (``(..., k, n)``): the sign of the row's largest-magnitude entry, ``(..., k, 1)``.
+    The reduction runs along the last axis; pass a transposed view when the vectors are columns."""
+    rows = rows.contiguous()
+    pivot = rows.gather(-1, rows.abs().argmax(-1, keepdim=True))
+    return torch.where(pivot < 0, -1.0, 1.0).to(rows.dtype)
 
 
 def balanced_factors(
@@ -341,24 +358,41 @@ def balanced_factors(
     ``L R`` is the best rank-``k`` approximation of ``C`` (``k = rank``, default ``D``: ``L R = C``) and both factors
     have singular values ``√s`` — the released SVD split. Computed from the symmetric eigenproblem ``CᵀC = Y S² Yᵀ``
     (about 2× cheaper than an SVD) with ``L = C Y_k S_k^{-1/2}``; ``L R = C Y_k Y_kᵀ`` is exact up to the
-    orthogonality of ``Y``, whatever the conditioning of ``C``. Computed and returned in ``dtype``.
+    orthogonality of ``Y``, whatever the conditioning of ``C``. Signs: each pair is flipped so that the
+    largest-magnitude entry of ``U``'s column is positive. Computed and returned in ``dtype``.
     """
     c = c.to(dtype)
     evals, y = torch.linalg.eigh(c.transpose(-2, -1) @ c)  # ascending
     k = c.shape[-1] if rank is None else rank
-    y = y.flip(-1)[..., :k]
+    yt = y.flip(-1)[..., :k].transpose(-2, -1)  # (..., k, D): rows are right singular vectors, descending
     s = evals.flip(-1)[..., :k].clamp_min(0).sqrt()
-    lf = c @ y  # = U S
-    lf, yt = _fix_signs(lf, y.transpose(-2, -1))
-    root = s.sqrt()
+    lt = yt @ c.transpose(-2, -1)  # (U S)ᵀ, rows contiguous for the sign pivot
+    sign = _pivot_signs(lt)  # (..., k, 1)
+    root = s.sqrt().unsqueeze(-1)  # (..., k, 1)
     inv_root = torch.where(root > 0, 1.0 / root, torch.zeros_like(root))
-    return lf * inv_root.unsqueeze(-2), root.unsqueeze(-1) * yt
+    return (lt * (sign * inv_root)).transpose(-2, -1), yt * (sign * root)
+
+
+def draw_value_matrix(dim: int, generator: torch.Generator, alpha: float = 0.4, beta: float = 0.4) -> torch.Tensor:
+    """``C = αZ − βI`` with ``Z ~ U(±√3/√D)`` i.i.d. (``D × D``, float64) — the random part of
+    :func:`value_proj_factors`, drawn from ``generator``."""
+    c = alpha * _uniform_unit_variance((dim, dim), dim, generator)
+    c.diagonal().sub_(beta)
+    return c
+
+
+def value_proj_from(c: torch.Tensor, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(w_v, w_proj)`` for a drawn ``C`` (``D × D``): the balanced split ``C = L R`` as ``(Lᵀ, Rᵀ)`` in ``dtype``,
+    so ``(x w_vᵀ) w_projᵀ = x C`` for every row ``x``. Pure (no randomness): safe to run in a worker thread."""
+    lf, rf = balanced_factors(c, dtype=dtype)
+    return lf.T.contiguous(), rf.T.contiguous()
 
 
 def _uniform_unit_variance(shape: tuple[int, ...], dim: int, generator: torch.Generator) -> torch.Tensor:
-    """``U(±√3/√dim)`` i.i.d. (variance ``1/dim``), float64."""
+    """``U(±√3/√dim)`` i.i.d. (variance ``1/dim``), float64, from one :func:`~impulsevit.init.rng.numpy_stream`."""
     bound = math.sqrt(3.0 / dim)
-    return torch.empty(shape, dtype=torch.float64).uniform_(-bound, bound, generator=generator)
+    z = torch.from_numpy(numpy_stream(generator).random(shape))  # [0, 1)
+    return z.mul_(2.0 * bound).sub_(bound)
 
 
 def value_proj_factors(
@@ -371,10 +405,9 @@ def value_proj_factors(
     every token row ``x`` maps to ``(x w_vᵀ) w_projᵀ = x L R = x C``. ``Z`` is drawn in float64; the factorisation
     runs in ``dtype`` and all three are returned in it (float32: ``L R = C`` to float32 precision, at half the cost).
     """
-    c = alpha * _uniform_unit_variance((dim, dim), dim, generator) - beta * torch.eye(dim, dtype=torch.float64)
-    c = c.to(dtype)
-    lf, rf = balanced_factors(c, dtype=dtype)
-    return lf.T.contiguous(), rf.T.contiguous(), c
+    c = draw_value_matrix(dim, generator, alpha, beta).to(dtype)
+    wv, wp = value_proj_from(c, dtype)
+    return wv, wp, c
 
 
 def mimetic_qk_factors(
@@ -387,7 +420,15 @@ def mimetic_qk_factors(
     Returns:
         ``(wq, wk, a)``: ``(h, d, D)``, ``(h, d, D)`` and the targets ``(h, D, D)``, float64.
     """
-    z = _uniform_unit_variance((num_heads, dim, dim), dim, generator)
-    a = alpha * z + beta * torch.eye(dim, dtype=torch.float64)
+    a = draw_mimetic_qk_targets(dim, num_heads, generator, alpha, beta)
     lf, rf = balanced_factors(a, rank=head_dim)
     return lf.transpose(1, 2).contiguous(), rf.contiguous(), a
+
+
+def draw_mimetic_qk_targets(
+    dim: int, num_heads: int, generator: torch.Generator, alpha: float = 0.7, beta: float = 0.7
+) -> torch.Tensor:
+    """The random part of :func:`mimetic_qk_factors`: ``A_i = αZ_i + βI``, ``(h, D, D)`` float64."""
+    a = alpha * _uniform_unit_variance((num_heads, dim, dim), dim, generator)
+    a.diagonal(dim1=-2, dim2=-1).add_(beta)
+    return a

@@ -11,15 +11,16 @@ logits), relative / rotary position encodings (ROPE ViTs, Swin — see the ``swi
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
 from impulsevit.init import impulse as imp
 from impulsevit.init.api import InitResult, check_options, read_full, register
-from impulsevit.init.baselines import torch_defaults, write_values
+from impulsevit.init.baselines import Value, as_tensor, torch_default_fills, write_values
 
 __all__ = ["VitLayout", "vit_layout", "is_vit", "IMPULSE_DEFAULTS", "MIMETIC_DEFAULTS", "patch_pseudo_input"]
 
@@ -202,27 +203,51 @@ def patch_pseudo_input(pos_embed: torch.Tensor, rows: slice, eps: float = 1e-5) 
     return imp.layer_norm_rows(pos_embed[0, rows].to(torch.float64), eps)
 
 
-def _base_values(model: nn.Module, g: torch.Generator, base: str, skip: set[str]) -> tuple[dict, list[str]]:
+def _base_values(model: nn.Module, g: torch.Generator, base: str, skip: set[str]) -> tuple[dict[str, Value], list]:
     if base == "keep":
         return {}, []
-    return torch_defaults(model, g, skip=skip)
+    return torch_default_fills(model, g, skip=skip)
 
 
-def _current(model: nn.Module, values: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+def _current(model: nn.Module, values: dict[str, Value], name: str) -> torch.Tensor:
     if name in values:
+        values[name] = as_tensor(values[name])
         return values[name]
     return read_full(model.get_parameter(name)).detach().float().cpu()
 
 
-def _value_proj(lay: VitLayout, g: torch.Generator, alpha: float, beta: float, gain: float):
+def _check_value_width(lay: VitLayout) -> None:
     if lay.num_heads * lay.head_dim != lay.dim:
         raise ValueError(
             f"{lay.model}: attention width {lay.num_heads * lay.head_dim} != embed dim {lay.dim}; the mimetic "
             "value/proj needs them equal (use value='default')"
         )
+
+
+def _value_proj(c: torch.Tensor, gain: float) -> tuple[torch.Tensor, torch.Tensor]:
     # float32 factorisation: the product is stored in float32 anyway (error ~1e-6), at half the cost of float64
-    wv, wp, _ = imp.value_proj_factors(lay.dim, g, alpha, beta, dtype=torch.float32)
+    wv, wp = imp.value_proj_from(c.float(), dtype=torch.float32)
     return gain * wv, gain * wp
+
+
+_T = TypeVar("_T")
+
+
+def _run_parallel(tasks: Sequence[Callable[[], _T]]) -> list[_T]:
+    """Run pure, generator-free tasks on ``torch.get_num_threads()`` threads (LAPACK / BLAS release the GIL, and one
+    thread alone leaves cores idle in the sequential parts of an eigensolver); results in task order. All random
+    draws happen before, on the calling thread, so the result does not depend on the thread count."""
+    threads = torch.get_num_threads()
+    workers = min(threads, len(tasks))
+    if workers <= 1:
+        return [t() for t in tasks]
+    torch.set_num_threads(1)  # one BLAS/LAPACK thread per task: the tasks are the parallelism (no oversubscription)
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            futures = [pool.submit(t) for t in tasks]
+            return [f.result() for f in futures]
+    finally:
+        torch.set_num_threads(threads)
 
 
 @register("impulse", family="vit", matches=is_vit)
@@ -280,26 +305,47 @@ def impulse_vit(model: nn.Module, generator: torch.Generator, options: dict[str,
             lay.num_heads, opts["kernel_size"], opts["offsets"], generator=generator, replacement=opts["replacement"]
         )
 
+    mimetic_value = opts["value"] == "mimetic"
+    if mimetic_value:
+        _check_value_width(lay)
+    # 1) every random draw, in the documented order, on this thread
     shared = draw_offsets()
     per_layer: list[list[tuple[int, int]]] = []
+    noises, cs = [], []
+    redraw = opts["offsets_per_layer"] and opts["offsets"] == "random"
+    for li in range(len(lay.attn_names)):
+        per_layer.append(draw_offsets() if (redraw and li) else shared)
+        noises.append(imp.draw_noise(lay.num_heads, n, generator, std=opts["noise_std"], clip=opts["noise_clip"]))
+        if mimetic_value:
+            cs.append(imp.draw_value_matrix(lay.dim, generator, opts["value_alpha"], opts["value_beta"]))
+
+    # 2) the solves: pure functions of the draws, in parallel (Q/K per layer, V/proj per layer)
+    def qk_task(li: int) -> Callable[[], imp.QKSolution]:
+        return lambda: imp.solve_qk(
+            pi, H, W, per_layer[li], noises[li], d,
+            on_value=opts["on_value"], noise_scale=opts["noise_scale"], boundary=opts["boundary"],
+            gain=opts["gain_qk"], normalize=normalize, target_logit=opts["target_logit"], dtype=torch.float32,
+        )  # fmt: skip
+
+    def vp_task(c: torch.Tensor) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+        return lambda: _value_proj(c, opts["gain_v"])
+
+    # the V/proj eigensolves are the long tasks: queue them first so the short Q/K solves fill the gaps
+    results = _run_parallel([vp_task(c) for c in cs] + [qk_task(li) for li in range(len(lay.attn_names))])
+    vps, sols = results[: len(cs)], results[len(cs) :]
+
+    # 3) assemble
     dim, ad = lay.dim, lay.num_heads * d
     for li, attn_name in enumerate(lay.attn_names):
-        offs = draw_offsets() if (opts["offsets_per_layer"] and opts["offsets"] == "random" and li) else shared
-        per_layer.append(offs)
-        noise = imp.draw_noise(lay.num_heads, n, generator, std=opts["noise_std"], clip=opts["noise_clip"])
-        sol = imp.solve_qk(
-            pi, H, W, offs, noise, d,
-            on_value=opts["on_value"], noise_scale=opts["noise_scale"], boundary=opts["boundary"],
-            gain=opts["gain_qk"], normalize=normalize, target_logit=opts["target_logit"],
-        )  # fmt: skip
+        sol = sols[li]
         key = f"{attn_name}.qkv.weight"
-        qkv = torch.empty(3 * ad, dim) if opts["value"] == "mimetic" else _current(model, values, key).clone()
-        qkv[:ad] = sol.wq.reshape(ad, dim).float()
-        qkv[ad : 2 * ad] = sol.wk.reshape(ad, dim).float()
-        if opts["value"] == "mimetic":
-            wv, wp = _value_proj(lay, generator, opts["value_alpha"], opts["value_beta"], opts["gain_v"])
-            qkv[2 * ad :] = wv.float()
-            values[f"{attn_name}.proj.weight"] = wp.float()
+        qkv = torch.empty(3 * ad, dim) if mimetic_value else _current(model, values, key).clone()
+        qkv[:ad] = sol.wq.reshape(ad, dim)
+        qkv[ad : 2 * ad] = sol.wk.reshape(ad, dim)
+        if mimetic_value:
+            wv, wp = vps[li]
+            qkv[2 * ad :] = wv
+            values[f"{attn_name}.proj.weight"] = wp
         values[key] = qkv
     values[lay.pos_name] = pos
     write_values(model, values)
@@ -325,19 +371,35 @@ def mimetic_vit(model: nn.Module, generator: torch.Generator, options: dict[str,
     if opts["value"] == "mimetic":
         full = {f"{a}.{w}.weight" for a in lay.attn_names for w in ("qkv", "proj")}
     values, notes = _base_values(model, generator, opts["base"], full)
-    ad, dim = lay.num_heads * lay.head_dim, lay.dim
-    for attn_name in lay.attn_names:
-        wq, wk, _ = imp.mimetic_qk_factors(
-            dim, lay.num_heads, lay.head_dim, generator, opts["qk_alpha"], opts["qk_beta"]
-        )
+    ad, dim, h, d = lay.num_heads * lay.head_dim, lay.dim, lay.num_heads, lay.head_dim
+    mimetic_value = opts["value"] == "mimetic"
+    if mimetic_value:
+        _check_value_width(lay)
+    # draws on this thread (per layer: the h Q/K matrices, then the value matrix), then the factorisations in parallel
+    qk_targets, cs = [], []
+    for _ in lay.attn_names:
+        qk_targets.append(imp.draw_mimetic_qk_targets(dim, h, generator, opts["qk_alpha"], opts["qk_beta"]))
+        if mimetic_value:
+            cs.append(imp.draw_value_matrix(dim, generator, opts["value_alpha"], opts["value_beta"]))
+
+    def qk_task(a: torch.Tensor, i: int) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+        return lambda: imp.balanced_factors(a[i], rank=d)
+
+    def vp_task(c: torch.Tensor) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+        return lambda: _value_proj(c, 1.0)
+
+    results = _run_parallel([qk_task(a, i) for a in qk_targets for i in range(h)] + [vp_task(c) for c in cs])
+    for li, attn_name in enumerate(lay.attn_names):
         key = f"{attn_name}.qkv.weight"
-        qkv = torch.empty(3 * ad, dim) if opts["value"] == "mimetic" else _current(model, values, key).clone()
-        qkv[:ad] = wq.reshape(ad, dim).float()
-        qkv[ad : 2 * ad] = wk.reshape(ad, dim).float()
-        if opts["value"] == "mimetic":
-            wv, wp = _value_proj(lay, generator, opts["value_alpha"], opts["value_beta"], 1.0)
-            qkv[2 * ad :] = wv.float()
-            values[f"{attn_name}.proj.weight"] = wp.float()
+        qkv = torch.empty(3 * ad, dim) if mimetic_value else _current(model, values, key).clone()
+        for i in range(h):
+            lf, rf = results[li * h + i]
+            qkv[i * d : (i + 1) * d] = lf.T
+            qkv[ad + i * d : ad + (i + 1) * d] = rf
+        if mimetic_value:
+            wv, wp = results[len(lay.attn_names) * h + li]
+            qkv[2 * ad :] = wv
+            values[f"{attn_name}.proj.weight"] = wp
         values[key] = qkv
     write_values(model, values)
     return InitResult(options=opts, notes=notes)
