@@ -11,8 +11,9 @@ logits), relative / rotary position encodings (ROPE ViTs, Swin — see the ``swi
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import torch
@@ -233,21 +234,43 @@ def _value_proj(c: torch.Tensor, gain: float) -> tuple[torch.Tensor, torch.Tenso
 _T = TypeVar("_T")
 
 
+class _Solver:
+    """Runs pure, generator-free tasks on ``torch.get_num_threads()`` worker threads while the caller keeps drawing
+    random numbers on its own thread (LAPACK / BLAS release the GIL). Inside the ``with`` block torch uses one
+    intra-op thread (the tasks are the parallelism, no oversubscription); the caller's setting is restored on exit,
+    also on error. With one thread, tasks run at ``submit``. Results never depend on the thread count: every draw
+    happens on the calling thread, in program order."""
+
+    def __enter__(self) -> _Solver:
+        self._threads = torch.get_num_threads()
+        self._pool = ThreadPoolExecutor(self._threads) if self._threads > 1 else None
+        if self._pool is not None:
+            torch.set_num_threads(1)
+        return self
+
+    def submit(self, fn: Callable[[], _T]) -> Future[_T]:
+        if self._pool is not None:
+            return self._pool.submit(fn)
+        done: Future[_T] = Future()
+        try:
+            done.set_result(fn())
+        except BaseException as exc:  # re-raised by .result(), as from a worker
+            done.set_exception(exc)
+        return done
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            torch.set_num_threads(self._threads)
+
+
 def _run_parallel(tasks: Sequence[Callable[[], _T]]) -> list[_T]:
-    """Run pure, generator-free tasks on ``torch.get_num_threads()`` threads (LAPACK / BLAS release the GIL, and one
-    thread alone leaves cores idle in the sequential parts of an eigensolver); results in task order. All random
-    draws happen before, on the calling thread, so the result does not depend on the thread count."""
-    threads = torch.get_num_threads()
-    workers = min(threads, len(tasks))
-    if workers <= 1:
-        return [t() for t in tasks]
-    torch.set_num_threads(1)  # one BLAS/LAPACK thread per task: the tasks are the parallelism (no oversubscription)
-    try:
-        with ThreadPoolExecutor(workers) as pool:
-            futures = [pool.submit(t) for t in tasks]
-            return [f.result() for f in futures]
-    finally:
-        torch.set_num_threads(threads)
+    """All ``tasks`` on a :class:`_Solver`; results in task order."""
+    with _Solver() as solver:
+        futures = [solver.submit(t) for t in tasks]
+        return [f.result() for f in futures]
 
 
 @register("impulse", family="vit", matches=is_vit)
@@ -308,31 +331,30 @@ def impulse_vit(model: nn.Module, generator: torch.Generator, options: dict[str,
     mimetic_value = opts["value"] == "mimetic"
     if mimetic_value:
         _check_value_width(lay)
-    # 1) every random draw, in the documented order, on this thread
-    shared = draw_offsets()
-    per_layer: list[list[tuple[int, int]]] = []
-    noises, cs = [], []
-    redraw = opts["offsets_per_layer"] and opts["offsets"] == "random"
-    for li in range(len(lay.attn_names)):
-        per_layer.append(draw_offsets() if (redraw and li) else shared)
-        noises.append(imp.draw_noise(lay.num_heads, n, generator, std=opts["noise_std"], clip=opts["noise_clip"]))
-        if mimetic_value:
-            cs.append(imp.draw_value_matrix(lay.dim, generator, opts["value_alpha"], opts["value_beta"]))
-
-    # 2) the solves: pure functions of the draws, in parallel (Q/K per layer, V/proj per layer)
-    def qk_task(li: int) -> Callable[[], imp.QKSolution]:
-        return lambda: imp.solve_qk(
+    def solve(li: int) -> imp.QKSolution:
+        return imp.solve_qk(
             pi, H, W, per_layer[li], noises[li], d,
             on_value=opts["on_value"], noise_scale=opts["noise_scale"], boundary=opts["boundary"],
             gain=opts["gain_qk"], normalize=normalize, target_logit=opts["target_logit"], dtype=torch.float32,
         )  # fmt: skip
 
-    def vp_task(c: torch.Tensor) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
-        return lambda: _value_proj(c, opts["gain_v"])
-
-    # the V/proj eigensolves are the long tasks: queue them first so the short Q/K solves fill the gaps
-    results = _run_parallel([vp_task(c) for c in cs] + [qk_task(li) for li in range(len(lay.attn_names))])
-    vps, sols = results[: len(cs)], results[len(cs) :]
+    # every random draw in the documented order on this thread; each layer's Q/K solve and V/proj eigensolve (pure
+    # functions of its draws) start on the worker threads as soon as the layer is drawn
+    shared = draw_offsets()
+    per_layer: list[list[tuple[int, int]]] = []
+    noises: list[torch.Tensor] = []
+    redraw = opts["offsets_per_layer"] and opts["offsets"] == "random"
+    with _Solver() as solver:
+        vp_futures, qk_futures = [], []
+        for li in range(len(lay.attn_names)):
+            per_layer.append(draw_offsets() if (redraw and li) else shared)
+            noises.append(imp.draw_noise(lay.num_heads, n, generator, std=opts["noise_std"], clip=opts["noise_clip"]))
+            if mimetic_value:
+                c = imp.draw_value_matrix(lay.dim, generator, opts["value_alpha"], opts["value_beta"])
+                vp_futures.append(solver.submit(functools.partial(_value_proj, c, opts["gain_v"])))
+            qk_futures.append(solver.submit(functools.partial(solve, li)))
+        vps = [f.result() for f in vp_futures]
+        sols = [f.result() for f in qk_futures]
 
     # 3) assemble
     dim, ad = lay.dim, lay.num_heads * d
@@ -383,7 +405,8 @@ def mimetic_vit(model: nn.Module, generator: torch.Generator, options: dict[str,
             cs.append(imp.draw_value_matrix(dim, generator, opts["value_alpha"], opts["value_beta"]))
 
     def qk_task(a: torch.Tensor, i: int) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
-        return lambda: imp.balanced_factors(a[i], rank=d)
+        # float32 eigensolve: the factors are stored in float32 anyway (best rank-d approximation to ~1e-6)
+        return lambda: imp.balanced_factors(a[i].float(), rank=d, dtype=torch.float32)
 
     def vp_task(c: torch.Tensor) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
         return lambda: _value_proj(c, 1.0)
