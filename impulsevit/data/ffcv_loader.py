@@ -91,7 +91,9 @@ class FFCVLoader:
     def _iterate(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._epoch, self._completed = self.epoch, False
         self.loader.next_epoch = self._epoch
-        yield from self.loader
+        with _KeepTorchThreads():
+            it = iter(self.loader)
+        yield from it
         self._completed = True
 
 
@@ -119,6 +121,81 @@ def _repeated_aug_order_factory(repeats: int, rank: int, world_size: int):  # no
     return Factory()
 
 
+def _hflip_inplace(image: np.ndarray) -> None:
+    """Mirror an ``(H, W, C)`` uint8 image left-right in place (compiled by FFCV's ``Compiler``)."""
+    height, width, channels = image.shape
+    for r in range(height):
+        for j in range(width // 2):
+            k = width - 1 - j
+            for c in range(channels):
+                t = image[r, j, c]
+                image[r, j, c] = image[r, k, c]
+                image[r, k, c] = t
+
+
+def _crop_flip_decoder(output_size: tuple[int, int], scale: tuple[float, float], ratio: tuple[float, float],
+                       flip_prob: float):  # noqa: ANN202 - an ffcv Operation
+    """FFCV's ``RandomResizedCropRGBImageDecoder`` with the horizontal flip fused in: each image is decoded, cropped,
+    resized and (with probability ``flip_prob``) mirrored in place by the same worker thread while it is in cache.
+
+    Same crop distribution (FFCV's ``get_random_crop``) and flip rule as the decoder followed by FFCV's
+    ``RandomHorizontalFlip``, which instead copies every image of the batch (flipped or not) into a second buffer
+    through a negative-stride loop: at 224 px that copy cost four times the crop + resize of a raw image here.
+    """
+    from ffcv.fields.rgb_image import IMAGE_MODES, RandomResizedCropRGBImageDecoder
+    from ffcv.libffcv import imdecode, resize_crop
+    from ffcv.pipeline.compiler import Compiler
+
+    class RandomResizedCropFlipDecoder(RandomResizedCropRGBImageDecoder):
+        def __init__(self) -> None:
+            super().__init__(output_size, scale=scale, ratio=ratio)
+            self.flip_prob = float(flip_prob)
+
+        def generate_code(self):  # noqa: ANN202
+            jpg = IMAGE_MODES["jpg"]
+            mem_read = self.memory_read
+            my_range = Compiler.get_iterator()
+            imdecode_c = Compiler.compile(imdecode)
+            resize_crop_c = Compiler.compile(resize_crop)
+            get_crop_c = Compiler.compile(self.get_crop_generator)
+            flip_c = Compiler.compile(_hflip_inplace)
+            crop_scale, crop_ratio, p = np.array(self.scale), np.array(self.ratio), self.flip_prob
+
+            def decode(batch_indices, my_storage, metadata, storage_state):  # noqa: ANN001, ANN202
+                destination, temp_storage = my_storage
+                for dst_ix in my_range(len(batch_indices)):
+                    field = metadata[batch_indices[dst_ix]]
+                    image_data = mem_read(field["data_ptr"], storage_state)
+                    height, width = np.uint32(field["height"]), np.uint32(field["width"])
+                    if field["mode"] == jpg:
+                        temp_buffer = temp_storage[dst_ix]
+                        imdecode_c(image_data, temp_buffer, height, width, height, width, 0, 0, 1, 1, False, False)
+                        temp_buffer = temp_buffer.reshape(-1)[:3 * height * width].reshape(height, width, 3)
+                    else:
+                        temp_buffer = image_data.reshape(height, width, 3)
+                    i, j, h, w = get_crop_c(height, width, crop_scale, crop_ratio)
+                    resize_crop_c(temp_buffer, i, i + h, j, j + w, destination[dst_ix])
+                    if p > 0 and np.random.rand() < p:
+                        flip_c(destination[dst_ix])
+                return destination[:len(batch_indices)]
+
+            decode.is_parallel = True
+            return decode
+
+    return RandomResizedCropFlipDecoder()
+
+
+class _KeepTorchThreads:
+    """FFCV's ``Loader`` (constructor and ``iter()``) calls ``torch.set_num_threads(num_workers)`` on the calling
+    thread, which silently changes the intra-op thread count of the training process; this restores it."""
+
+    def __enter__(self) -> None:
+        self.n = torch.get_num_threads()
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_num_threads(self.n)
+
+
 def fits_in_memory(path: str | os.PathLike, fraction: float = 0.5) -> bool:
     """True when the file is smaller than ``fraction`` of the memory currently available (Linux ``MemAvailable``;
     elsewhere of physical memory)."""
@@ -139,9 +216,9 @@ def build_ffcv_loader(path: str | os.PathLike, *, train: bool, image_size: int, 
     in order). Call it after the process group exists (inside the dataloader hooks); the rank and world size are
     read from it. ``in_memory=None`` chooses OS caching when the file fits in half the available memory."""
     from ffcv.fields.basics import IntDecoder
-    from ffcv.fields.rgb_image import CenterCropRGBImageDecoder, RandomResizedCropRGBImageDecoder
+    from ffcv.fields.rgb_image import CenterCropRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
-    from ffcv.transforms import RandomHorizontalFlip, Squeeze, ToTensor, ToTorchImage
+    from ffcv.transforms import Squeeze, ToTensor, ToTorchImage
 
     if not os.path.isfile(path):
         raise FileNotFoundError(f"FFCV file {path} does not exist (run `impulsevit convert` or the datamodule's "
@@ -151,9 +228,7 @@ def build_ffcv_loader(path: str | os.PathLike, *, train: bool, image_size: int, 
     os_cache = fits_in_memory(path) if in_memory is None else bool(in_memory)
     size = (int(image_size), int(image_size))
     if train:
-        image_pipe = [RandomResizedCropRGBImageDecoder(size, scale=tuple(scale), ratio=tuple(ratio))]
-        if hflip > 0:
-            image_pipe.append(RandomHorizontalFlip(flip_prob=hflip))
+        image_pipe = [_crop_flip_decoder(size, tuple(scale), tuple(ratio), hflip)]
         if repeated_aug > 1:
             order = _repeated_aug_order_factory(repeated_aug, rank, world)
         elif distributed or os_cache:
@@ -164,8 +239,9 @@ def build_ffcv_loader(path: str | os.PathLike, *, train: bool, image_size: int, 
         image_pipe = [CenterCropRGBImageDecoder(size, ratio=crop_pct)]
         order = OrderOption.SEQUENTIAL
     image_pipe += [ToTensor(), ToTorchImage()]
-    loader = Loader(str(path), batch_size=batch_size, num_workers=max(1, num_workers), os_cache=os_cache,
-                    order=order, distributed=distributed, seed=seed, batches_ahead=batches_ahead,
-                    drop_last=train if drop_last is None else drop_last,
-                    pipelines={"image": image_pipe, "label": [IntDecoder(), ToTensor(), Squeeze(1)]})
+    with _KeepTorchThreads():
+        loader = Loader(str(path), batch_size=batch_size, num_workers=max(1, num_workers), os_cache=os_cache,
+                        order=order, distributed=distributed, seed=seed, batches_ahead=batches_ahead,
+                        drop_last=train if drop_last is None else drop_last,
+                        pipelines={"image": image_pipe, "label": [IntDecoder(), ToTensor(), Squeeze(1)]})
     return FFCVLoader(loader)
