@@ -2,8 +2,8 @@
 
 Pipelines (``.beton`` fields ``image`` and ``label`` as written by :mod:`impulsevit.data.convert`):
 
-- train: ``RandomResizedCropRGBImageDecoder(S, scale, ratio)`` → ``RandomHorizontalFlip(p)`` → ``ToTensor`` →
-  ``ToTorchImage`` (channels-last view) — uint8 ``(B, 3, S, S)``;
+- train: FFCV's ``RandomResizedCropRGBImageDecoder(S, scale, ratio)`` with the horizontal flip (probability ``p``)
+  fused in → ``ToTensor`` → ``ToTorchImage`` (channels-last view) — uint8 ``(B, 3, S, S)``;
 - eval: ``CenterCropRGBImageDecoder(S, ratio=crop_pct)`` (crops ``crop_pct`` of the shorter side, resizes to S: the
   same region as timm's resize-to-``S / crop_pct`` + centre crop) → ``ToTensor`` → ``ToTorchImage``;
 - label: ``IntDecoder`` → ``ToTensor`` → ``Squeeze`` — int64 ``(B,)``.
@@ -11,7 +11,8 @@ Pipelines (``.beton`` fields ``image`` and ``label`` as written by :mod:`impulse
 Normalisation is not in the FFCV pipeline: the datamodule normalises (and augments) on the training device in
 ``on_after_batch_transfer``. FFCV's own ``NormalizeImage`` needs cupy on GPU and, on CPU, hangs the ``Loader``
 constructor unless placed right after the decoder (design.md §5); keeping uint8 to the device also moves 4× fewer
-bytes.
+bytes. The ``Loader`` is built and iterated with torch's thread count saved and restored (FFCV sets it to
+``num_workers`` on the calling thread).
 
 Ordering: ``RANDOM`` for training (``QUASI_RANDOM`` only when single-process and the file is not OS-cached;
 FFCV raises for ``QUASI_RANDOM`` with ``distributed=True``), ``SEQUENTIAL`` for evaluation; ``distributed=True`` when a
