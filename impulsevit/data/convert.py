@@ -20,7 +20,9 @@ rebuilds). FFCV cannot append to a ``.beton``, so an interrupted split restarts 
 
 Presets (after ffcv-imagenet's ``write_imagenet.sh``): ``raw`` stores pixels unchanged (small images: CIFAR, MNIST);
 ``res256`` / ``res400`` / ``res512`` cap the longer side at that many pixels and store half the images as JPEG
-(quality 90) and half raw (``proportion`` mode, probability 0.5). Flags override single fields.
+(quality 90) and half raw (``proportion`` mode, probability 0.5); ``raw256`` caps the longer side at 256 and stores
+every image raw (no JPEG decode when loading: ~1.75× the size of ``res256``, see ``benchmarks/loader_speed.py``).
+Flags override single fields.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     "raw": Preset("raw"),
+    "raw256": Preset("raw256", "raw", 256),
     "res256": Preset("res256", "proportion", 256),
     "res400": Preset("res400", "proportion", 400),
     "res512": Preset("res512", "proportion", 512),
