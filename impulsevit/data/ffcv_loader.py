@@ -136,15 +136,15 @@ def _hflip_inplace(image: np.ndarray) -> None:
 
 def _crop_flip_decoder(output_size: tuple[int, int], scale: tuple[float, float], ratio: tuple[float, float],
                        flip_prob: float):  # noqa: ANN202 - an ffcv Operation
-    """FFCV's ``RandomResizedCropRGBImageDecoder`` with the horizontal flip fused in: each image is decoded, cropped,
-    resized and (with probability ``flip_prob``) mirrored in place by the same worker thread while it is in cache.
+    """FFCV's ``RandomResizedCropRGBImageDecoder`` followed, inside the same compiled stage, by an in-place horizontal
+    flip of each image with probability ``flip_prob``.
 
-    Same crop distribution (FFCV's ``get_random_crop``) and flip rule as the decoder followed by FFCV's
-    ``RandomHorizontalFlip``, which instead copies every image of the batch (flipped or not) into a second buffer
-    through a negative-stride loop: at 224 px that copy cost four times the crop + resize of a raw image here.
+    The crop is FFCV's own (its compiled decode runs unchanged); the flip rule is that of FFCV's
+    ``RandomHorizontalFlip``, which as a separate stage instead copies every image of the batch (flipped or not) into
+    a second buffer through a negative-stride loop: at 224 px that copy cost four times the crop + resize of a raw
+    image here. In-place mirroring touches only the images that flip.
     """
-    from ffcv.fields.rgb_image import IMAGE_MODES, RandomResizedCropRGBImageDecoder
-    from ffcv.libffcv import imdecode, resize_crop
+    from ffcv.fields.rgb_image import RandomResizedCropRGBImageDecoder
     from ffcv.pipeline.compiler import Compiler
 
     class RandomResizedCropFlipDecoder(RandomResizedCropRGBImageDecoder):
@@ -153,35 +153,21 @@ def _crop_flip_decoder(output_size: tuple[int, int], scale: tuple[float, float],
             self.flip_prob = float(flip_prob)
 
         def generate_code(self):  # noqa: ANN202
-            jpg = IMAGE_MODES["jpg"]
-            mem_read = self.memory_read
-            my_range = Compiler.get_iterator()
-            imdecode_c = Compiler.compile(imdecode)
-            resize_crop_c = Compiler.compile(resize_crop)
-            get_crop_c = Compiler.compile(self.get_crop_generator)
-            flip_c = Compiler.compile(_hflip_inplace)
-            crop_scale, crop_ratio, p = np.array(self.scale), np.array(self.ratio), self.flip_prob
+            crop = Compiler.compile(super().generate_code())  # FFCV's decode + crop + resize, parallel over images
+            flip = Compiler.compile(_hflip_inplace)
+            images = Compiler.get_iterator()
+            p = self.flip_prob
 
-            def decode(batch_indices, my_storage, metadata, storage_state):  # noqa: ANN001, ANN202
-                destination, temp_storage = my_storage
-                for dst_ix in my_range(len(batch_indices)):
-                    field = metadata[batch_indices[dst_ix]]
-                    image_data = mem_read(field["data_ptr"], storage_state)
-                    height, width = np.uint32(field["height"]), np.uint32(field["width"])
-                    if field["mode"] == jpg:
-                        temp_buffer = temp_storage[dst_ix]
-                        imdecode_c(image_data, temp_buffer, height, width, height, width, 0, 0, 1, 1, False, False)
-                        temp_buffer = temp_buffer.reshape(-1)[:3 * height * width].reshape(height, width, 3)
-                    else:
-                        temp_buffer = image_data.reshape(height, width, 3)
-                    i, j, h, w = get_crop_c(height, width, crop_scale, crop_ratio)
-                    resize_crop_c(temp_buffer, i, i + h, j, j + w, destination[dst_ix])
-                    if p > 0 and np.random.rand() < p:
-                        flip_c(destination[dst_ix])
-                return destination[:len(batch_indices)]
+            def decode_crop_flip(batch_indices, my_storage, metadata, storage_state):  # noqa: ANN001, ANN202
+                out = crop(batch_indices, my_storage, metadata, storage_state)
+                if p > 0:
+                    for ix in images(len(batch_indices)):
+                        if np.random.rand() < p:
+                            flip(out[ix])
+                return out
 
-            decode.is_parallel = True
-            return decode
+            decode_crop_flip.is_parallel = True
+            return decode_crop_flip
 
     return RandomResizedCropFlipDecoder()
 
