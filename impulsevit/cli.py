@@ -39,7 +39,7 @@ from typing import Any
 import lightning.pytorch as pl
 from jsonargparse import ActionConfigFile
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
@@ -279,6 +279,20 @@ class RunConfigSaver(SaveConfigCallback):
         self.already_saved = trainer.strategy.broadcast(self.already_saved)
 
 
+def _first_of_each(callbacks: list[Callback], kinds: tuple[type, ...]) -> list[Callback]:
+    """``callbacks`` without the second and later instances of each type in ``kinds`` (order otherwise kept)."""
+    seen: set[type] = set()
+    out = []
+    for cb in callbacks:
+        kind = next((k for k in kinds if isinstance(cb, k)), None)
+        if kind is not None and kind in seen:
+            continue
+        if kind is not None:
+            seen.add(kind)
+        out.append(cb)
+    return out
+
+
 class ImpulseCLI(LightningCLI):
     """LightningCLI for :class:`impulsevit.module.ImageClassifier` and any :class:`BaseImageDataModule` subclass.
 
@@ -362,7 +376,11 @@ class ImpulseCLI(LightningCLI):
         ckpt_cb = self._get(self.config_init, "checkpoint")
         if isinstance(ckpt_cb, ModelCheckpoint) and ckpt_cb.dirpath is None:
             ckpt_cb.dirpath = os.path.realpath(run_dir / "checkpoints")
-        return super().instantiate_trainer(**kwargs)
+        trainer = super().instantiate_trainer(**kwargs)
+        # LightningCLI appends the default callbacks to the configured ones: a recipe or an sbatch script that names
+        # SlurmRequeue / RNGStateCheckpoint itself would otherwise run two (the configured one, listed first, stays)
+        trainer.callbacks = _first_of_each(trainer.callbacks, (SlurmRequeue, RNGStateCheckpoint))
+        return trainer
 
     def after_instantiate_classes(self) -> None:
         if self.subcommand is None:

@@ -181,3 +181,18 @@ def test_every_recipe_fast_dev_run(tmp_path, recipe_path):
     assert cli.trainer.callback_metrics["train/loss"].isfinite()
     init = next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "Initializer")
     assert init.applied and init.method == (recipe["model"].get("init") or {}).get("method", "impulse")
+
+
+def test_callbacks_named_in_the_config_are_not_doubled_by_the_defaults(tmp_path):
+    """An sbatch script (or recipe) naming SlurmRequeue / RNGStateCheckpoint gets one of each: the configured one."""
+    from impulsevit.callbacks.preemption import SlurmRequeue
+    from impulsevit.checkpointing import RNGStateCheckpoint
+
+    cli = run_cli(*tiny(tmp_path, "dedupe", "--trainer.max_epochs=1",
+                        "--trainer.callbacks+=impulsevit.callbacks.preemption.SlurmRequeue",
+                        "--trainer.callbacks.init_args.requeue=false"))
+    requeue = [cb for cb in cli.trainer.callbacks if isinstance(cb, SlurmRequeue)]
+    assert len(requeue) == 1 and requeue[0].requeue is False  # the configured instance, not the default
+    assert sum(isinstance(cb, RNGStateCheckpoint) for cb in cli.trainer.callbacks) == 1
+    plain = run_cli(*tiny(tmp_path, "plain", "--trainer.max_epochs=1"))
+    assert sum(isinstance(cb, SlurmRequeue) for cb in plain.trainer.callbacks) == 1  # the default is still there
