@@ -12,6 +12,10 @@ reads that preset's ``.beton`` through :func:`impulsevit.data.ffcv_loader.build_
 threads). For context only, ``torchvision@256`` decodes the same JPEGs pre-resized to max side 256 (quality 90): the
 share of FFCV's gain that comes from storing smaller images rather than from the loader.
 
+The process runs with the malloc setting ``impulsevit fit`` applies (:mod:`impulsevit.memory`: blocks above 32 MiB,
+such as a normalised 64 × 224² batch, are reused rather than page-faulted in again every batch) — for both
+contenders; ``--default-malloc`` leaves glibc's defaults.
+
 The machine is shared, so contenders are interleaved: after one untimed warm-up epoch each (numba JIT, worker start,
 page cache) every round times one epoch of every contender, in rotating order; the table shows the median over
 rounds. ``ratio`` = torchvision time / contender time per image (> 1: faster than torchvision).
@@ -40,6 +44,7 @@ from impulsevit.data.augment import normalize
 from impulsevit.data.convert import PRESETS, convert_split
 from impulsevit.data.ffcv_loader import build_ffcv_loader
 from impulsevit.data.sources import image_folder_source
+from impulsevit.memory import reuse_large_allocations
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DEFAULT_PRESET = "res256"
@@ -129,12 +134,18 @@ def main(argv: list[str] | None = None) -> float:
     p.add_argument("--loader-presets", nargs="+", default=["res256", "raw256"],
                    help="converted presets whose FFCV loader is timed")
     p.add_argument("--no-capped", action="store_true", help="skip the torchvision@256 context row")
+    p.add_argument("--default-malloc", action="store_true",
+                   help="leave glibc malloc at its defaults instead of the setting `impulsevit fit` applies")
     args = p.parse_args(argv)
     for name in {*args.presets, *args.loader_presets, DEFAULT_PRESET}:
         if name not in PRESETS:
             p.error(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
     torch.set_num_threads(1)
     log: Callable[[str], None] = print
+    # the process setting `impulsevit fit` applies (impulsevit/memory.py), for both contenders (forked torchvision
+    # workers inherit it): large per-batch blocks are reused instead of page-faulted in again every batch
+    heap_reuse = False if args.default_malloc else reuse_large_allocations()
+    log(f"malloc: {'large blocks reused (as `impulsevit fit` sets it)' if heap_reuse else 'glibc defaults'}")
     with tempfile.TemporaryDirectory(prefix="loader-speed-") as tmp:
         tmp = Path(tmp)
         t0 = time.perf_counter()

@@ -54,6 +54,7 @@ from impulsevit.checkpointing import (
     latest_checkpoint,
 )
 from impulsevit.data.base import BaseImageDataModule
+from impulsevit.memory import reuse_large_allocations
 from impulsevit.recipes import RecipeNotFoundError, format_listing, resolve_recipe
 from impulsevit.strategies import default_precision, resolve_strategy
 
@@ -459,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         print(f"impulsevit: error: unknown subcommand {sub!r}{hint}\n\n{USAGE}", file=sys.stderr)
         return 2
+    reuse_large_allocations()  # per-step batches above 32 MiB are not page-faulted in again every step
     ImpulseCLI(args=argv)
     return 0
 
