@@ -201,9 +201,9 @@ def _sincos_vit(frozen: bool = True):
     return m, table
 
 
-def test_sincos_pseudo_input_is_handled():
+def test_sincos_pseudo_input_logit_rule_is_opt_in():
     m, table = _sincos_vit()
-    r = ii.initialize(m, "impulse", generator=0)
+    r = ii.initialize(m, "impulse", generator=0, qk_normalize="logit")
     assert torch.equal(m.pos_embed.detach(), table)  # a frozen table is neither reset nor scaled
     assert r.options["rank"] < 64 and r.options["qk_normalize_used"] == "logit"
     assert any("rank-deficient" in n for n in r.notes)
@@ -214,25 +214,30 @@ def test_sincos_pseudo_input_is_handled():
     assert 5.0 < lam.max().item() < 40.0
 
 
-def test_sincos_with_released_normalisation_collapses():
-    """The released Frobenius rule on a sin-cos pseudo-input gives ≈ uniform attention (method.md §2.3)."""
+def test_sincos_default_is_released_rule_and_says_it_collapses():
+    """Default = the released Frobenius rule, also on a sin-cos table, where it gives ≈ uniform attention; the report
+    says so and names the opt-in alternative."""
     m, _ = _sincos_vit()
-    ii.initialize(m, "impulse", generator=0, qk_normalize="frobenius")
+    r = ii.initialize(m, "impulse", generator=0)
+    assert r.options["qk_normalize_used"] == "frobenius"
+    assert any("collapses" in n and "qk_normalize='logit'" in n for n in r.notes), r.notes
     assert pseudo_logits(m).abs().max().item() < 1.0
     s = ii.summarize(ii.attention_maps(m), [[(0, 0), (-1, 0), (0, 1)]])
     assert all(x.target_mass < 0.05 for x in s)
 
 
-def test_head_dim_larger_than_tokens_needs_option():
+def test_head_dim_larger_than_tokens_solves_at_token_rank():
     m = vit(img=16, patch=4, dim=128, heads=2)  # 4x4 = 16 tokens, head_dim 64
-    snap = _snapshot(m)
-    with pytest.raises(ValueError, match=r"VisionTransformer: head_dim 64 > 16 patch tokens.*allow_rank_deficient"):
-        ii.initialize(m, "impulse", generator=0)
-    assert _same(m, snap)
-    r = ii.initialize(m, "impulse", generator=0, allow_rank_deficient=True)
-    assert r.options["rank"] <= 16
+    r = ii.initialize(m, "impulse", generator=0)
+    assert r.options["rank"] == 16 and r.options["qk_normalize_used"] == "frobenius"
+    assert any(n.startswith("rank 16 < head_dim 64: solved at rank 16") for n in r.notes), r.notes
     s = ii.summarize(ii.attention_maps(m), r.offsets)
     assert all(x.hit_rate == 1.0 for x in s), s.table()
+
+
+def test_allow_rank_deficient_is_gone():
+    with pytest.raises(TypeError, match="allow_rank_deficient"):
+        ii.initialize(vit(), "impulse", generator=0, allow_rank_deficient=True)
 
 
 def test_error_no_pos_embed_leaves_model_untouched():

@@ -155,9 +155,8 @@ IMPULSE_DEFAULTS: dict[str, Any] = {
     "noise_std": 0.6,
     "noise_clip": 2.0,
     "rank_rtol": 1e-5,
-    "qk_normalize": "auto",
+    "qk_normalize": "frobenius",
     "target_logit": 10.0,
-    "allow_rank_deficient": False,
     "base": "torch",
     "grid": None,
 }
@@ -177,7 +176,7 @@ _CHOICES = {
     "offsets": ("fixed", "random"),
     "boundary": ("zero", "circular"),
     "value": ("mimetic", "default"),
-    "qk_normalize": ("auto", "frobenius", "logit"),
+    "qk_normalize": ("frobenius", "logit"),
     "base": ("torch", "keep"),
     "kernel_size": (3, 5),
 }
@@ -289,11 +288,6 @@ def impulse_vit(model: nn.Module, generator: torch.Generator, options: dict[str,
     notes: list[str] = []
     if opts["kernel_size"] > min(H, W):
         raise ValueError(f"{lay.model}: kernel_size {opts['kernel_size']} larger than the {H}x{W} token grid")
-    if d > n and not opts["allow_rank_deficient"]:
-        raise ValueError(
-            f"{lay.model}: head_dim {d} > {n} patch tokens ({H}x{W}); the rank-{d} pseudo-inverse would invert "
-            "zero singular values. Pass allow_rank_deficient=True to solve at the pseudo-input's rank instead"
-        )
     full = set()  # tensors overwritten entirely: the base init draws nothing for them
     if opts["value"] == "mimetic":
         full = {f"{a}.{w}.weight" for a in lay.attn_names for w in ("qkv", "proj")}
@@ -310,16 +304,19 @@ def impulse_vit(model: nn.Module, generator: torch.Generator, options: dict[str,
         raise ValueError(f"{lay.model}.pos_embed is not finite (uninitialized?); use base='torch'")
     pi = imp.factor_pseudo_input(patch_pseudo_input(pos, lay.patch_rows), d, rtol=opts["rank_rtol"])
     if pi.rank < d:
-        if d > n:
-            notes.append(f"head_dim {d} > {n} tokens: solved at rank {pi.rank}")
+        if pi.numerical_rank >= n:  # full row rank, just fewer tokens than head dims: the released math, exactly
+            notes.append(f"rank {pi.rank} < head_dim {d}: solved at rank {pi.rank} (N = {n} tokens; rows beyond stay 0)")
         else:
             notes.append(
-                f"rank-deficient pseudo-input (numerical rank {pi.numerical_rank} < head_dim {d} at rtol "
+                f"rank-deficient pseudo-input (numerical rank {pi.numerical_rank} < min(N={n}, head_dim={d}) at rtol "
                 f"{opts['rank_rtol']:g}, e.g. a sin-cos table): solved at rank {pi.rank}"
             )
     normalize = opts["qk_normalize"]
-    if normalize == "auto":
-        normalize = "frobenius" if pi.rank == d else "logit"
+    if normalize == "frobenius" and pi.numerical_rank < min(n, d):
+        notes.append(
+            "the released Frobenius scale collapses the logits on a numerically rank-deficient pseudo-input (near-"
+            "uniform attention); qk_normalize='logit' is the opt-in alternative (see the method card)"
+        )
     if normalize == "logit":
         notes.append(f"Q/K scaled so the mean target logit is {opts['target_logit']:g} (not ‖W‖_F = gain_qk)")
 
