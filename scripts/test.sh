@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Sets up the environment (scripts/setup.sh) and runs the whole test suite; extra args go to pytest.
+# Sets up the environment (scripts/setup.sh), checks the installed versions against setup.cfg's pins
+# (scripts/check_pins.py), and runs the whole test suite; extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# the installed versions must lie inside setup.cfg's pins (private API of torch/timm/Lightning is used): fail loudly
+.venv/bin/python scripts/check_pins.py
 exec .venv/bin/python -m pytest -q -p no:cacheprovider --timeout 900 "$@"
