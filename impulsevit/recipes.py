@@ -6,18 +6,22 @@ A recipe is a LightningCLI config file (YAML). Its description is the first comm
 
 1. every directory in ``$IMPULSEVIT_RECIPES`` (``os.pathsep``-separated),
 2. ``./recipes`` (the current working directory),
-3. the ``recipes/`` folder of the source checkout this package was imported from.
+3. the recipes shipped with the package (package data ``impulsevit.recipes_data``, found with
+   ``importlib.resources``; in a source checkout the top-level ``recipes/`` is a link to the same folder).
 
-The first directory holding a name wins. Files under these directories' subfolders are not recipes.
+The first directory holding a name wins. Files under these directories' subfolders are not recipes. Not supported:
+running from a zip archive (the shipped recipes must be files on disk).
 """
 
 from __future__ import annotations
 
 import difflib
 import os
+from importlib import resources
 from pathlib import Path
 
-__all__ = ["RecipeNotFoundError", "recipe_dirs", "available_recipes", "describe", "resolve_recipe", "format_listing"]
+__all__ = ["RecipeNotFoundError", "packaged_recipes_dir", "recipe_dirs", "available_recipes", "describe",
+           "resolve_recipe", "format_listing"]
 
 _SUFFIXES = (".yaml", ".yml")
 
@@ -26,10 +30,15 @@ class RecipeNotFoundError(ValueError):
     """A recipe name that is neither a file nor a recipe in any recipe directory."""
 
 
+def packaged_recipes_dir() -> Path:
+    """The folder of the recipes installed with the package (``impulsevit/recipes_data``)."""
+    return Path(str(resources.files("impulsevit.recipes_data")))
+
+
 def recipe_dirs() -> list[Path]:
     """The directories searched for recipe names, highest priority first (existing ones only, no duplicates)."""
     candidates = [Path(p) for p in os.environ.get("IMPULSEVIT_RECIPES", "").split(os.pathsep) if p]
-    candidates += [Path.cwd() / "recipes", Path(__file__).resolve().parents[1] / "recipes"]
+    candidates += [Path.cwd() / "recipes", packaged_recipes_dir()]
     seen: set[Path] = set()
     out = []
     for d in candidates:
@@ -93,6 +102,6 @@ def format_listing() -> str:
     """A table of ``name  description  (path)`` lines, one per available recipe."""
     recipes = available_recipes()
     if not recipes:
-        return "no recipes found (searched: $IMPULSEVIT_RECIPES, ./recipes, the source checkout's recipes/)"
+        return "no recipes found (searched: $IMPULSEVIT_RECIPES, ./recipes, the package's recipes_data/)"
     width = max(len(n) for n in recipes)
     return "\n".join(f"{name:<{width}}  {describe(path) or '(no description)'}" for name, path in recipes.items())
