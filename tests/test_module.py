@@ -87,7 +87,7 @@ def test_layer_decay_scales_lr_by_depth(tmp_path: Path) -> None:
     names = {id(p): n for n, p in m.backbone.named_parameters()}
     scale = {names[id(p)]: g["lr_scale"] for g in t.optimizers[0].param_groups for p in g["params"]}
     assert scale["head.weight"] == 1.0
-    assert scale["blocks.1.attn.qkv.weight"] == 0.5 * scale["blocks.1.attn.qkv.weight"] / 0.5  # defined
+    assert scale["blocks.1.attn.qkv.weight"] == pytest.approx(0.5)  # the last block: one layer below the head
     assert scale["patch_embed.proj.weight"] < scale["blocks.0.attn.qkv.weight"] < scale["blocks.1.attn.qkv.weight"]
     assert scale["blocks.0.attn.qkv.weight"] / scale["patch_embed.proj.weight"] == pytest.approx(2.0)
 
