@@ -1,5 +1,5 @@
 """``impulsevit study``: real ``impulsevit fit`` runs per method x seed, a report whose numbers are the runs' logged
-metrics (read here with TensorBoard's raw ``EventFileLoader``, not study.py's reader), failed and unfinished runs
+metrics (read here with TensorBoard's raw ``EventFileLoader``, not the study's own reader), failed and unfinished runs
 listed, per-method overrides from the recipe header, and the SLURM array path (script + one task run as SLURM would)."""
 
 from __future__ import annotations

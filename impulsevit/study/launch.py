@@ -1,0 +1,209 @@
+"""How a study runs: ``impulsevit study`` argument handling, one ``impulsevit fit`` subprocess per plan entry (with
+signal forwarding and ``status.json``), the SLURM array task entry, and submission through ``impulsevit submit``."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from impulsevit.study.files import read_json, write_json
+from impulsevit.study.plan import DEFAULT_METHODS, paper_numbers, plan_entry_args, plan_runs, run_args, study_header
+from impulsevit.study.report import collect, write_report
+
+__all__ = ["run_fit", "main"]
+
+_FORWARDED = (signal.SIGUSR1, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _forward_signals(proc: subprocess.Popen, received: list[int]) -> Iterator[None]:
+    """While inside, USR1 / TERM sent to this process are recorded in ``received`` and passed on to ``proc``; the
+    previous handlers come back on exit."""
+
+    def forward(signum: int, frame: Any) -> None:
+        received.append(signum)
+        proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_fit(cmd: list[str], rdir: Path, *, record: bool = True) -> int:
+    """Run one ``impulsevit fit`` subprocess, output appended to ``<run>/study_fit.log``; ``status.json`` records
+    ``running`` then ``done`` / ``failed`` (exit code) / ``requeued`` (a SLURM signal arrived: the fit checkpointed
+    and the job was requeued, or it was stopped). USR1 / TERM received here are forwarded to the fit (its
+    ``SlurmRequeue`` handlers only set a flag, so a signal that reaches both processes is harmless). Returns the exit
+    code."""
+    rdir.mkdir(parents=True, exist_ok=True)
+    if record:
+        write_json(rdir / "status.json", {"state": "running", "started": time.time()})
+    t0, received = time.time(), []
+    with open(rdir / "study_fit.log", "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        with _forward_signals(proc, received):
+            rc = proc.wait()
+    state = "requeued" if received else ("done" if rc == 0 else "failed")
+    if record:
+        write_json(rdir / "status.json", {"state": state, "returncode": rc, "seconds": time.time() - t0})
+    return rc
+
+
+def _fit_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "impulsevit.cli", *args]
+
+
+def _run_one(study_dir: Path, recipe: str, run: dict[str, Any], overrides: list[str]) -> int:
+    cmd = _fit_command("fit", "--recipe", recipe, "--runs-dir", str(study_dir), "--name", run["name"],
+                       "--resume", "auto", *plan_entry_args(run), *overrides)
+    return run_fit(cmd, study_dir / run["name"])
+
+
+def _array_task(study_dir: Path, fit_argv: list[str]) -> int:
+    """Inside a SLURM array task: run the plan entry ``$SLURM_ARRAY_TASK_ID`` with the job's ``impulsevit fit`` argv
+    (from ``impulsevit submit``: devices, nodes, requeue callback, the study's overrides), renamed to the run's
+    directory and with the run's own arguments added. Only ``SLURM_PROCID`` 0 writes ``status.json``."""
+    plan_file = study_dir / "study.json"
+    if not plan_file.exists():
+        raise SystemExit(f"impulsevit study --array-task: {plan_file} not found")
+    task = os.environ.get("SLURM_ARRAY_TASK_ID")
+    if task is None or not task.isdigit():
+        raise SystemExit(f"impulsevit study --array-task: SLURM_ARRAY_TASK_ID is {task!r}, expected a task index")
+    plan = read_json(plan_file)
+    if int(task) >= len(plan["runs"]):
+        raise SystemExit(f"impulsevit study --array-task: task {task} but {plan_file} plans {len(plan['runs'])} runs")
+    run = plan["runs"][int(task)]
+    if not fit_argv or fit_argv[0] != "fit":
+        raise SystemExit(f"impulsevit study --array-task: expected an `impulsevit fit` argv after the study dir, "
+                         f"got {fit_argv[:3]}")
+    argv = list(fit_argv)
+    for flag, value in (("--name", run["name"]), ("--runs-dir", str(study_dir))):
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+    # the run's own arguments go right after the recipe (they override it; the job's overrides still win)
+    at = argv.index("--recipe") + 2 if "--recipe" in argv else 1
+    print(f"[study] array task {task}: {run['name']}", flush=True)
+    cmd = _fit_command(*argv[:at], *plan_entry_args(run), *argv[at:])
+    return run_fit(cmd, study_dir / run["name"], record=os.environ.get("SLURM_PROCID", "0") == "0")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="impulsevit study",
+        description="Run a recipe with several init methods × seeds and report mean ± std (see impulsevit/study/).",
+        epilog="Other arguments are `impulsevit fit` overrides for every run (with --submit also `impulsevit "
+               "submit` resource flags).",
+    )
+    p.add_argument("--recipe", required=True, help="recipe name (see `impulsevit recipes`) or path")
+    p.add_argument("--methods", default=None,
+                   help="comma-separated init methods (default: the recipe's '# study:' header, else "
+                        "impulse,mimetic,torch)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per method")
+    p.add_argument("--name", default=None, help="study name (default: <recipe>-study)")
+    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--collect", action="store_true", help="only rebuild the report from the run directories")
+    p.add_argument("--run-index", type=int, default=None, help="run only this entry of the plan")
+    p.add_argument("--submit", action="store_true", help="submit the plan as a SLURM array instead of running here")
+    p.add_argument("--dry-run", action="store_true", help="with --submit: print the sbatch script, submit nothing")
+    return p
+
+
+def _new_plan(args: argparse.Namespace, recipe_path: Path, overrides: list[str]) -> dict[str, Any]:
+    """The ``study.json`` content for these arguments (methods from ``--methods``, else the recipe's header)."""
+    header = study_header(recipe_path)
+    methods = args.methods.split(",") if args.methods is not None else header["methods"] or DEFAULT_METHODS
+    runs = plan_runs(list(dict.fromkeys(m.strip() for m in methods if m.strip())), args.seeds)
+    return {
+        "recipe": str(recipe_path), "methods": list(dict.fromkeys(m for m, _, _ in runs)),
+        "seeds": args.seeds, "overrides": overrides,
+        "runs": [{"method": m, "seed": s, "name": n, "args": run_args(m, s, header["overrides"])} for m, s, n in runs],
+    }
+
+
+def _run_plan(study_dir: Path, plan: dict[str, Any], run_index: int | None) -> None:
+    """Run the plan's entries here, one after the other (or only ``run_index``); finished ones are skipped."""
+    if run_index is not None and not 0 <= run_index < len(plan["runs"]):
+        raise SystemExit(f"--run-index {run_index}: the plan has {len(plan['runs'])} runs")
+    for run in plan["runs"] if run_index is None else [plan["runs"][run_index]]:
+        status = study_dir / run["name"] / "status.json"
+        if status.exists() and read_json(status).get("state") == "done":
+            print(f"[study] {run['name']}: already done, skipped", flush=True)
+            continue
+        print(f"[study] {run['name']}: fit {plan['recipe']} {' '.join(plan_entry_args(run))}", flush=True)
+        rc = _run_one(study_dir, plan["recipe"], run, plan["overrides"])
+        print(f"[study] {run['name']}: {'done' if rc == 0 else f'FAILED (exit {rc})'}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``impulsevit study``; returns 0 when every run of the study is done."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--array-task"]:
+        if len(argv) < 2:
+            raise SystemExit("impulsevit study --array-task STUDY_DIR fit ...")
+        return _array_task(Path(argv[1]), argv[2:])
+    args, overrides = _parser().parse_known_args(argv)
+
+    from impulsevit.recipes import resolve_recipe
+
+    recipe_path = resolve_recipe(args.recipe).resolve()
+    study_name = args.name or f"{recipe_path.stem}-study"
+    study_dir = Path(args.runs_dir) / study_name
+    plan_file = study_dir / "study.json"
+    if not args.collect:
+        plan = _new_plan(args, recipe_path, overrides)
+        if plan_file.exists() and args.run_index is not None:
+            plan = read_json(plan_file)
+        elif not (args.submit and args.dry_run):
+            study_dir.mkdir(parents=True, exist_ok=True)
+            write_json(plan_file, plan)
+        if args.submit:
+            return _submit(args, recipe_path, study_name, len(plan["runs"]), overrides)
+        _run_plan(study_dir, plan, args.run_index)
+        if args.run_index is not None:
+            return 0
+    results = collect(study_dir)
+    md = write_report(study_dir, results, paper_numbers(recipe_path))
+    print(md.read_text())
+    print(f"[study] report: {md}  plot: {md.with_suffix('.png')}")
+    return 0 if all(r.state == "done" for r in results) else 1
+
+
+def _submit(args: argparse.Namespace, recipe: Path, study_name: str, n_runs: int, overrides: list[str]) -> int:
+    """Hand the plan to ``impulsevit submit`` as one array job (task i = plan entry i); its launcher is
+    ``<impulsevit> study --array-task <study dir>``, in front of the ``fit`` argv that submit writes."""
+    from impulsevit.cluster.slurm_config import load_defaults
+    from impulsevit.cluster.submit import default_launcher
+    from impulsevit.cluster.submit import main as submit_main
+
+    sp = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flag in ("--launcher", "--slurm-config", "--container-image"):
+        sp.add_argument(flag)
+    known, rest = sp.parse_known_args(overrides)
+    defaults = load_defaults(known.slurm_config)
+    base = known.launcher or defaults.get("launcher") or (
+        "impulsevit" if known.container_image or defaults.get("container_image") else default_launcher())
+    study_dir = (Path(args.runs_dir) / study_name).resolve()
+    launcher = f"{base} study --array-task {shlex.quote(str(study_dir))}"
+    argv = ["--recipe", str(recipe), "--name", study_name, "--runs-dir", str(Path(args.runs_dir).resolve()),
+            "--array", f"0-{n_runs - 1}", "--launcher", launcher, *rest]
+    for flag in ("slurm_config", "container_image"):
+        value = getattr(known, flag)
+        if value is not None:
+            argv += [f"--{flag.replace('_', '-')}", value]
+    if args.dry_run:
+        argv.append("--dry-run")
+    return submit_main(argv)

@@ -1,0 +1,89 @@
+"""What a study runs: the method × seed plan, the recipe header comments it reads (``# paper:``, ``# study:``), and
+the ``impulsevit fit`` arguments of each run. Pure functions: nothing here starts a process or writes a file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["DEFAULT_METHODS", "plan_runs", "paper_numbers", "study_header", "run_args", "plan_entry_args"]
+
+DEFAULT_METHODS = ["impulse", "mimetic", "torch"]
+
+
+def plan_runs(methods: list[str], seeds: int) -> list[tuple[str, int, str]]:
+    """``(method, seed, run_name)`` for every method × seed ``0..seeds-1``, method-major."""
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    if not methods:
+        raise ValueError("--methods is empty")
+    return [(m, s, f"{m}-s{s}") for m in methods for s in range(seeds)]
+
+
+def _header(recipe_path: str | os.PathLike, key: str) -> Any:
+    """The YAML value of the header comment line ``# <key>: <value>`` of a recipe (None when absent). The header is
+    the run of comment / blank lines at the top of the file."""
+    for line in Path(recipe_path).read_text().splitlines():
+        s = line.strip()
+        if not s.startswith("#"):
+            if s:
+                break
+            continue
+        body = s.lstrip("#").strip()
+        if body.startswith(f"{key}:"):
+            try:
+                return yaml.safe_load(body[len(key) + 1:].strip())
+            except yaml.YAMLError as e:
+                raise ValueError(f"{recipe_path}: '# {key}:' header is not valid YAML: {e}") from e
+    return None
+
+
+def paper_numbers(recipe_path: str | os.PathLike) -> dict[str, float]:
+    """The ``# paper: {...}`` header of a recipe file as ``{method: top-1 %}`` (empty when absent)."""
+    value = _header(recipe_path, "paper")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{recipe_path}: '# paper:' header must be a mapping method -> top-1, got {value!r}")
+    return {str(k): float(v) for k, v in value.items()}
+
+
+def study_header(recipe_path: str | os.PathLike) -> dict[str, Any]:
+    """The ``# study: {methods: [...], overrides: {method: [fit args]}}`` header as ``{"methods": list[str] | None,
+    "overrides": dict[str, list[str]]}`` (both empty when absent).
+
+    Raises:
+        ValueError: naming the recipe file, when the header has other keys or values of the wrong type.
+    """
+    value = _header(recipe_path, "study")
+    if value is None:
+        return {"methods": None, "overrides": {}}
+    if not isinstance(value, dict) or set(value) - {"methods", "overrides"}:
+        raise ValueError(f"{recipe_path}: '# study:' header must be a mapping with keys 'methods' (list of init "
+                         f"methods) and/or 'overrides' (method -> list of fit arguments), got {value!r}")
+    methods = value.get("methods")
+    if methods is not None and (not isinstance(methods, list) or not all(isinstance(m, str) for m in methods)):
+        raise ValueError(f"{recipe_path}: '# study:' methods must be a list of method names, got {methods!r}")
+    overrides = value.get("overrides") or {}
+    if not isinstance(overrides, dict) or not all(
+        isinstance(v, list) and all(isinstance(a, str) and a.startswith("--") for a in v) for v in overrides.values()
+    ):
+        raise ValueError(f"{recipe_path}: '# study:' overrides must map a method to a list of '--key=value' fit "
+                         f"arguments, got {overrides!r}")
+    return {"methods": methods, "overrides": {str(k): list(v) for k, v in overrides.items()}}
+
+
+def run_args(method: str, seed: int, method_overrides: dict[str, list[str]] | None = None) -> list[str]:
+    """The ``impulsevit fit`` arguments that make one run of a study: init method and seed, the global seed, then the
+    method's overrides from the recipe's ``# study:`` header."""
+    return [f"--model.init.method={method}", f"--model.init.seed={seed}", f"--seed_everything={seed}",
+            *(method_overrides or {}).get(method, [])]
+
+
+def plan_entry_args(run: dict[str, Any]) -> list[str]:
+    """A ``study.json`` plan entry's fit arguments (plans written before per-run ``args`` existed: method and seed
+    only)."""
+    return run["args"] if "args" in run else run_args(run["method"], int(run["seed"]))
