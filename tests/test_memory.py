@@ -95,3 +95,14 @@ def test_only_the_trainer_subcommands_apply_it():
     after_recipes, after_fit = (int(v) for v in out.stdout.split()[-2:])
     assert after_recipes >= size
     assert after_fit < size // 8
+
+
+def test_fits_in_memory_compares_file_size_with_available_memory(tmp_path):
+    import psutil
+
+    from impulsevit.data.ffcv_loader import fits_in_memory
+
+    f = tmp_path / "x.beton"
+    f.write_bytes(b"\0" * 4096)
+    assert fits_in_memory(f, fraction=0.5)
+    assert not fits_in_memory(f, fraction=1000 / psutil.virtual_memory().available)  # ~1000 bytes < the file

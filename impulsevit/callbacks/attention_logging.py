@@ -22,6 +22,7 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
+from torchvision.utils import make_grid
 
 __all__ = [
     "grid_shape",
@@ -78,33 +79,23 @@ def attention_grid(
 
     Returns:
         ``(3, rows * (H*s + 1) + 1, heads * (W*s + 1) + 1)`` float in ``[0, 1]``: attention in grey, each panel scaled
-        by its own maximum, the query cell outlined in red, 1-px white separators.
+        by its own maximum, the query cell outlined in red, 1-px white separators (laid out by
+        ``torchvision.utils.make_grid``).
     """
-    heads = maps.shape[0]
-    h, w = hw
+    heads, (h, w), nq = maps.shape[0], hw, len(queries)
     s = max(1, cell // max(h, w))
     a = maps.detach().float().cpu()[:, prefix:, prefix:]
-    ph, pw = h * s + 1, w * s + 1
-    img = torch.ones(3, len(queries) * ph + 1, heads * pw + 1)
-    for qi, (r, c) in enumerate(queries):
-        q = r * w + c
-        for hi in range(heads):
-            row = a[hi, q].reshape(h, w)
-            row = row / row.max().clamp_min(1e-12)
-            up = row.repeat_interleave(s, 0).repeat_interleave(s, 1)
-            y0, x0 = qi * ph + 1, hi * pw + 1
-            img[:, y0 : y0 + h * s, x0 : x0 + w * s] = up
-            # outline the query cell in red
-            ys, xs = y0 + r * s, x0 + c * s
-            box = img[:, ys : ys + s, xs : xs + s]
-            box[0] = 1.0
-            if s > 2:
-                box[1:, 1:-1, 1:-1] = box[1:, 1:-1, 1:-1] * 0.5
-            box[1:, 0, :] = 0.0
-            box[1:, -1, :] = 0.0
-            box[1:, :, 0] = 0.0
-            box[1:, :, -1] = 0.0
-    return img
+    rows = a[:, [r * w + c for r, c in queries]].transpose(0, 1).reshape(nq, heads, h, w)  # (query, head, H, W)
+    rows = rows / rows.amax(dim=(-2, -1), keepdim=True).clamp_min(1e-12)
+    panels = rows.repeat_interleave(s, -2).repeat_interleave(s, -1).unsqueeze(2).repeat(1, 1, 3, 1, 1)
+    for qi, (r, c) in enumerate(queries):  # outline the query cell in red, in every head's panel of its row
+        box = panels[qi, :, :, r * s : (r + 1) * s, c * s : (c + 1) * s]
+        box[:, 0] = 1.0
+        if s > 2:
+            box[:, 1:, 1:-1, 1:-1] *= 0.5
+        for edge in (box[:, 1:, 0, :], box[:, 1:, -1, :], box[:, 1:, :, 0], box[:, 1:, :, -1]):
+            edge.zero_()
+    return make_grid(panels.flatten(0, 1), nrow=heads, padding=1, pad_value=1.0)
 
 
 def summary_scalars(summary: list[Any], tag: str) -> dict[str, float]:

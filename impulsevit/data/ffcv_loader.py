@@ -184,15 +184,11 @@ class _KeepTorchThreads:
 
 
 def fits_in_memory(path: str | os.PathLike, fraction: float = 0.5) -> bool:
-    """True when the file is smaller than ``fraction`` of the memory currently available (Linux ``MemAvailable``;
-    elsewhere of physical memory)."""
-    size = os.path.getsize(path)
-    try:
-        with open("/proc/meminfo") as fh:
-            avail = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return size < fraction * avail
+    """True when the file is smaller than ``fraction`` of the memory currently available (``psutil``: Linux
+    ``MemAvailable``, the platform's equivalent elsewhere)."""
+    import psutil
+
+    return os.path.getsize(path) < fraction * psutil.virtual_memory().available
 
 
 def build_ffcv_loader(path: str | os.PathLike, *, train: bool, image_size: int, batch_size: int, num_workers: int,
