@@ -4,7 +4,7 @@ For ViT-Ti/S/B/16 at 224 and ViT-Ti at 32 px / patch 2, in one process:
 
 * ``impulsevit``: ``impulsevit.init.initialize(model, "impulse", generator=seed)`` (the whole call: PyTorch-default
   base init, pos_embed ×18, Q/K solve, mimetic V/proj);
-* ``per-head``: the same init written the straightforward way (``method.md`` §2.8): ``G = PᵀP`` eigendecomposition,
+* ``per-head``: the same init written the straightforward way: ``G = PᵀP`` eigendecomposition,
   ``P⁺ = G⁺_r Pᵀ``, then per layer and head a dense ``T_i``, ``B_i = P⁺ T_i P⁺ᵀ`` and one ``D × D`` SVD; V/proj by one
   ``D × D`` SVD per layer. It draws the same random numbers in the same order, so both produce the same model.
 

@@ -2,7 +2,7 @@
 
 Lightning 2.6 ``Trainer._run`` order: ``setup`` -> ``configure_model`` -> restore weights from ``ckpt_path`` (DDP,
 single device) -> ``strategy.setup`` (DDP wrap + rank-0 broadcast, optimizers built) -> **on_fit_start** -> restore
-weights (FSDP2 / ModelParallel) -> restore optimizer and loop state. Hence (design.md §4):
+weights (FSDP2 / ModelParallel) -> restore optimizer and loop state. Hence (docs/design.md, "Resume and determinism"):
 
 1. Never on a resumed run: skipped when ``trainer.ckpt_path`` is set or when this callback's restored state says it
    was applied (DDP / single device restore both before ``on_fit_start``). FSDP2 restores weights, callback state and
