@@ -86,6 +86,7 @@ _CLI_PROBE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # a fresh interpreter importing Lightning and the CLI: 10-40 s on 2 busy cores
 @pytest.mark.skipif(not GLIBC, reason="the setting is glibc-specific (a no-op elsewhere)")
 def test_only_the_trainer_subcommands_apply_it():
     """Through the real ``impulsevit`` entry point: ``recipes`` leaves glibc's defaults (a 38.5 MiB block is still
