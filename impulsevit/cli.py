@@ -69,6 +69,7 @@ EXTERNAL_SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "submit": ("impulsevit.cluster.submit", "main"),
     "study": ("impulsevit.study", "main"),
     "demo": ("impulsevit.init.demo", "main"),
+    "init": ("impulsevit.init.plugins", "main"),
 }
 LOCAL_SUBCOMMANDS = ("recipes", "export")
 ALL_SUBCOMMANDS = (*TRAINER_SUBCOMMANDS, *LOCAL_SUBCOMMANDS, *EXTERNAL_SUBCOMMANDS)
@@ -89,6 +90,8 @@ impulsevit {__version__}: Lightning + timm training of vision transformers with 
   submit ...          submit a recipe to SLURM
   study ...           run an initialization study
   demo                show an impulse initialization on a small ViT
+  init list [module:function ...]
+                      list the init methods (built-in, plugins, import paths) and their source
 """
 
 

@@ -86,6 +86,17 @@ def _shard_units(model: nn.Module) -> list[nn.Module]:
     return []
 
 
+def _check_init_method(cfg: InitConfig) -> None:
+    """``model.init.method`` resolves (built-in, entry point or ``module:function``) — checked at construction, i.e.
+    before any data is prepared; ``ValueError`` naming the key otherwise."""
+    from impulsevit.init import resolve_method
+
+    try:
+        resolve_method(cfg.method, cfg.options)
+    except ValueError as e:
+        raise ValueError(f"model.init.method: {e}") from None
+
+
 class ImageClassifier(L.LightningModule):
     """Image classification with a timm backbone; see the module docstring for the recipe essentials.
 
@@ -121,6 +132,7 @@ class ImageClassifier(L.LightningModule):
     ) -> None:
         super().__init__()
         self.init_cfg: InitConfig = as_config(InitConfig, init, "init")
+        _check_init_method(self.init_cfg)
         self.optimizer_cfg: OptimizerConfig = as_config(OptimizerConfig, optimizer, "optimizer")
         self.scheduler_cfg: SchedulerConfig = as_config(SchedulerConfig, scheduler, "scheduler")
         self.mixup_cfg: MixupConfig | None = None if mixup is None else as_config(MixupConfig, mixup, "mixup")

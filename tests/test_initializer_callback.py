@@ -125,9 +125,11 @@ def test_bad_option_fails_before_training_naming_method_and_backbone(tmp_path: P
         torch.testing.assert_close(v, before[k], rtol=0, atol=0, equal_nan=True, msg=k)
 
 
-def test_unknown_method_is_named(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"init method 'impluse' does not fit .*unknown init method 'impluse'"):
-        fit(tmp_path, tiny("impluse"), max_steps=1)
+def test_unknown_method_is_named_at_construction() -> None:
+    with pytest.raises(ValueError, match=r"^model.init.method: unknown init method 'impluse'; available: .*impulse"):
+        tiny("impluse")
+    with pytest.raises(ValueError, match=r"^unknown init method 'impluse'"):
+        Initializer("impluse")
 
 
 def test_state_dict_round_trip() -> None:

@@ -38,7 +38,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import nn
 
 from impulsevit.callbacks.attention_logging import log_attention
-from impulsevit.init import InitReport, initialize, make_generator
+from impulsevit.init import InitReport, initialize, make_generator, resolve_method
 
 __all__ = ["Initializer", "generator_digest", "tensor_digests", "verify_same_on_all_ranks"]
 
@@ -123,7 +123,9 @@ class Initializer(L.Callback):
     """Run ``impulsevit.init.initialize(backbone, method, generator=Generator(seed), **options)`` at ``on_fit_start``.
 
     Args:
-        method: registered init method (``impulse``, ``mimetic``, ``timm``, ``torch``, ``weight_selection``, ...).
+        method: registered init method (``impulse``, ``mimetic``, ``timm``, ``torch``, ``weight_selection``, ...), an
+            installed plugin's entry-point name or an import path ``module:function`` (validated here, at
+            construction: ``ValueError`` naming the method when it does not resolve).
         seed: seed of the generator every rank uses.
         options: method options (validated by the method; unknown keys raise).
         log_attention: log the initial attention maps and per-head summary (models without attention maps are
@@ -145,6 +147,7 @@ class Initializer(L.Callback):
         self.method = method
         self.seed = int(seed)
         self.options = dict(options or {})
+        resolve_method(method, self.options)  # unknown / unimportable method: fail now, before any data work
         self.log_attention = log_attention
         self.verify = verify
         self.applied = False

@@ -5,10 +5,12 @@
 >>> report = ii.initialize(m, "impulse", generator=0)
 >>> print(ii.summarize(ii.attention_maps(m), report.offsets))  # doctest: +SKIP
 
-Method cards (sources, defaults, applicability, differences from released code): ``impulsevit/init/README.md``.
+Method cards (sources, defaults, applicability, differences from released code): ``impulsevit/init/README.md``;
+the method itself: ``docs/method.md``. Your own initializer: ``model.init.method: my_pkg.inits:my_init`` or an entry
+point in the group ``impulsevit.initializers`` (:mod:`impulsevit.init.plugins`).
 """
 
-from impulsevit.init.api import InitReport, initialize, make_generator, methods, read_full, register, write_full_
+from impulsevit.init.api import InitReport, InitResult, initialize, make_generator, methods, read_full, register, write_full_
 from impulsevit.init.diagnostics import (
     AttentionMaps,
     HeadSummary,
@@ -29,12 +31,14 @@ from impulsevit.init.impulse import (
     target_logits,
     value_proj_factors,
 )
+from impulsevit.init.plugins import list_methods, resolve_method
 from impulsevit.init.weight_selection import select_tensor, selection_indices
 
 __all__ = [
     "AttentionMaps",
     "HeadSummary",
     "InitReport",
+    "InitResult",
     "Summary",
     "attention_maps",
     "draw_noise",
@@ -43,12 +47,14 @@ __all__ = [
     "initialize",
     "kernel_offsets",
     "layer_norm_rows",
+    "list_methods",
     "make_generator",
     "methods",
     "mimetic_qk_factors",
     "read_full",
     "register",
     "register_attention_maps",
+    "resolve_method",
     "select_tensor",
     "selection_indices",
     "shift_index",

@@ -143,7 +143,9 @@ def initialize(
 
     Args:
         model: a bare timm model (or an FSDP2-sharded one). Not wrapped in DDP: pass ``ddp.module``.
-        method: a registered method name, see :func:`methods`.
+        method: a registered method name (see :func:`methods`), the name of an installed plugin (entry-point group
+            ``impulsevit.initializers``) or an import path ``module:function`` to ``fn(model, generator, **options)
+            -> None | InitResult`` (:mod:`impulsevit.init.plugins`).
         generator: a CPU ``torch.Generator`` or an int seed; the only source of randomness. ``None`` means seed 0.
         **options: method options (see each method's docstring / ``impulsevit/init/README.md``). Unknown options
             raise ``TypeError``.
@@ -152,14 +154,14 @@ def initialize(
         An :class:`InitReport`.
 
     Raises:
-        ValueError: unknown method, or the method's requirements are not met by this model (the message names the
+        ValueError: unknown method, a plugin that does not import / resolve, or the method's requirements are not met by this model (the message names the
             model class and what is missing; the model is left unmodified).
         TypeError: unknown or mistyped option.
     """
     _load_builtin()
     known = methods()
     if method not in known:
-        raise ValueError(f"unknown init method {method!r}; available: {', '.join(sorted(known))}")
+        return _initialize_plugin(model, method, make_generator(generator), options)
     entry = next((e for e in _REGISTRY if e.method == method and e.matches(model)), None)
     if entry is None:
         raise ValueError(
@@ -179,6 +181,32 @@ def initialize(
         offsets=[[(int(dy), int(dx)) for dy, dx in row] for row in result.offsets],
         seconds=seconds,
         notes=list(result.notes),
+    )
+
+
+def _initialize_plugin(model: nn.Module, method: str, gen: torch.Generator, options: dict[str, Any]) -> InitReport:
+    """Run a plugin (entry point or ``module:function``, see :mod:`impulsevit.init.plugins`) and report it."""
+    from impulsevit.init.plugins import resolve_method
+
+    info = resolve_method(method, options)  # raises ValueError for unknown names
+    assert info.function is not None
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        result = info.function(model, gen, **options)
+    seconds = time.perf_counter() - t0
+    if result is None:
+        result = InitResult(options=dict(options))
+    elif not isinstance(result, InitResult):
+        raise TypeError(f"init method {method!r} ({info.source}) returned {type(result).__name__}; expected None or "
+                        "impulsevit.init.api.InitResult")
+    return InitReport(
+        method=method,
+        family="plugin",
+        model=type(model).__name__,
+        options=_jsonable(result.options),
+        offsets=[[(int(dy), int(dx)) for dy, dx in row] for row in result.offsets],
+        seconds=seconds,
+        notes=[f"plugin from {info.source}", *result.notes],
     )
 
 

@@ -1,0 +1,133 @@
+"""User initializers from a recipe, for real: an import path ``module:function`` to a module in a temp directory, and
+an installed plugin (a ``*.dist-info`` with an ``impulsevit.initializers`` entry point) — both through the real CLI
+(``impulsevit fit`` on the tiny synthetic recipe; ``impulsevit init list``), the entry point in a fresh process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from _cli_helpers import REPO, run_cli, subprocess_env, tiny
+
+import impulsevit.init as ii
+
+PLUGIN = textwrap.dedent('''
+    """A user's initializer: every >= 2-D weight ~ N(0, scale² / last dim) from the generator, the rest kept."""
+    import torch
+    from impulsevit.init import InitResult
+
+    SEEN = []  # the initialised pos_embed of every call (the test compares it with a fresh call)
+
+    def my_init(model, generator, scale=1.0):
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=generator) * (scale / p.shape[-1] ** 0.5))
+        SEEN.append(model.pos_embed.detach().clone())
+        return InitResult(options={"scale": scale}, notes=["scaled normal, my note"])
+
+    def no_generator(model):
+        pass
+
+    NOT_A_FUNCTION = 3
+''')
+
+
+def _write_plugin(root: Path, module: str) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"{module}.py").write_text(PLUGIN)
+    return root
+
+
+def test_import_path_trains_through_impulsevit_fit(tmp_path, monkeypatch):
+    mod = "user_inits_fit"
+    monkeypatch.syspath_prepend(str(_write_plugin(tmp_path / "src", mod)))
+    method = f"{mod}:my_init"
+    cli = run_cli(*tiny(tmp_path, "plugin", "--trainer.max_epochs=1", f"--model.init.method={method}",
+                        '--model.init.options={"scale": 0.5}'))
+    init = next(cb for cb in cli.trainer.callbacks if type(cb).__name__ == "Initializer")
+    report = init.report
+    assert init.applied and report.method == method and report.family == "plugin"
+    assert report.model == "VisionTransformer" and report.options == {"scale": 0.5} and report.seconds > 0
+    assert report.notes == ["plugin from import path", "scaled normal, my note"]
+    assert cli.trainer.global_step == 4 and cli.trainer.callback_metrics["train/loss"].isfinite()
+    # the function really ran on the backbone, with the Initializer's generator (seed 0 of the recipe)
+    seen = sys.modules[mod].SEEN
+    assert len(seen) == 1
+    fresh = cli.model.build_backbone()
+    ii.initialize(fresh, method, generator=0, scale=0.5)
+    assert torch.equal(seen[0], fresh.pos_embed.detach()) and seen[0].std().item() == pytest.approx(0.5 / 8, rel=0.1)
+    ckpt = torch.load(tmp_path / "plugin" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    state = next(v for k, v in ckpt["callbacks"].items() if k.startswith("Initializer"))
+    assert state["applied"] and state["report"]["method"] == method
+
+
+@pytest.mark.parametrize(
+    "method,options,message",
+    [
+        ("no_such_module_xyz:my_init", {}, r"cannot import module 'no_such_module_xyz' \(ModuleNotFoundError"),
+        ("{mod}:missing", {}, r"module '{mod}' has no attribute 'missing'"),
+        ("{mod}:NOT_A_FUNCTION", {}, r"is a int, expected a function fn\(model, generator, \*\*options\)"),
+        ("{mod}:no_generator", {}, r"no_generator\(model\) cannot be called as fn\(model, generator"),
+        ("{mod}:my_init", {"scal": 1.0}, r"with options \['scal'\].*unexpected keyword argument 'scal'"),
+        ("impluse", {}, r"unknown init method 'impluse'; available: .*impulse.* or an import path 'module:function'"),
+    ],
+)
+def test_bad_method_fails_at_construction_naming_it(tmp_path, monkeypatch, method, options, message):
+    mod = "user_inits_bad"
+    monkeypatch.syspath_prepend(str(_write_plugin(tmp_path / "src", mod)))
+    method, message = method.format(mod=mod), message.format(mod=mod)
+    args = [f"--model.init.method={method}"] + ([f"--model.init.options={options}".replace("'", '"')] if options else [])
+    with pytest.raises(ValueError, match=r"^model.init.method: .*" + message) as err:
+        run_cli(*tiny(tmp_path, "bad", *args))
+    assert "\n" not in str(err.value) and method in str(err.value)
+    assert not (tmp_path / "bad" / "checkpoints").exists()  # failed while building the model: nothing ran
+
+
+def _dist_info(site: Path) -> None:
+    """An installed distribution ``userplug 0.3`` providing the entry point ``scaled_normal`` (no pip involved)."""
+    _write_plugin(site, "userplug_inits")
+    info = site / "userplug-0.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: userplug\nVersion: 0.3\n")
+    (info / "entry_points.txt").write_text(
+        "[impulsevit.initializers]\nscaled_normal = userplug_inits:my_init\nbroken = userplug_inits:missing\n"
+        "torch = userplug_inits:my_init\n"
+    )
+
+
+@pytest.mark.slow
+def test_entry_point_plugin_is_listed_and_trains_in_a_fresh_process(tmp_path):
+    site = tmp_path / "site"
+    _dist_info(site)
+    _write_plugin(tmp_path / "src", "user_inits_list")
+    env = subprocess_env()
+    env["PYTHONPATH"] = f"{site}:{tmp_path / 'src'}:{env['PYTHONPATH']}"
+    listing = subprocess.run([sys.executable, "-m", "impulsevit.cli", "init", "list", "user_inits_list:my_init"],
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert listing.returncode == 0, listing.stderr
+    rows = {line.split()[0]: line for line in listing.stdout.splitlines() if line.strip()}
+    assert "builtin" in rows["impulse"] and "vit" in rows["impulse"] and "convmixer" in rows["impulse"]
+    assert "plugin" in rows["scaled_normal"] and "entry point of userplug 0.3 (userplug_inits:my_init)" in rows[
+        "scaled_normal"]
+    assert "error" in rows["broken"] and "has no attribute 'missing'" in listing.stdout
+    assert "shadowed by the built-in" in listing.stdout  # the entry point named 'torch' never replaces the built-in
+    assert "import path" in rows["user_inits_list:my_init"]
+
+    fit = subprocess.run([sys.executable, "-m", "impulsevit.cli",
+                          *tiny(tmp_path, "ep", "--trainer.max_epochs=1", "--model.init.method=scaled_normal")],
+                         env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    ckpt = torch.load(tmp_path / "ep" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    report = next(v for k, v in ckpt["callbacks"].items() if k.startswith("Initializer"))["report"]
+    assert report["method"] == "scaled_normal" and report["family"] == "plugin" and report["seconds"] > 0
+    assert report["notes"] == ["plugin from entry point of userplug 0.3 (userplug_inits:my_init)",
+                               "scaled normal, my note"]
+    assert ckpt["global_step"] == 4
+
+    bad = subprocess.run([sys.executable, "-m", "impulsevit.cli", "init", "list", "user_inits_list:nope"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and "module 'user_inits_list' has no attribute 'nope'" in bad.stdout
