@@ -103,6 +103,14 @@ class _Entry:
 
 _REGISTRY: list[_Entry] = []
 
+FAMILY_NEEDS: dict[str, str] = {
+    "vit": "a top-level `blocks` whose blocks hold timm fused-qkv `attn` (ViT, DeiT, EVA, ...)",
+    "swin": "timm SwinTransformer v1 (a `relative_position_bias_table` per block; v2's continuous bias has none)",
+    "mixer": "timm MlpMixer",
+    "convmixer": "timm ConvMixer",
+}
+"""What a model must be for each family adapter to match — quoted when no adapter of a method matches."""
+
 
 def register(method: str, *, family: str, matches: Callable[[nn.Module], bool]) -> Callable[[Handler], Handler]:
     """Decorator registering ``handler`` for ``method`` on models where ``matches(model)`` is true."""
@@ -164,9 +172,11 @@ def initialize(
         return _initialize_plugin(model, method, make_generator(generator), options)
     entry = next((e for e in _REGISTRY if e.method == method and e.matches(model)), None)
     if entry is None:
+        needs = "; ".join(f"{f}: {FAMILY_NEEDS[f]}" for f in known[method] if f in FAMILY_NEEDS)
         raise ValueError(
             f"init method {method!r} cannot be applied to {type(model).__name__}: it supports the families "
-            f"{known[method]} (applicability tables: impulsevit/init/README.md and impulsevit/init/FAMILIES.md)"
+            f"{known[method]} ({needs}; applicability tables: impulsevit/init/README.md and "
+            "impulsevit/init/FAMILIES.md)"
         )
     gen = make_generator(generator)
     t0 = time.perf_counter()

@@ -88,9 +88,23 @@ def vit_layout(model: nn.Module, *, need_pos_embed: bool, grid: Sequence[int] | 
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, nn.Module) or len(list(blocks.children())) == 0:
         raise ValueError(f"{name} has no transformer `blocks`: not a timm VisionTransformer")
+    if getattr(model, "rope", None) is not None:
+        raise ValueError(
+            f"{name} uses rotary position embeddings (`rope`), which rotate Q and K per token: the designed Q/K "
+            "logits would not hold; not supported (build it without rope, or use init 'torch' / 'timm')"
+        )
+    if getattr(model, "rel_pos_bias", None) is not None or getattr(model, "shared_rel_pos", None) is not None:
+        raise ValueError(f"{name} uses a shared relative position bias (`rel_pos_bias`) added to the attention logits; "
+                         "not supported by the ViT adapter (it needs an absolute `pos_embed` and plain logits)")
     attns, names = [], []
     for i, blk in enumerate(blocks.children()):
         attn = getattr(blk, "attn", None)
+        for rel in ("relative_position_bias_table", "rel_pos"):
+            if getattr(attn, rel, None) is not None:
+                raise ValueError(
+                    f"{name}: block {i} attention has a relative position bias (`{rel}`) added to its logits; not "
+                    "supported by the ViT adapter (it needs an absolute `pos_embed` as pseudo-input and plain logits)"
+                )
         if attn is None or not _is_fused_attention(attn):
             raise ValueError(
                 f"{name}: block {i} has no timm-style attention with a fused `qkv` Linear (3·heads·head_dim outputs), "
