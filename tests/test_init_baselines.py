@@ -77,8 +77,8 @@ def test_timm_baseline_error_without_init_weights():
 
 @pytest.mark.parametrize("method", ["impulse", "mimetic", "torch", "timm", "weight_selection"])
 def test_no_uninitialized_parameter_after_any_initializer(method, monkeypatch):
-    """weight_init='skip' leaves pos_embed / cls / reg tokens as torch.empty memory (design.md §5): make that memory
-    NaN at construction and check every initializer leaves only finite values."""
+    """weight_init='skip' leaves pos_embed / cls / reg tokens as torch.empty memory (docs/method.md §2.7): make that
+    memory NaN at construction and check every initializer leaves only finite values."""
     nan_empty_construction(monkeypatch)
     m = vit(dim=128, heads=2, reg_tokens=1)
     teacher = vit(dim=256, heads=4, reg_tokens=1)

@@ -1,5 +1,5 @@
-"""ConvMixer: registered CIFAR variants, impulse / box / random spatial filters with the [CODE-O] scaling, and frozen
-vs trainable filters across a real AdamW step."""
+"""ConvMixer: registered CIFAR variants, impulse / box / random spatial filters with the earlier release's scaling
+(docs/method.md §4.4), and frozen vs trainable filters across a real AdamW step."""
 
 import math
 

@@ -1,4 +1,5 @@
-"""method.md §8: every property of the impulse / mimetic init as its own test, with the thresholds given there.
+"""docs/method.md §8: every property of the impulse / mimetic init as its own test, named after what it checks (the
+docstring gives the property's number), with the thresholds given there.
 
 Pseudo-input path (``P = LN0(pe)``, no qkv bias, no patch content) on real timm ViTs initialised through
 ``impulsevit.init.initialize``; geometry of ViT-Ti/S/B at 14×14 tokens (patch 2 on 28 px keeps the models small).
@@ -37,7 +38,8 @@ def _dense_b(model, offsets, noise, rank):
     return p, pplus @ t @ pplus.T, t
 
 
-def test_p1_offsets():
+def test_offsets_follow_the_released_priority_order():
+    """docs/method.md §8.1."""
     assert imp.impulse_offsets(3) == [(0, 0), (-1, 0), (0, 1)]
     assert imp.impulse_offsets(6)[3:] == [(0, -1), (1, 0), (-1, -1)]
     twelve = imp.impulse_offsets(12)
@@ -46,7 +48,8 @@ def test_p1_offsets():
     assert report.offsets == [twelve] * 3
 
 
-def test_p2_target_structure():
+def test_target_has_one_zero_padded_impulse_per_row_and_bounded_noise():
+    """docs/method.md §8.2."""
     h, w = 5, 7
     g = torch.Generator().manual_seed(0)
     offsets = [(0, 0), (-1, 0), (1, 1), (0, -1)]
@@ -68,7 +71,8 @@ def test_p2_target_structure():
     assert abs(big.std().item() - 1.8) < 0.05 and big.abs().max() <= 6.0
 
 
-def test_p3_projection_identity_and_rank():
+def test_solve_reproduces_the_projected_target_at_full_rank():
+    """docs/method.md §8.3."""
     dim, heads = GEOMETRY["Ti"]
     d = dim // heads
     m = vit_grid(14, dim, heads)
@@ -97,7 +101,8 @@ def test_p3_projection_identity_and_rank():
         assert (qk - expect).norm() / expect.norm() < 1e-5
 
 
-def test_p4_factor_norms_every_head_and_layer():
+def test_qk_factors_have_frobenius_norm_gain_qk_in_every_head_and_layer():
+    """docs/method.md §8.4."""
     m, _ = _impulse(192, 3, grid=8, depth=3)
     for blk in m.blocks:
         w = blk.attn.qkv.weight.detach().double()
@@ -106,7 +111,8 @@ def test_p4_factor_norms_every_head_and_layer():
             assert abs(w[192 + i * 64 : 192 + (i + 1) * 64].norm().item() - 7.0) < 1e-5
 
 
-def test_p5_closed_form_logits():
+def test_pseudo_input_logits_match_the_closed_form():
+    """docs/method.md §8.5."""
     g = torch.Generator().manual_seed(1)
     pe = 0.36 * torch.randn(196, 192, generator=g, dtype=torch.float64)
     p = imp.layer_norm_rows(pe)
@@ -126,7 +132,8 @@ def test_p5_closed_form_logits():
         torch.testing.assert_close(lam[i], sol.scale[i] * ptp, rtol=1e-9, atol=1e-9)
 
 
-def test_p6_scale_invariance_and_gain_pos_only_touches_pos_embed():
+def test_pos_embed_scale_changes_neither_logits_nor_qk():
+    """docs/method.md §8.6."""
     g = torch.Generator().manual_seed(2)
     pe = 0.02 * torch.randn(64, 96, generator=g, dtype=torch.float64)
     noise = imp.draw_noise(3, 64, g)
@@ -152,7 +159,8 @@ def test_p6_scale_invariance_and_gain_pos_only_touches_pos_embed():
             assert torch.equal(pa, b.get_parameter(name)), name
 
 
-def test_p7_rows_sum_to_one():
+def test_attention_rows_sum_to_one():
+    """docs/method.md §8.7."""
     m, _ = _impulse(192, 3, grid=14, depth=2)
     for amap in ii.attention_maps(m):
         assert amap.dtype == torch.float32
@@ -163,7 +171,8 @@ def test_p7_rows_sum_to_one():
 
 
 @pytest.mark.parametrize("geom", ["Ti", "S", "B"])
-def test_p8_identity_head(geom):
+def test_identity_head_attends_to_itself(geom):
+    """docs/method.md §8.8."""
     dim, heads = GEOMETRY[geom]
     m, report = _impulse(dim, heads, seed=7)
     amap = ii.attention_maps(m)[0][0]
@@ -177,7 +186,8 @@ def test_p8_identity_head(geom):
 @pytest.mark.parametrize(
     "geom,hit_min,mass_lo,mass_hi", [("Ti", 0.97, 0.70, 0.85), ("S", 0.98, 0.94, 1.0), ("B", 0.98, 0.97, 1.0)]
 )
-def test_p9_shift_heads_interior_14x14(geom, hit_min, mass_lo, mass_hi):
+def test_shift_heads_hit_their_neighbour_on_a_14x14_grid(geom, hit_min, mass_lo, mass_hi):
+    """docs/method.md §8.9."""
     dim, heads = GEOMETRY[geom]
     # thresholds on the mean over a model's shift heads; single heads may miss one more token (1/144 = 0.007)
     for seed in (0, 1):
@@ -189,7 +199,8 @@ def test_p9_shift_heads_interior_14x14(geom, hit_min, mass_lo, mass_hi):
             assert s.hit_rate >= hit_min - 0.02 and mass_lo - 0.03 <= s.target_mass <= mass_hi, s
 
 
-def test_p9_shift_heads_16x16_and_8x8():
+def test_shift_heads_on_16x16_and_8x8_grids():
+    """docs/method.md §8.9."""
     m, report = _impulse(192, 3, grid=16)
     for s in ii.summarize(ii.attention_maps(m), report.offsets)[1:]:
         assert s.hit_rate >= 0.90 and 0.35 <= s.target_mass <= 0.65, s
@@ -198,7 +209,8 @@ def test_p9_shift_heads_16x16_and_8x8():
         assert s.hit_rate == 1.0 and s.target_mass >= 0.97, s
 
 
-def test_p10_border_rows_are_diffuse():
+def test_border_queries_without_a_target_are_diffuse_not_wrapped():
+    """docs/method.md §8.10."""
     m, report = _impulse(192, 3, seed=4)
     amap = ii.attention_maps(m)[0]
     summary = ii.summarize([amap], report.offsets, grid=(14, 14))
@@ -210,7 +222,8 @@ def test_p10_border_rows_are_diffuse():
         assert amap[head, border, wrapped[border]].mean().item() < 0.05
 
 
-def test_p11_opposite_offsets_are_transposes():
+def test_opposite_offsets_give_transposed_logits():
+    """docs/method.md §8.11."""
     m, report = _impulse(384, 6, seed=2)
     offs = report.offsets[0]
     lam = pseudo_logits(m)
@@ -226,13 +239,15 @@ def test_p11_opposite_offsets_are_transposes():
 
 
 @pytest.mark.parametrize("geom,lo,hi", [("Ti", 11.0, 18.0), ("S", 18.0, 30.0), ("B", 32.0, 52.0)])
-def test_p12_peak_logit_grows_with_width(geom, lo, hi):
+def test_peak_logit_grows_with_width(geom, lo, hi):
+    """docs/method.md §8.12."""
     dim, heads = GEOMETRY[geom]
     m, _ = _impulse(dim, heads, seed=1)
     assert lo <= pseudo_logits(m).max().item() <= hi
 
 
-def test_p13_value_proj_row_convention():
+def test_value_proj_realise_x_c_in_row_convention():
+    """docs/method.md §8.13."""
     g = torch.Generator().manual_seed(0)
     wv, wp, c = imp.value_proj_factors(192, g)
     x = torch.randn(5, 192, dtype=torch.float64)
@@ -249,7 +264,8 @@ def test_p13_value_proj_row_convention():
         assert abs(off.std().item() / (0.4 / math.sqrt(384)) - 1) < 0.1
 
 
-def test_p14_mimetic_qk_singular_values():
+def test_mimetic_qk_is_the_best_rank_d_approximation():
+    """docs/method.md §8.14."""
     g = torch.Generator().manual_seed(0)
     wq, wk, a = imp.mimetic_qk_factors(192, 3, 64, g)
     for i in range(3):
@@ -264,10 +280,11 @@ def test_p14_mimetic_qk_singular_values():
         for i in range(3):
             qk = w[i * 64 : (i + 1) * 64].T @ w[192 + i * 64 : 192 + (i + 1) * 64]
             assert torch.linalg.matrix_rank(qk, rtol=1e-5).item() == 64
-            assert 0.33 < qk.diagonal().mean().item() < 0.45  # method.md §5.1: ≈ 0.39 at D = 192
+            assert 0.33 < qk.diagonal().mean().item() < 0.45  # docs/method.md §5.1: ≈ 0.39 at D = 192
 
 
-def test_p15_weight_selection_indices():
+def test_weight_selection_takes_uniform_indices_and_skips_head():
+    """docs/method.md §8.15."""
     assert torch.equal(selection_indices(1152, 576), torch.arange(576) * 2)
     assert torch.equal(selection_indices(10, 4), torch.tensor([0, 3, 6, 9]))
     assert torch.equal(selection_indices(7, 3), torch.round(torch.linspace(0, 6, 3, dtype=torch.float64)).long())
@@ -283,7 +300,8 @@ def test_p15_weight_selection_indices():
     assert torch.equal(student.head.weight, head_before)
 
 
-def test_p16_layout_only_qk_rows_touched_cls_row_scaled_all_blocks():
+def test_solve_touches_only_qk_rows_and_excludes_the_prefix_row():
+    """docs/method.md §8.16."""
     m = vit(dim=64, heads=4, depth=3)
     ii.initialize(m, "torch", generator=0)
     before = {k: v.clone() for k, v in m.state_dict().items()}

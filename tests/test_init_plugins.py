@@ -80,7 +80,8 @@ def test_bad_method_fails_at_construction_naming_it(tmp_path, monkeypatch, metho
     mod = "user_inits_bad"
     monkeypatch.syspath_prepend(str(_write_plugin(tmp_path / "src", mod)))
     method, message = method.format(mod=mod), message.format(mod=mod)
-    args = [f"--model.init.method={method}"] + ([f"--model.init.options={options}".replace("'", '"')] if options else [])
+    args = [f"--model.init.method={method}"]
+    args += [f"--model.init.options={options}".replace("'", '"')] if options else []
     with pytest.raises(ValueError, match=r"^model.init.method: .*" + message) as err:
         run_cli(*tiny(tmp_path, "bad", *args))
     assert "\n" not in str(err.value) and method in str(err.value)

@@ -10,7 +10,16 @@ the method itself: ``docs/method.md``. Your own initializer: ``model.init.method
 point in the group ``impulsevit.initializers`` (:mod:`impulsevit.init.plugins`).
 """
 
-from impulsevit.init.api import InitReport, InitResult, initialize, make_generator, methods, read_full, register, write_full_
+from impulsevit.init.api import (
+    InitReport,
+    InitResult,
+    initialize,
+    make_generator,
+    methods,
+    read_full,
+    register,
+    write_full_,
+)
 from impulsevit.init.diagnostics import (
     AttentionMaps,
     HeadSummary,

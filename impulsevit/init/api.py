@@ -162,8 +162,8 @@ def initialize(
         An :class:`InitReport`.
 
     Raises:
-        ValueError: unknown method, a plugin that does not import / resolve, or the method's requirements are not met by this model (the message names the
-            model class and what is missing; the model is left unmodified).
+        ValueError: unknown method, a plugin that does not import / resolve, or the method's requirements are not
+            met by this model (the message names the model class and what is missing; the model is left unmodified).
         TypeError: unknown or mistyped option.
     """
     _load_builtin()

@@ -1,7 +1,8 @@
 """ConvMixer (timm ``ConvMixer``, e.g. ``impulsevit.models`` ``convmixer_cifar_*``): spatial-filter initializers.
 
 Only the depthwise spatial convs (``groups == channels``, kernel ``k × k``, one per block) are written; the stem,
-1×1 channel-mixing convs, BatchNorms and head keep whatever they hold. Scaling follows [CODE-O] (method.md §4.4):
+1×1 channel-mixing convs, BatchNorms and head keep whatever they hold. Scaling follows the earlier release
+(docs/method.md §4.4):
 
 * ``random``: weight and bias i.i.d. ``U(−1/k, 1/k)`` (the same distribution as PyTorch's constructor default for a
   depthwise conv, redrawn from the generator).

@@ -15,7 +15,6 @@ must be a ``ValueError`` / ``TypeError``; anything else propagates — the cover
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 from collections.abc import Sequence
 
 import torch
@@ -98,7 +97,8 @@ def _structure(model: nn.Module, report) -> str:
     if report.family == "convmixer":
         from impulsevit.init.convmixer import convmixer_filter_summary, convmixer_filter_taps
 
-        return f"one-hot spatial filters: {_mean([s['one_hot'] for s in convmixer_filter_summary(convmixer_filter_taps(model))]):.2f}"
+        one_hot = [s["one_hot"] for s in convmixer_filter_summary(convmixer_filter_taps(model))]
+        return f"one-hot spatial filters: {_mean(one_hot):.2f}"
     if report.family == "mixer":
         from impulsevit.init.mixer import mixer_kernel_summary, mixer_token_kernel
 

@@ -1,11 +1,11 @@
 """The math of impulse (structured) initialization: offsets, target logits, pseudo-input, Q/K solve, V/proj factors.
 
 Pure functions, tensors in and tensors out; nothing here knows about ``nn.Module``. The model adapter is
-:mod:`impulsevit.init.vit`; the spec is ``method.md`` §2 (released algorithm) and §3 (older variants).
+:mod:`impulsevit.init.vit`; the spec is ``docs/method.md`` §2 (released algorithm) and §3 (older variants).
 
-Conventions (``method.md`` §1): a token grid of ``height × width`` patch tokens in row-major order, token ``t(r, c) =
-r·width + c``; an offset ``(dy, dx)`` makes the query at ``(r, c)`` attend to the key at ``(r + dy, c + dx)``
-(``dy > 0`` = down, ``dx > 0`` = right). Weights are ``out × in`` (timm / ``nn.Linear``), tokens are row vectors.
+Conventions (``docs/method.md`` §1): a token grid of ``height × width`` patch tokens in row-major order, token
+``t(r, c) = r·width + c``; an offset ``(dy, dx)`` makes the query at ``(r, c)`` attend to the key at
+``(r + dy, c + dx)`` (``dy > 0`` = down, ``dx > 0`` = right). Weights are ``out × in`` (timm / ``nn.Linear``), tokens are row vectors.
 
 The Q/K solve uses the rank-``r`` subspace formulation: with ``P = U Σ Vᵀ`` (top ``r``), the released per-head
 ``B_i = P⁺ T_i P⁺ᵀ`` equals ``V_r M_i V_rᵀ`` with the ``r × r`` matrix ``M_i = Σ_r⁻¹ U_rᵀ T_i U_r Σ_r⁻¹``, so one
@@ -50,7 +50,7 @@ Boundary = Literal["zero", "circular"]
 
 PRIORITY_3X3: tuple[int, ...] = (4, 1, 5, 3, 7, 0, 2, 6, 8)
 """Released order of 3×3 kernel positions (row-major, 4 = centre): self, up, right, left, down, up-left, up-right,
-down-left, down-right (``method.md`` §2.1)."""
+down-left, down-right (``docs/method.md`` §2.1)."""
 
 
 def kernel_offsets(kernel_size: int = 3) -> list[Offset]:
@@ -59,7 +59,7 @@ def kernel_offsets(kernel_size: int = 3) -> list[Offset]:
     ``kernel_size = 3`` gives the released order (``PRIORITY_3X3``). ``kernel_size = 5`` starts with those 9 and then
     the 16 offsets of the outer ring, ordered by Euclidean distance (the four axis offsets at distance 2, then the
     eight knight moves, then the four corners), within a distance clockwise from "up" — so every 5×5 position occurs
-    exactly once (the released code's index arithmetic for k = 5 is wrong, ``method.md`` §2.1).
+    exactly once (the released code's index arithmetic for k = 5 is wrong, ``docs/method.md`` §2.1).
 
     Raises:
         ValueError: ``kernel_size`` not 3 or 5.
@@ -88,9 +88,10 @@ def impulse_offsets(
     Args:
         num_heads: ``h ≥ 1``.
         kernel_size: 3 or 5.
-        mode: ``fixed`` — head ``i`` gets ``kernel_offsets(k)[i mod k²]`` (released, ``method.md`` §2.1);
-            ``random`` — drawn from ``generator``: with replacement ``randint(k²)`` per head ([CODE-O]), without
-            replacement a fresh ``randperm(k²)`` per block of ``k²`` heads (so all positions appear before any repeats).
+        mode: ``fixed`` — head ``i`` gets ``kernel_offsets(k)[i mod k²]`` (released, ``docs/method.md`` §2.1);
+            ``random`` — drawn from ``generator``: with replacement ``randint(k²)`` per head (the earlier release,
+            ``docs/method.md`` §3), without replacement a fresh ``randperm(k²)`` per block of ``k²`` heads (so all
+            positions appear before any repeats).
         generator: required for ``random``; unused for ``fixed``.
         replacement: only for ``random``.
 
@@ -161,7 +162,7 @@ def target_logits(
     noise_scale: float = 3.0,
     boundary: Boundary = "zero",
 ) -> torch.Tensor:
-    """Dense target logits ``T_i = a·S_i + b·E_i ⊙ (1 − S_i)`` (``method.md`` §2.2), ``(h, N, N)`` float64.
+    """Dense target logits ``T_i = a·S_i + b·E_i ⊙ (1 − S_i)`` (``docs/method.md`` §2.2), ``(h, N, N)`` float64.
 
     Only for tests and reference formulations; :func:`solve_qk` never builds it.
     """
@@ -264,14 +265,14 @@ def solve_qk(
     target_logit: float = 5.0,
     dtype: torch.dtype = torch.float64,
 ) -> QKSolution:
-    """Closed-form Q/K of one layer, all heads batched (``method.md`` §2.4, subspace formulation).
+    """Closed-form Q/K of one layer, all heads batched (``docs/method.md`` §2.4, subspace formulation).
 
     Args:
         pi: the factored pseudo-input (:func:`factor_pseudo_input`), ``N = height·width`` rows.
         offsets: ``h`` offsets.
         noise: ``(h, N, N)`` the draw of :func:`draw_noise` for this layer.
         head_dim: ``d``; the logit scale ``1/√d`` is the model's.
-        on_value, noise_scale: ``a`` and ``b`` of the target (``method.md`` §2.2).
+        on_value, noise_scale: ``a`` and ``b`` of the target (``docs/method.md`` §2.2).
         gain: ``γ_q``; with ``normalize='frobenius'`` (released) ``‖W_q^{(i)}‖_F = ‖W_k^{(i)}‖_F = γ_q``.
         normalize: ``'logit'`` instead sets both factors to equal norm so that the mean logit on the head's target
             entries (over valid queries, on the pseudo-input) equals ``target_logit`` — the scale rule for
@@ -398,7 +399,7 @@ def _uniform_unit_variance(shape: tuple[int, ...], dim: int, generator: torch.Ge
 def value_proj_factors(
     dim: int, generator: torch.Generator, alpha: float = 0.4, beta: float = 0.4, dtype: torch.dtype = torch.float64
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Mimetic value/projection of one layer (``method.md`` §2.5 / §5.1 step 2), done right in row convention.
+    """Mimetic value/projection of one layer (``docs/method.md`` §2.5 / §5.1 step 2), done right in row convention.
 
     Draws ``Z ~ U(±√3/√D)`` (``D × D``), ``C = αZ − βI``, and returns ``(w_v, w_proj, C)`` with ``w_v = Lᵀ`` (the V
     rows of ``qkv.weight``, ``D × D``) and ``w_proj = Rᵀ`` (``proj.weight``) for the balanced split ``C = L R``, so
@@ -413,7 +414,7 @@ def value_proj_factors(
 def mimetic_qk_factors(
     dim: int, num_heads: int, head_dim: int, generator: torch.Generator, alpha: float = 0.7, beta: float = 0.7
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Mimetic Q/K of one layer (``method.md`` §5.1 step 1): per head ``A_i = αZ_i + βI`` (``Z_i ~ U(±√3/√D)``), and
+    """Mimetic Q/K of one layer (``docs/method.md`` §5.1): per head ``A_i = αZ_i + βI`` (``Z_i ~ U(±√3/√D)``), and
     ``W_q^{(i)} = (U S^{1/2})[:, :d]ᵀ``, ``W_k^{(i)} = (S^{1/2} Yᵀ)[:d]``, so ``W_q^{(i)ᵀ} W_k^{(i)}`` is the best
     rank-``d`` approximation of ``A_i``.
 

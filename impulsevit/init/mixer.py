@@ -2,11 +2,11 @@
 
 The token-mixing MLP of a block maps each channel's token vector ``x ∈ R^N`` (``N = H·W`` patches, row-major) through
 ``fc2 · GELU · fc1`` with ``fc1 ∈ R^{S×N}``, ``fc2 ∈ R^{N×S}``; it is shared by all channels. There is no softmax and no
-pseudo-input, so the structure is written directly into the weights (method.md §4.3; the paper's exact mechanics are
-unknown — this is our reading, flagged unverified).
+pseudo-input, so the structure is written directly into the weights (docs/method.md §4.3; the paper's exact
+mechanics are unknown — this is our reading, flagged unverified).
 
-``layout="blocks"`` (default, method.md §4.3 reading (a)): the hidden units are split into ``K = S // N`` blocks of
-``N``; block ``b`` gets offset ``o_b = impulse_offsets(K)[b]`` (method.md §2.1, cyclic beyond 9) and ``fc1`` row
+``layout="blocks"`` (default, docs/method.md §4.3 reading (a)): the hidden units are split into ``K = S // N`` blocks of
+``N``; block ``b`` gets offset ``o_b = impulse_offsets(K)[b]`` (docs/method.md §2.1, cyclic beyond 9) and ``fc1`` row
 ``b·N + t`` is ``gain_in · e_{t+o_b}`` (hidden unit = the neighbour of token ``t``; zero row when the neighbour is off
 the grid — zero padding, no wrap). ``fc2[t, b·N + t] = gain_out`` routes every block back to its token, so
 

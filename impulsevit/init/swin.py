@@ -1,9 +1,9 @@
 """Swin Transformer (timm ``SwinTransformer``, v1): impulse and mimetic initializers, attention diagnostics.
 
-``impulse`` (method.md §4.2, the "faithful-in-spirit" construction; the paper's exact Swin mechanics are unknown):
+``impulse`` (docs/method.md §4.2, the "faithful-in-spirit" construction; the paper's exact Swin mechanics are unknown):
 every block's relative-position bias table gets, for head ``i`` with offset ``(dy, dx)`` = ``impulse_offsets(h)[i]``
-(method.md §2.1), the value ``c`` at the relative coordinate of the target neighbour and ``0`` everywhere else. Q/K are
-left as they are, so at init the bias dominates the logits: within a window each query puts
+(docs/method.md §2.1), the value ``c`` at the relative coordinate of the target neighbour and ``0`` everywhere else.
+Q/K are left as they are, so at init the bias dominates the logits: within a window each query puts
 ``e^c / (e^c + n - 1)`` of its softmax mass on the key at ``(r + dy, c + dx)`` (``n`` = unmasked keys in its window).
 ``c`` defaults to the value that gives ``target_mass`` (0.75) in a *full* window of the block's size, i.e.
 ``c = log(target_mass · (n - 1) / (1 - target_mass))`` (≈ 4.97 for 7×7, 3.81 for 4×4); ``bias=`` fixes ``c`` for all
@@ -15,7 +15,7 @@ The bias table is indexed through the module's own ``relative_position_index`` b
 = query − key), read from the buffer rather than re-derived, so the construction follows whatever convention the
 installed timm uses.
 
-``mimetic`` (Trockman & Kolter; method.md §5.1) per block: per head ``W_qᵀ W_k`` = best rank-``d`` approximation of
+``mimetic`` (Trockman & Kolter; docs/method.md §5.1) per block: per head ``W_qᵀ W_k`` = best rank-``d`` approximation of
 ``qk_alpha·Z + qk_beta·I`` (``Z`` i.i.d. ``U(±√(3/D))``), and ``x W_vᵀ W_oᵀ = x (value_alpha·Z' − value_beta·I)`` per
 block. The bias table and everything else keep their values (no ``base`` reset, unlike the ViT adapter).
 
@@ -125,7 +125,7 @@ def impulse_swin(model: nn.Module, generator: torch.Generator, options: dict[str
         bias: if given, the constant ``c`` for all blocks (``target_mass`` is then only reported, not used).
         kernel_size: 3 (default, the released §2.1 order) or 5 (``impulse.kernel_offsets(5)``).
         offsets: ``"fixed"`` (default; no randomness) or ``"random"`` (per block and head, with replacement, from the
-            generator — [CODE-O]).
+            generator, as in the earlier release — docs/method.md §3).
     """
     opts = check_options("impulse", options, _IMPULSE_DEFAULTS)
     tm = float(opts["target_mass"])

@@ -174,7 +174,7 @@ IMPULSE_DEFAULTS: dict[str, Any] = {
     "base": "torch",
     "grid": None,
 }
-"""Defaults of ``impulse`` = the released algorithm (``method.md`` §2); see ``impulsevit/init/README.md``."""
+"""Defaults of ``impulse`` = the released algorithm (``docs/method.md`` §2); see ``impulsevit/init/README.md``."""
 
 MIMETIC_DEFAULTS: dict[str, Any] = {
     "qk_alpha": 0.7,
@@ -184,7 +184,7 @@ MIMETIC_DEFAULTS: dict[str, Any] = {
     "value_beta": 0.4,
     "base": "torch",
 }
-"""Defaults of ``mimetic`` (``method.md`` §5.1)."""
+"""Defaults of ``mimetic`` (``docs/method.md`` §5.1)."""
 
 _CHOICES = {
     "offsets": ("fixed", "random"),
@@ -288,7 +288,7 @@ def _run_parallel(tasks: Sequence[Callable[[], _T]]) -> list[_T]:
 
 @register("impulse", family="vit", matches=is_vit)
 def impulse_vit(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
-    """Impulse init of a timm ViT (``method.md`` §2 by default; options for §3 variants, see the README card).
+    """Impulse init of a timm ViT (``docs/method.md`` §2 by default; options for §3 variants, see the README card).
 
     Order of random draws (all from ``generator``): ``torch`` baseline of every tensor not fully overwritten
     (``base='torch'``), random offsets (once, or per layer), then per layer: the target noise ``(h, N, N)``, then the
@@ -319,7 +319,9 @@ def impulse_vit(model: nn.Module, generator: torch.Generator, options: dict[str,
     pi = imp.factor_pseudo_input(patch_pseudo_input(pos, lay.patch_rows), d, rtol=opts["rank_rtol"])
     if pi.rank < d:
         if pi.numerical_rank >= n:  # full row rank, just fewer tokens than head dims: the released math, exactly
-            notes.append(f"rank {pi.rank} < head_dim {d}: solved at rank {pi.rank} (N = {n} tokens; rows beyond stay 0)")
+            notes.append(
+                f"rank {pi.rank} < head_dim {d}: solved at rank {pi.rank} (N = {n} tokens; rows beyond stay 0)"
+            )
         else:
             notes.append(
                 f"rank-deficient pseudo-input (numerical rank {pi.numerical_rank} < min(N={n}, head_dim={d}) at rtol "
@@ -388,7 +390,7 @@ def impulse_vit(model: nn.Module, generator: torch.Generator, options: dict[str,
 
 @register("mimetic", family="vit", matches=is_vit)
 def mimetic_vit(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
-    """Mimetic init of a timm ViT (``method.md`` §5.1): per head ``W_qᵀW_k`` = best rank-``d`` approx of
+    """Mimetic init of a timm ViT (``docs/method.md`` §5.1): per head ``W_qᵀW_k`` = best rank-``d`` approx of
     ``α1 Z + β1 I``; per layer ``W_v W_proj = α2 Z − β2 I`` in row convention (the released mimetic mode drops a
     transpose here, see the README card). pos_embed is not scaled.
 

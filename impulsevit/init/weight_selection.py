@@ -2,7 +2,7 @@
 
 Tensors are matched by identical state-dict names, so layer selection is "first N" (student ``blocks.j`` takes teacher
 ``blocks.j``; a deeper teacher's extra blocks are unused). Every axis of every matched floating-point tensor is
-sub-sampled uniformly (``method.md`` §5.2): ``arange(s)·(T/s)`` when ``T % s == 0``, else ``round(linspace(0, T−1,
+sub-sampled uniformly (``docs/method.md`` §5.2): ``arange(s)·(T/s)`` when ``T % s == 0``, else ``round(linspace(0, T−1,
 s))``. The classifier (``head.*`` by default) keeps the student's own init; integer buffers (e.g. Swin's
 ``relative_position_index``) are never copied. Deterministic: draws no random numbers.
 """

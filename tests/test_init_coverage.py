@@ -1,0 +1,80 @@
+"""The coverage check of ``impulse`` over timm's model registry (impulsevit/init/coverage.py, scripts/init_coverage.py):
+rows for a few small real timm models (applies with structure / refuses with the reason), the smallest-per-group
+selection, and the generated table in the method card."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+from _cli_helpers import subprocess_env
+
+import impulsevit.init as ii
+from impulsevit.init.coverage import check_model, markdown_table, smallest_models
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _numbers(text: str, key: str) -> float:
+    return float(re.search(key + r" (\d\.\d+)", text).group(1))
+
+
+def test_rows_apply_with_structure_or_refuse_with_the_reason():
+    vit = check_model("vit_tiny_r_s16_p8_224")  # a hybrid (ResNet stem) ViT-Ti: family vit
+    assert vit.applies and vit.family == "vit" and vit.message == ""
+    assert _numbers(vit.structure, "interior hit") >= 0.97 and _numbers(vit.structure, "self heads: mass") >= 0.99
+    mixer = check_model("mixer_s32_224")
+    assert mixer.applies and mixer.family == "mixer" and _numbers(mixer.structure, "mass") >= 0.95
+    relpos = check_model("vit_relpos_small_patch16_224")
+    assert not relpos.applies and relpos.structure == ""
+    assert relpos.message.startswith("ValueError: VisionTransformerRelPos: block 0 attention has a relative position")
+    v2 = check_model("swinv2_cr_tiny_224")
+    assert not v2.applies and "SwinTransformerV2Cr" in v2.message and "swin: timm SwinTransformer v1" in v2.message
+    table = markdown_table([vit, relpos]).splitlines()
+    assert len(table) == 4 and "applies (vit)" in table[2] and "refuses" in table[3] and "`rel_pos`" in table[3]
+
+
+def test_rope_model_is_refused_by_name():
+    """EVA-02 has an absolute pos_embed *and* rotary embeddings: impulse must not silently ignore the rotation."""
+    model = timm.create_model("eva02_tiny_patch14_224", img_size=28, depth=1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"^Eva uses rotary position embeddings \(`rope`\)"):
+        ii.initialize(model, "impulse", generator=0)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, before[k], rtol=0, atol=0, equal_nan=True)
+
+
+def test_smallest_model_per_group_by_parameter_count():
+    rows = smallest_models(["convmixer*"])
+    names = timm.list_models("convmixer*")
+    counts = {}
+    for n in names:
+        with torch.device("meta"):
+            counts[n] = sum(p.numel() for p in timm.create_model(n).parameters())
+    assert sum(r[4] for r in rows) == len(names)
+    for _, _, name, params, _ in rows:
+        assert params == pytest.approx(counts[name] / 1e6)
+    assert min(counts, key=counts.get) in {r[2] for r in rows}
+
+
+def test_card_holds_the_generated_table():
+    card = (REPO / "impulsevit" / "init" / "README.md").read_text()
+    block = card.split("<!-- coverage:begin -->", 1)[1].split("<!-- coverage:end -->", 1)[0]
+    assert "python scripts/init_coverage.py --write" in block
+    rows = [line for line in block.splitlines() if line.startswith("| `")]
+    patterns = {line.split("|")[1].strip().strip("`") for line in rows}
+    assert patterns == {"vit_*", "deit3_*", "deit*", "eva*", "beit*", "swin*", "mixer*", "convmixer*"}
+    assert all(("applies (" in r) != ("refuses" in r) for r in rows)
+
+
+def test_script_checks_named_models(tmp_path):
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "init_coverage.py"), "--models", "mixer_s32_224"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env=subprocess_env())
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "`mixer_s32_224`" in out.stdout and "applies (mixer)" in out.stdout
