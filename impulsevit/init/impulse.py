@@ -5,7 +5,8 @@ Pure functions, tensors in and tensors out; nothing here knows about ``nn.Module
 
 Conventions (``docs/method.md`` §1): a token grid of ``height × width`` patch tokens in row-major order, token
 ``t(r, c) = r·width + c``; an offset ``(dy, dx)`` makes the query at ``(r, c)`` attend to the key at
-``(r + dy, c + dx)`` (``dy > 0`` = down, ``dx > 0`` = right). Weights are ``out × in`` (timm / ``nn.Linear``), tokens are row vectors.
+``(r + dy, c + dx)`` (``dy > 0`` = down, ``dx > 0`` = right). Weights are ``out × in`` (timm / ``nn.Linear``),
+tokens are row vectors.
 
 The Q/K solve uses the rank-``r`` subspace formulation: with ``P = U Σ Vᵀ`` (top ``r``), the released per-head
 ``B_i = P⁺ T_i P⁺ᵀ`` equals ``V_r M_i V_rᵀ`` with the ``r × r`` matrix ``M_i = Σ_r⁻¹ U_rᵀ T_i U_r Σ_r⁻¹``, so one
