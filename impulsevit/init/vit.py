@@ -93,9 +93,12 @@ def vit_layout(model: nn.Module, *, need_pos_embed: bool, grid: Sequence[int] | 
             f"{name} uses rotary position embeddings (`rope`), which rotate Q and K per token: the designed Q/K "
             "logits would not hold; not supported (build it without rope, or use init 'torch' / 'timm')"
         )
-    if getattr(model, "rel_pos_bias", None) is not None or getattr(model, "shared_rel_pos", None) is not None:
-        raise ValueError(f"{name} uses a shared relative position bias (`rel_pos_bias`) added to the attention logits; "
-                         "not supported by the ViT adapter (it needs an absolute `pos_embed` and plain logits)")
+    for shared in ("rel_pos_bias", "shared_rel_pos"):
+        if getattr(model, shared, None) is not None:
+            raise ValueError(
+                f"{name} uses a shared relative position bias (`{shared}`) added to the attention logits; not "
+                "supported by the ViT adapter (it needs an absolute `pos_embed` as pseudo-input and plain logits)"
+            )
     attns, names = [], []
     for i, blk in enumerate(blocks.children()):
         attn = getattr(blk, "attn", None)
