@@ -27,7 +27,9 @@ class InitConfig:
     """Which initializer runs at the start of fitting (see ``impulsevit.init.methods()``).
 
     Attributes:
-        method: registered method name: ``impulse``, ``mimetic``, ``timm``, ``torch``, ``weight_selection``, ...
+        method: registered method name: ``impulse``, ``mimetic``, ``timm``, ``torch``, ``weight_selection``, ...; an
+            installed plugin (entry-point group ``impulsevit.initializers``); or an import path ``module:function``
+            to ``fn(model, generator, **options)`` (``impulsevit init list`` shows them all).
         seed: seed of the one ``torch.Generator`` every rank uses (independent of the data / dropout seed).
         options: method options, passed as keyword arguments; unknown ones are rejected by the method.
     """
