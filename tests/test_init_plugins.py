@@ -102,33 +102,42 @@ def _dist_info(site: Path) -> None:
 
 @pytest.mark.slow
 def test_entry_point_plugin_is_listed_and_trains_in_a_fresh_process(tmp_path):
+    """One fresh interpreter (the dist-info must be on sys.path from the start) runs the console-script entry point
+    ``impulsevit.cli.main`` three times: ``init list`` with an import path, ``init list`` with a bad one, ``fit``."""
     site = tmp_path / "site"
     _dist_info(site)
     _write_plugin(tmp_path / "src", "user_inits_list")
     env = subprocess_env()
     env["PYTHONPATH"] = f"{site}:{tmp_path / 'src'}:{env['PYTHONPATH']}"
-    listing = subprocess.run([sys.executable, "-m", "impulsevit.cli", "init", "list", "user_inits_list:my_init"],
-                             env=env, capture_output=True, text=True, timeout=300)
-    assert listing.returncode == 0, listing.stderr
-    rows = {line.split()[0]: line for line in listing.stdout.splitlines() if line.strip()}
+    fit_args = tiny(tmp_path, "ep", "--trainer.max_epochs=1", "--model.init.method=scaled_normal")
+    driver = textwrap.dedent(f"""
+        import sys
+        from impulsevit.cli import main
+        print("== list", flush=True)
+        ok = main(["init", "list", "user_inits_list:my_init"])
+        print("== bad", flush=True)
+        bad = main(["init", "list", "user_inits_list:nope"])
+        print(f"== status {{ok}} {{bad}}", flush=True)
+        sys.exit(main({fit_args!r}))
+    """)
+    proc = subprocess.run([sys.executable, "-c", driver], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    listing, rest = proc.stdout.split("== list\n", 1)[1].split("== bad\n", 1)
+    bad, status = rest.split("== status ", 1)
+    assert status.startswith("0 1")  # exit status of each listing: a bad import path is an error
+    rows = {line.split()[0]: line for line in listing.splitlines() if line.strip()}
     assert "builtin" in rows["impulse"] and "vit" in rows["impulse"] and "convmixer" in rows["impulse"]
-    assert "plugin" in rows["scaled_normal"] and "entry point of userplug 0.3 (userplug_inits:my_init)" in rows[
-        "scaled_normal"]
-    assert "error" in rows["broken"] and "has no attribute 'missing'" in listing.stdout
-    assert "shadowed by the built-in" in listing.stdout  # the entry point named 'torch' never replaces the built-in
+    assert "plugin" in rows["scaled_normal"]
+    assert "entry point of userplug 0.3 (userplug_inits:my_init)" in rows["scaled_normal"]
+    assert "error" in rows["broken"] and "has no attribute 'missing'" in listing
+    assert "shadowed by the built-in" in listing  # the entry point named 'torch' never replaces the built-in
     assert "import path" in rows["user_inits_list:my_init"]
+    assert "module 'user_inits_list' has no attribute 'nope'" in bad
 
-    fit = subprocess.run([sys.executable, "-m", "impulsevit.cli",
-                          *tiny(tmp_path, "ep", "--trainer.max_epochs=1", "--model.init.method=scaled_normal")],
-                         env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert fit.returncode == 0, fit.stderr[-3000:]
     ckpt = torch.load(tmp_path / "ep" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     report = next(v for k, v in ckpt["callbacks"].items() if k.startswith("Initializer"))["report"]
     assert report["method"] == "scaled_normal" and report["family"] == "plugin" and report["seconds"] > 0
     assert report["notes"] == ["plugin from entry point of userplug 0.3 (userplug_inits:my_init)",
                                "scaled normal, my note"]
     assert ckpt["global_step"] == 4
-
-    bad = subprocess.run([sys.executable, "-m", "impulsevit.cli", "init", "list", "user_inits_list:nope"],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 1 and "module 'user_inits_list' has no attribute 'nope'" in bad.stdout
