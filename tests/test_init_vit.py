@@ -289,3 +289,21 @@ def test_error_late_failure_leaves_model_bit_identical():
     with pytest.raises(ValueError, match="pos_embed is not finite"):
         ii.initialize(m, "impulse", generator=0, base="keep")
     assert _same(m, snap)
+
+
+def test_mimetic_value_layout_released_writes_factors_untransposed():
+    """``value_layout='released'`` writes ``U S^{1/2}`` into the V rows and ``S^{1/2} Yᵀ`` into proj (no transposes):
+    the realised row-vector map is ``x ↦ x (R L)ᵀ``, which keeps the trace of ``C`` but not ``C`` itself."""
+    a, b = vit(dim=64, heads=4, depth=1), vit(dim=64, heads=4, depth=1)
+    ii.initialize(a, "mimetic", generator=4)
+    ii.initialize(b, "mimetic", generator=4, value_layout="released")
+    qa, qb = a.blocks[0].attn.qkv.weight.detach(), b.blocks[0].attn.qkv.weight.detach()
+    assert torch.equal(qa[:128], qb[:128])  # Q/K unchanged
+    wv_a, wp_a = qa[128:], a.blocks[0].attn.proj.weight.detach()
+    wv_b, wp_b = qb[128:], b.blocks[0].attn.proj.weight.detach()
+    torch.testing.assert_close(wv_b, wv_a.T)
+    torch.testing.assert_close(wp_b, wp_a.T)
+    c_row = (wv_a.T @ wp_a.T).double()  # x ↦ x W_vᵀ W_pᵀ
+    c_rel = (wv_b.T @ wp_b.T).double()
+    assert torch.trace(c_row).item() == pytest.approx(torch.trace(c_rel).item(), rel=1e-4)
+    assert (c_row - c_rel).abs().max().item() > 1e-2  # a different map

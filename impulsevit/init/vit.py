@@ -185,6 +185,7 @@ MIMETIC_DEFAULTS: dict[str, Any] = {
     "value": "mimetic",
     "value_alpha": 0.4,
     "value_beta": 0.4,
+    "value_layout": "row",
     "base": "torch",
 }
 """Defaults of ``mimetic`` (``docs/method.md`` §5.1)."""
@@ -193,6 +194,7 @@ _CHOICES = {
     "offsets": ("fixed", "random"),
     "boundary": ("zero", "circular"),
     "value": ("mimetic", "default"),
+    "value_layout": ("row", "released"),
     "qk_normalize": ("frobenius", "logit"),
     "base": ("torch", "keep"),
     "kernel_size": (3, 5),
@@ -437,6 +439,8 @@ def mimetic_vit(model: nn.Module, generator: torch.Generator, options: dict[str,
             qkv[ad + i * d : ad + (i + 1) * d] = rf
         if mimetic_value:
             wv, wp = results[len(lay.attn_names) * h + li]
+            if opts["value_layout"] == "released":  # the released mimetic mode writes the factors untransposed
+                wv, wp = wv.T.contiguous(), wp.T.contiguous()
             qkv[2 * ad :] = wv
             values[f"{attn_name}.proj.weight"] = wp
         values[key] = qkv
