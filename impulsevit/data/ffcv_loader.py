@@ -2,11 +2,20 @@
 
 Pipelines (``.beton`` fields ``image`` and ``label`` as written by :mod:`impulsevit.data.convert`):
 
-- train: FFCV's ``RandomResizedCropRGBImageDecoder(S, scale, ratio)`` with the horizontal flip (probability ``p``)
-  fused in → ``ToTensor`` → ``ToTorchImage`` (channels-last view) — uint8 ``(B, 3, S, S)``;
-- eval: ``CenterCropRGBImageDecoder(S, ratio=crop_pct)`` (crops ``crop_pct`` of the shorter side, resizes to S: the
-  same region as timm's resize-to-``S / crop_pct`` + centre crop) → ``ToTensor`` → ``ToTorchImage``;
-- label: ``IntDecoder`` → ``ToTensor`` → ``Squeeze`` — int64 ``(B,)``.
+- train: one decoder stage (:func:`_resample_decoder`) decodes, draws torchvision's RandomResizedCrop box, resamples
+  it to S × S with PIL's ``interpolation`` filter (bicubic or bilinear, antialiased when reducing, as timm does) and
+  flips with probability ``p`` → ``ToTensor`` → ``ToTorchImage`` (channels-last view) — uint8 ``(B, 3, S, S)``;
+- eval: the same stage with timm's eval geometry: shorter side resized to ``floor(S / crop_pct)``, centre ``S × S``
+  kept (the pixels of ``timm.data.create_transform(S, crop_pct=..., interpolation=...)`` on the stored image);
+- label: ``IntDecoder`` → ``ToTensor`` → ``Squeeze`` — int64 ``(B,)``;
+- on a CUDA device both end in ``ToDevice(device, non_blocking=True)`` (as ffcv-imagenet's pipelines do).
+
+Augmentation draws are counter-based, a function of ``(seed, epoch, sample index)`` — not of thread scheduling or
+thread count (see :func:`_resample_decoder`); :class:`FFCVLoader` tells the compiled decoder the epoch.
+
+Host buffers: FFCV cycles ``batches_ahead + 2`` output slots and may refill the slot of the batch before last while
+the consumer holds two batches (Lightning fetches batch k + 1 before running step k); :func:`build_ffcv_loader`
+keeps one more slot than FFCV so a batch stays intact until two further batches have been fetched.
 
 Normalisation is not in the FFCV pipeline: the datamodule normalises (and augments) on the training device in
 ``on_after_batch_transfer``. FFCV's own ``NormalizeImage`` needs cupy on GPU and, on CPU, hangs the ``Loader``
@@ -67,8 +76,10 @@ class FFCVLoader:
     loops also see a new order each epoch. FFCV starts decoding at the first ``next()``, not at ``iter()``.
     """
 
-    def __init__(self, loader) -> None:  # noqa: ANN001 - ffcv.loader.Loader
+    def __init__(self, loader, epoch_state: np.ndarray | None = None) -> None:  # noqa: ANN001 - ffcv Loader
         self.loader = loader
+        # read by the compiled decoder at every batch (its augmentation draws are keyed by the epoch)
+        self.epoch_state = epoch_state
         self.sampler = _EpochSetter(self)
         self.batch_sampler = None  # Lightning's loops probe DataLoader attributes; batching happens inside FFCV
         self._epoch = 0
@@ -92,6 +103,8 @@ class FFCVLoader:
     def _iterate(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._epoch, self._completed = self.epoch, False
         self.loader.next_epoch = self._epoch
+        if self.epoch_state is not None:
+            self.epoch_state[0] = self._epoch
         with _KeepTorchThreads():
             it = iter(self.loader)
         yield from it
@@ -134,42 +147,127 @@ def _hflip_inplace(image: np.ndarray) -> None:
                 image[r, k, c] = t
 
 
-def _crop_flip_decoder(output_size: tuple[int, int], scale: tuple[float, float], ratio: tuple[float, float],
-                       flip_prob: float):  # noqa: ANN202 - an ffcv Operation
-    """FFCV's ``RandomResizedCropRGBImageDecoder`` followed, inside the same compiled stage, by an in-place horizontal
-    flip of each image with probability ``flip_prob``.
+def _epoch_reader(state: np.ndarray):  # noqa: ANN202 - a function for numba
+    """A function, compilable by numba, returning ``state[0]`` as it is *when called*. numba freezes arrays captured
+    by compiled code as constants, so the value is read through its address (copied with FFCV's ``memcpy``);
+    ``state`` must outlive the compiled code (the :class:`FFCVLoader` holds it)."""
+    from ffcv.libffcv import ctypes_memcopy
 
-    The crop is FFCV's own (its compiled decode runs unchanged); the flip rule is that of FFCV's
-    ``RandomHorizontalFlip``, which as a separate stage instead copies every image of the batch (flipped or not) into
-    a second buffer through a negative-stride loop: at 224 px that copy cost four times the crop + resize of a raw
-    image here. In-place mirroring touches only the images that flip.
+    if state.dtype != np.int64 or state.shape != (1,) or not state.flags.c_contiguous:
+        raise TypeError("the epoch state must be a contiguous int64 array of shape (1,)")
+    address = state.ctypes.data
+
+    def read_epoch():  # noqa: ANN202
+        out = np.zeros(1, dtype=np.int64)
+        ctypes_memcopy(address, out.ctypes.data, 8)
+        return out[0]
+
+    return read_epoch
+
+
+def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scale: tuple[float, float] = (0.08, 1.0),
+                      ratio: tuple[float, float] = (3 / 4, 4 / 3), flip_prob: float = 0.0, crop_pct: float = 0.875,
+                      seed: int = 0, rank: int = 0, repeated_aug: int = 1,
+                      epoch_state: np.ndarray | None = None):  # noqa: ANN202 - an ffcv Operation
+    """The image decoder of both pipelines: decode (JPEG via FFCV's libjpeg-turbo call, or raw), crop and resample
+    with PIL's filter (:mod:`impulsevit.data.resample`) straight into the ``(S, S, 3)`` batch slot, in FFCV's
+    worker threads.
+
+    - train: torchvision's ``RandomResizedCrop(S, scale, ratio, interpolation)`` geometry, then a horizontal flip
+      with probability ``flip_prob`` (in place on the output), as timm's train transform orders them;
+    - eval: timm's ``Resize(floor(S / crop_pct))`` + ``CenterCrop(S)`` (only the kept window is computed).
+
+    Draws (crop box, flip) are a function of ``(seed, epoch, sample index, occurrence)``: each sample hashes those
+    into its own key (:func:`impulsevit.data.resample.sample_key`); ``occurrence`` counts earlier copies of the same
+    index in the batch. With ``repeated_aug > 1`` the key also takes ``rank`` and the batch's first index, so the
+    copies of an image (on other ranks, or straddling a batch boundary on the same rank) draw differently; then the
+    draws depend on the batch layout too. The epoch is read at the start of every batch from ``epoch_state[0]``,
+    which :class:`FFCVLoader` sets before each epoch's first batch is decoded.
+
+    Why this design and not a batched resize on the device: the device variant needs every image decoded onto a
+    fixed canvas (stored sizes vary), moves those larger canvases to the device, and — on the CPU trainers this
+    project's tests and small recipes run on — costs the training thread the resize; PIL's antialiasing when reducing
+    has no ``grid_sample`` equivalent. Here the resample replaces OpenCV's ``INTER_AREA`` call in the same threads;
+    ``benchmarks/loader_speed.py`` measures the result against torchvision.
     """
-    from ffcv.fields.rgb_image import RandomResizedCropRGBImageDecoder
+    from ffcv.fields.rgb_image import IMAGE_MODES, ResizedCropRGBImageDecoder
+    from ffcv.libffcv import imdecode
     from ffcv.pipeline.compiler import Compiler
 
-    class RandomResizedCropFlipDecoder(RandomResizedCropRGBImageDecoder):
+    from impulsevit.data import resample as rs
+
+    if interpolation not in rs.FILTERS:
+        raise ValueError(f"interpolation {interpolation!r} is not supported by the FFCV decoder; use one of "
+                         f"{sorted(rs.FILTERS)}")
+    kind = rs.FILTERS[interpolation]
+    size = int(output_size)
+    s0, s1 = (float(v) for v in scale)
+    if not 0 < s0 <= s1 <= 1 or not 0 < ratio[0] <= ratio[1]:
+        raise ValueError(f"need 0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= ratio[1]; got scale={scale}, "
+                         f"ratio={ratio}")
+    lr0, lr1 = float(np.log(ratio[0])), float(np.log(ratio[1]))
+    p = float(flip_prob)
+    crop = float(crop_pct)
+    seed_, rank_ = int(seed), int(rank) if repeated_aug > 1 else 0
+    batch_tag = repeated_aug > 1
+    state = np.zeros(1, dtype=np.int64) if epoch_state is None else epoch_state
+
+    class ResampleDecoder(ResizedCropRGBImageDecoder):
         def __init__(self) -> None:
-            super().__init__(output_size, scale=scale, ratio=ratio)
-            self.flip_prob = float(flip_prob)
+            super().__init__((size, size))
+            self.epoch_state = state  # keeps the array the compiled code reads alive
+
+        @property
+        def get_crop_generator(self):  # noqa: ANN202 - required by the abstract base; the crop is ours
+            raise NotImplementedError
 
         def generate_code(self):  # noqa: ANN202
-            crop = Compiler.compile(super().generate_code())  # FFCV's decode + crop + resize, parallel over images
+            jpg = IMAGE_MODES["jpg"]
+            mem_read = self.memory_read
+            my_range = Compiler.get_iterator()
+            imdecode_c = Compiler.compile(imdecode)
             flip = Compiler.compile(_hflip_inplace)
-            images = Compiler.get_iterator()
-            p = self.flip_prob
+            read_epoch = Compiler.compile(_epoch_reader(state))
+            resample_crop, rrc = rs.resample_crop, rs.random_resized_crop
+            key_of, uniform, center = rs.sample_key, rs.uniform, rs.resize_short_crop_center
 
-            def decode_crop_flip(batch_indices, my_storage, metadata, storage_state):  # noqa: ANN001, ANN202
-                out = crop(batch_indices, my_storage, metadata, storage_state)
-                if p > 0:
-                    for ix in images(len(batch_indices)):
-                        if np.random.rand() < p:
-                            flip(out[ix])
-                return out
+            def decode(batch_indices, my_storage, metadata, storage_state):  # noqa: ANN001, ANN202
+                destination, temp_storage = my_storage
+                epoch = read_epoch()
+                n = len(batch_indices)
+                first = np.int64(batch_indices[0]) + 1 if batch_tag else np.int64(0)
+                for dst_ix in my_range(n):
+                    source_ix = batch_indices[dst_ix]
+                    field = metadata[source_ix]
+                    image_data = mem_read(field["data_ptr"], storage_state)
+                    height = np.int64(field["height"])
+                    width = np.int64(field["width"])
+                    if field["mode"] == jpg:
+                        temp = temp_storage[dst_ix]
+                        imdecode_c(image_data, temp, np.uint32(height), np.uint32(width), np.uint32(height), np.uint32(width),
+                                   0, 0, 1, 1, False, False)
+                        image = temp.reshape(-1)[:3 * height * width].reshape(height, width, 3)
+                    else:
+                        image = image_data.reshape(height, width, 3)
+                    out = destination[dst_ix]
+                    if train:
+                        occurrence = np.int64(0)
+                        for k in range(dst_ix):
+                            if batch_indices[k] == source_ix:
+                                occurrence += 1
+                        key = key_of(seed_, epoch, rank_, np.int64(source_ix), occurrence * 4294967296 + first)
+                        i, j, h, w = rrc(height, width, s0, s1, lr0, lr1, key)
+                        resample_crop(image, i, j, h, w, size, size, 0, 0, out, kind)
+                        if p > 0 and uniform(key, 22) < p:
+                            flip(out)
+                    else:
+                        center(image, height, width, crop, out, kind)
+                return destination[:n]
 
-            decode_crop_flip.is_parallel = True
-            return decode_crop_flip
+            decode.is_parallel = True
+            return decode
 
-    return RandomResizedCropFlipDecoder()
+    return ResampleDecoder()
 
 
 class _KeepTorchThreads:
@@ -193,15 +291,18 @@ def fits_in_memory(path: str | os.PathLike, fraction: float = 0.5) -> bool:
 
 def build_ffcv_loader(path: str | os.PathLike, *, train: bool, image_size: int, batch_size: int, num_workers: int,
                       scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3),
-                      hflip: float = 0.5, crop_pct: float = 0.875, seed: int = 0, in_memory: bool | None = None,
-                      repeated_aug: int = 1, drop_last: bool | None = None, batches_ahead: int = 3) -> FFCVLoader:
-    """An :class:`FFCVLoader` over ``path`` for training (random crop + flip, shuffled) or evaluation (centre crop,
-    in order). Call it after the process group exists (inside the dataloader hooks); the rank and world size are
-    read from it. ``in_memory=None`` chooses OS caching when the file fits in half the available memory."""
+                      hflip: float = 0.5, crop_pct: float = 0.875, interpolation: str = "bicubic", seed: int = 0,
+                      in_memory: bool | None = None, repeated_aug: int = 1, drop_last: bool | None = None,
+                      batches_ahead: int = 3, device: torch.device | str | None = None) -> FFCVLoader:
+    """An :class:`FFCVLoader` over ``path`` for training (random resized crop + flip, shuffled) or evaluation (timm's
+    resize + centre crop, in order), resampled with ``interpolation`` (``bicubic`` | ``bilinear``, PIL's filters).
+    Call it after the process group exists (inside the dataloader hooks); the rank and world size are read from it.
+    ``in_memory=None`` chooses OS caching when the file fits in half the available memory. ``device``: a CUDA device
+    ends both pipelines in FFCV's ``ToDevice(non_blocking=True)`` (FFCV then owns the pinned staging buffers and
+    orders their reuse after the copies); None or a CPU device leaves the batches in FFCV's host buffers."""
     from ffcv.fields.basics import IntDecoder
-    from ffcv.fields.rgb_image import CenterCropRGBImageDecoder
     from ffcv.loader import Loader, OrderOption
-    from ffcv.transforms import Squeeze, ToTensor, ToTorchImage
+    from ffcv.transforms import Squeeze, ToDevice, ToTensor, ToTorchImage
 
     if not os.path.isfile(path):
         raise FileNotFoundError(f"FFCV file {path} does not exist (run `impulsevit convert` or the datamodule's "
@@ -209,9 +310,11 @@ def build_ffcv_loader(path: str | os.PathLike, *, train: bool, image_size: int, 
     rank, world = dist_info()
     distributed = world > 1
     os_cache = fits_in_memory(path) if in_memory is None else bool(in_memory)
-    size = (int(image_size), int(image_size))
+    epoch_state = np.zeros(1, dtype=np.int64)
+    decoder = _resample_decoder(image_size, train=train, interpolation=interpolation, scale=tuple(scale),
+                                ratio=tuple(ratio), flip_prob=hflip if train else 0.0, crop_pct=crop_pct, seed=seed,
+                                rank=rank, repeated_aug=repeated_aug if train else 1, epoch_state=epoch_state)
     if train:
-        image_pipe = [_crop_flip_decoder(size, tuple(scale), tuple(ratio), hflip)]
         if repeated_aug > 1:
             order = _repeated_aug_order_factory(repeated_aug, rank, world)
         elif distributed or os_cache:
@@ -219,12 +322,14 @@ def build_ffcv_loader(path: str | os.PathLike, *, train: bool, image_size: int, 
         else:
             order = OrderOption.QUASI_RANDOM
     else:
-        image_pipe = [CenterCropRGBImageDecoder(size, ratio=crop_pct)]
         order = OrderOption.SEQUENTIAL
-    image_pipe += [ToTensor(), ToTorchImage()]
+    to_device = [] if device is None or torch.device(device).type == "cpu" else [
+        ToDevice(torch.device(device), non_blocking=True)]
+    image_pipe = [decoder, ToTensor(), *to_device, ToTorchImage()]
+    label_pipe = [IntDecoder(), ToTensor(), Squeeze(1), *to_device]
     with _KeepTorchThreads():
         loader = Loader(str(path), batch_size=batch_size, num_workers=max(1, num_workers), os_cache=os_cache,
                         order=order, distributed=distributed, seed=seed, batches_ahead=batches_ahead,
                         drop_last=train if drop_last is None else drop_last,
-                        pipelines={"image": image_pipe, "label": [IntDecoder(), ToTensor(), Squeeze(1)]})
-    return FFCVLoader(loader)
+                        pipelines={"image": image_pipe, "label": label_pipe})
+    return FFCVLoader(loader, epoch_state=epoch_state)

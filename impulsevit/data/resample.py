@@ -1,0 +1,297 @@
+"""PIL's resampling and torchvision's crop geometry as plain numeric functions, compiled by numba inside FFCV's decoder.
+
+Why: FFCV's crop decoders resize with OpenCV ``INTER_AREA``, which enlarges blockily (a 32 px CIFAR image enlarged to
+224 px comes out as 7 × 7 blocks), while timm/DeiT resize with PIL's bicubic filter. These functions reproduce PIL's
+``Image.resize`` (``Resample.c`` in Pillow): separable, horizontal pass first, coefficients of the filter evaluated at
+the output pixel centres with the support widened by the reduction factor when reducing (so downscaling is
+antialiased exactly as PIL does it), normalised, rounded to 22-bit fixed point, each pass rounded and clipped to
+uint8. With the same source pixels and crop box, the output equals Pillow's byte for byte (tests compare them).
+
+Filters: ``bicubic`` (cubic convolution, a = -0.5, support 2) and ``bilinear`` (triangle, support 1) — the two
+``interpolation`` values timm's recipes use. Not supported: nearest, lanczos, box, hamming (a clear error is raised).
+
+Random draws are counter-based: every uniform number is a hash (splitmix64 finaliser) of ``(seed, epoch, rank, sample
+index, occurrence, draw number)``, so a sample's crop and flip do not depend on which thread decodes it, on the number
+of threads, or on what was drawn before it (no shared generator state). See :func:`sample_key` and :func:`uniform`.
+
+Every function here works on numpy arrays and scalars only, so numba compiles it with ``njit`` (FFCV's ``Compiler``);
+called from plain Python it runs (slowly) with the same results, except :func:`sample_key` / :func:`uniform`, whose
+64-bit wrap-around arithmetic needs the compiled form (use :data:`draw_uniform` from Python).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+__all__ = [
+    "BICUBIC", "BILINEAR", "FILTERS", "center_crop_geometry", "draw_uniform", "random_resized_crop",
+    "resample_crop", "resize_short_crop_center", "sample_key", "uniform",
+]
+
+PRECISION_BITS = 32 - 8 - 2  # Pillow's fixed-point precision for 8-bit images
+BILINEAR, BICUBIC = 0, 1
+FILTERS = {"bilinear": BILINEAR, "bicubic": BICUBIC}
+_SUPPORT = (1.0, 2.0)
+
+
+@njit(cache=True)
+def _filter(kind: int, x: float) -> float:
+    if x < 0.0:
+        x = -x
+    if kind == BICUBIC:  # Pillow's bicubic_filter, a = -0.5
+        a = -0.5
+        if x < 1.0:
+            return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+        if x < 2.0:
+            return (((x - 5.0) * x + 8.0) * x - 4.0) * a
+        return 0.0
+    if x < 1.0:  # bilinear (triangle)
+        return 1.0 - x
+    return 0.0
+
+
+@njit(cache=True)
+def coefficients(in_size: int, in0: float, in1: float, out_full: int, out_start: int, out_n: int,
+                 kind: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pillow's ``precompute_coeffs`` + ``normalize_coeffs_8bpc`` for output pixels ``out_start .. out_start + out_n``
+    of a resize of the source span ``[in0, in1)`` (of a line of ``in_size`` pixels) to ``out_full`` pixels.
+
+    Returns ``bounds`` int64 ``(out_n, 2)`` (first source pixel, tap count) and ``weights`` int64 ``(out_n, ksize)``
+    in fixed point (``1 << 22`` = 1.0)."""
+    scale = (in1 - in0) / out_full
+    filterscale = scale if scale > 1.0 else 1.0
+    support = (2.0 if kind == BICUBIC else 1.0) * filterscale
+    ksize = int(math.ceil(support)) * 2 + 1
+    bounds = np.zeros((out_n, 2), dtype=np.int64)
+    weights = np.zeros((out_n, ksize), dtype=np.int64)
+    k = np.zeros(ksize, dtype=np.float64)
+    ss = 1.0 / filterscale
+    one = float(1 << PRECISION_BITS)
+    for o in range(out_n):
+        center = in0 + (o + out_start + 0.5) * scale
+        xmin = int(center - support + 0.5)
+        if xmin < 0:
+            xmin = 0
+        xmax = int(center + support + 0.5)
+        if xmax > in_size:
+            xmax = in_size
+        xmax -= xmin
+        ww = 0.0
+        for x in range(xmax):
+            w = _filter(kind, (x + xmin - center + 0.5) * ss)
+            k[x] = w
+            ww += w
+        for x in range(xmax):
+            w = k[x] / ww if ww != 0.0 else k[x]
+            weights[o, x] = int(w * one - 0.5) if w < 0 else int(w * one + 0.5)
+        bounds[o, 0] = xmin
+        bounds[o, 1] = xmax
+    return bounds, weights
+
+
+@njit(cache=True)
+def _clip8(v: int) -> int:
+    v >>= PRECISION_BITS
+    if v < 0:
+        return 0
+    if v > 255:
+        return 255
+    return v
+
+
+@njit(cache=True)
+def _hpass(src: np.ndarray, r0: int, c0: int, bounds: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
+    """Horizontal pass: ``out[r, o] = Σ_t src[r0 + r, c0 + bounds[o, 0] + t] · weights[o, t]`` (fixed point)."""
+    half = 1 << (PRECISION_BITS - 1)
+    for r in range(out.shape[0]):
+        line = src[r0 + r]
+        for o in range(out.shape[1]):
+            x0 = c0 + bounds[o, 0]
+            s0 = half
+            s1 = half
+            s2 = half
+            for t in range(bounds[o, 1]):
+                w = weights[o, t]
+                s0 += np.int64(line[x0 + t, 0]) * w
+                s1 += np.int64(line[x0 + t, 1]) * w
+                s2 += np.int64(line[x0 + t, 2]) * w
+            out[r, o, 0] = _clip8(s0)
+            out[r, o, 1] = _clip8(s1)
+            out[r, o, 2] = _clip8(s2)
+
+
+@njit(cache=True)
+def _vpass(src: np.ndarray, r0: int, c0: int, bounds: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
+    """Vertical pass: ``out[o, x] = Σ_t src[r0 + bounds[o, 0] + t, c0 + x] · weights[o, t]`` (fixed point)."""
+    half = 1 << (PRECISION_BITS - 1)
+    n = out.shape[1]
+    acc = np.empty(n * 3, dtype=np.int64)
+    for o in range(out.shape[0]):
+        acc[:] = half
+        y0 = r0 + bounds[o, 0]
+        for t in range(bounds[o, 1]):
+            w = weights[o, t]
+            line = src[y0 + t]
+            i = 0
+            for x in range(c0, c0 + n):
+                for c in range(3):
+                    acc[i] += np.int64(line[x, c]) * w
+                    i += 1
+        i = 0
+        for x in range(n):
+            for c in range(3):
+                out[o, x, c] = _clip8(acc[i])
+                i += 1
+
+
+@njit(cache=True)
+def vertical_first(height: int, width: int, out_h: int, out_w: int) -> bool:
+    """Pass order: Pillow 13 resamples vertically first when the height shrinks and the width does not, and (in the
+    cases measured) mostly when both shrink and the vertical-first intermediate is smaller; else horizontally first."""
+    if out_h >= height:
+        return False
+    if out_w >= width:
+        return True
+    return out_h * width < height * out_w
+
+
+@njit(cache=True)
+def resample_crop(src: np.ndarray, top: int, left: int, height: int, width: int, out_h: int, out_w: int,
+                  out_top: int, out_left: int, dst: np.ndarray, kind: int) -> None:
+    """Write into ``dst`` ``(n_h, n_w, 3)`` uint8 the window starting at ``(out_top, out_left)`` of
+    ``src[top:top+height, left:left+width]`` resized to ``(out_h, out_w)`` — the pixels of Pillow's
+    ``Image.fromarray(src).crop((left, top, left+width, top+height)).resize((out_w, out_h), filter)`` followed by
+    ``.crop((out_left, out_top, out_left + n_w, out_top + n_h))``, computing only that window. The filter sees only
+    the crop (edges clamped to it), as when PIL resizes a cropped image. ``src`` ``(H, W, 3)`` uint8.
+
+    Equal to Pillow 13 byte for byte except where Pillow orders the two passes differently from
+    :func:`vertical_first` (some resizes that shrink both axes): then pixels differ by a few levels at most."""
+    n_h, n_w = dst.shape[0], dst.shape[1]
+    need_h = out_w != width
+    need_v = out_h != height
+    if need_h:
+        hb, hk = coefficients(width, 0.0, float(width), out_w, out_left, n_w, kind)
+    if need_v:
+        vb, vk = coefficients(height, 0.0, float(height), out_h, out_top, n_h, kind)
+    if need_h and need_v:
+        if vertical_first(height, width, out_h, out_w):
+            col0 = hb[0, 0]
+            col1 = hb[n_w - 1, 0] + hb[n_w - 1, 1]
+            tmp = np.empty((n_h, col1 - col0, 3), dtype=np.uint8)
+            _vpass(src, top, left + col0, vb, vk, tmp)
+            hb[:, 0] -= col0
+            _hpass(tmp, 0, 0, hb, hk, dst)
+        else:
+            row0 = vb[0, 0]
+            row1 = vb[n_h - 1, 0] + vb[n_h - 1, 1]
+            tmp = np.empty((row1 - row0, n_w, 3), dtype=np.uint8)
+            _hpass(src, top + row0, left, hb, hk, tmp)
+            vb[:, 0] -= row0
+            _vpass(tmp, 0, 0, vb, vk, dst)
+    elif need_h:
+        _hpass(src, top + out_top, left, hb, hk, dst)
+    elif need_v:
+        _vpass(src, top, left + out_left, vb, vk, dst)
+    else:
+        dst[:, :, :] = src[top + out_top:top + out_top + n_h, left + out_left:left + out_left + n_w]
+
+
+@njit(cache=True)
+def center_crop_geometry(height: int, width: int, size: int, crop_pct: float) -> tuple[int, int, int, int]:
+    """timm's eval geometry (``Resize(floor(size / crop_pct))`` on the shorter side, then ``CenterCrop(size)``) for
+    a ``height × width`` image: ``(resized_h, resized_w, crop_top, crop_left)`` as torchvision computes them
+    (``int(short_target * long / short)`` for the long side; ``int(round((resized - size) / 2))``, half to even)."""
+    target = int(math.floor(size / crop_pct + 1e-9))
+    if width <= height:
+        new_w, new_h = target, int(target * height / width)
+    else:
+        new_h, new_w = target, int(target * width / height)
+    return new_h, new_w, _round_half_even_half(new_h - size), _round_half_even_half(new_w - size)
+
+
+@njit(cache=True)
+def _round_half_even_half(d: int) -> int:
+    """Python's ``int(round(d / 2.0))`` for an integer ``d``."""
+    if d % 2 == 0:
+        return d // 2
+    k = (d - 1) // 2  # d / 2 = k + 0.5
+    return k if k % 2 == 0 else k + 1
+
+
+@njit(cache=True)
+def resize_short_crop_center(src: np.ndarray, height: int, width: int, crop_pct: float, dst: np.ndarray,
+                             kind: int) -> None:
+    """timm's eval transform of ``src[:height, :width]`` into the square ``dst`` ``(S, S, 3)``: the shorter side
+    resized to ``floor(S / crop_pct)``, then the centre ``S × S`` (only that window is computed)."""
+    size = dst.shape[0]
+    new_h, new_w, top, left = center_crop_geometry(height, width, size, crop_pct)
+    if new_h < size or new_w < size:  # torchvision pads such crops; timm's crop_pct <= 1 never gets here
+        raise ValueError("centre crop larger than the resized image")
+    resample_crop(src, 0, 0, height, width, new_h, new_w, top, left, dst, kind)
+
+
+# ------------------------------------------------------------------------------------------------ counter-based draws
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+@njit(cache=True)
+def _mix(z: np.uint64) -> np.uint64:
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True)
+def sample_key(seed: int, epoch: int, rank: int, index: int, occurrence: int) -> np.uint64:
+    """A 64-bit key for one sample's draws in one epoch: a hash chain over the five integers."""
+    h = _mix(np.uint64(seed) + _GOLDEN)
+    h = _mix(h ^ (np.uint64(epoch) + _GOLDEN))
+    h = _mix(h ^ (np.uint64(rank) + _M1))
+    h = _mix(h ^ (np.uint64(index) + _M2))
+    return _mix(h ^ (np.uint64(occurrence) + _GOLDEN))
+
+
+@njit(cache=True)
+def uniform(key: np.uint64, draw: int) -> float:
+    """The ``draw``-th uniform float in ``[0, 1)`` of ``key`` (53 random bits)."""
+    z = _mix(key + np.uint64(draw + 1) * _GOLDEN)
+    return float(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@njit(cache=True)
+def draw_uniform(seed: int, epoch: int, rank: int, index: int, occurrence: int, draw: int) -> float:
+    """:func:`uniform` of :func:`sample_key` (compiled; for tests and Python callers)."""
+    return uniform(sample_key(seed, epoch, rank, index, occurrence), draw)
+
+
+@njit(cache=True)
+def random_resized_crop(height: int, width: int, scale0: float, scale1: float, log_ratio0: float, log_ratio1: float,
+                        key: np.uint64) -> tuple[int, int, int, int]:
+    """torchvision's ``RandomResizedCrop.get_params`` (10 tries, then the centre fallback) with the uniforms of
+    ``key`` (draws 0–19 for the tries, 20–21 for the position): ``(top, left, crop_h, crop_w)``."""
+    area = height * width
+    for attempt in range(10):
+        target_area = area * (scale0 + (scale1 - scale0) * uniform(key, 2 * attempt))
+        aspect = math.exp(log_ratio0 + (log_ratio1 - log_ratio0) * uniform(key, 2 * attempt + 1))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            i = min(int(uniform(key, 20) * (height - h + 1)), height - h)
+            j = min(int(uniform(key, 21) * (width - w + 1)), width - w)
+            return i, j, h, w
+    in_ratio = width / height
+    if in_ratio < math.exp(log_ratio0):
+        w = width
+        h = int(round(w / math.exp(log_ratio0)))
+    elif in_ratio > math.exp(log_ratio1):
+        h = height
+        w = int(round(h * math.exp(log_ratio1)))
+    else:
+        w = width
+        h = height
+    return (height - h) // 2, (width - w) // 2, h, w
