@@ -18,11 +18,16 @@ temp + rename). An interrupted run leaves only a temp file, which the next run r
 rerun skips splits whose manifest matches the request and the source's current file sizes and mtimes (``--force``
 rebuilds). FFCV cannot append to a ``.beton``, so an interrupted split restarts from its beginning.
 
-Presets (after ffcv-imagenet's ``write_imagenet.sh``): ``raw`` stores pixels unchanged (small images: CIFAR, MNIST);
-``res256`` / ``res400`` / ``res512`` cap the longer side at that many pixels and store half the images as JPEG
-(quality 90) and half raw (``proportion`` mode, probability 0.5); ``raw256`` caps the longer side at 256 and stores
-every image raw (no JPEG decode when loading: ~1.75× the size of ``res256``, see ``benchmarks/loader_speed.py``).
-Flags override single fields.
+Presets: ``raw`` stores pixels unchanged (small images: CIFAR, MNIST, STL-10). ``short256`` (the default for
+large-image datasets and the preset of the ImageNet / IN-21K / Food-101 / Flowers / Pets recipes) resizes images whose
+shorter side exceeds 256 px to shorter side 256 (PIL bicubic, antialiased — the resize timm's eval transform applies
+for ``crop_pct = 0.875`` at 224 px, so the stored image *is* that resize and the eval crop is never upsampled), and
+stores half the images as JPEG (quality 90) and half raw (``proportion`` mode, probability 0.5, after
+ffcv-imagenet's ``write_imagenet.sh``); ``short320`` / ``short384`` keep more detail for small random crops (and
+larger eval sizes) at a higher decode cost. ``res256`` / ``res400`` / ``res512`` cap the *longer* side instead
+(FFCV's ``max_resolution``, OpenCV area filter): ``res256`` stores a 4:3 photo at 256 × 192, whose 0.875 eval crop
+(168 px) is upsampled to 224 — kept for comparison (``benchmarks/loader_speed.py``), not for faithful recipes.
+``raw256`` caps the longer side at 256 and stores every image raw. Flags override single fields.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ import numpy as np
 from impulsevit.data.registry import DATASETS, DatasetInfo, detect_dataset, get_dataset, list_datasets
 from impulsevit.data.sources import ArraySource, FileSource, ImageSource, Problem, check_sample
 
-__all__ = ["PRESETS", "ConversionError", "Preset", "convert_split", "estimate_size", "main", "scan_source"]
+__all__ = ["PRESETS", "ConversionError", "Preset", "convert_split", "default_preset", "estimate_size", "main",
+           "scan_source"]
 
 OnError = Literal["skip", "fail"]
 MANIFEST_FORMAT = "impulsevit-beton-manifest/1"
@@ -59,14 +65,43 @@ class ConversionError(RuntimeError):
 @dataclass(frozen=True)
 class Preset:
     """How images are stored: ``write_mode`` raw | jpg | proportion | smart (FFCV's ``RGBImageField`` modes),
-    ``max_resolution`` caps the longer side in pixels (None: keep), JPEG ``jpeg_quality`` and, for ``proportion``,
-    the probability ``jpeg_proportion`` that an image is stored as JPEG."""
+    ``max_resolution`` caps the longer side in pixels (None: keep; FFCV's area resize), ``max_short_side`` caps the
+    shorter side (None: keep; PIL bicubic, antialiased), JPEG ``jpeg_quality`` and, for ``proportion``, the
+    probability ``jpeg_proportion`` that an image is stored as JPEG."""
 
     name: str
     write_mode: str = "raw"
     max_resolution: int | None = None
     jpeg_quality: int = 90
     jpeg_proportion: float = 0.5
+    max_short_side: int | None = None
+
+    def stored_size(self, width: int, height: int) -> tuple[int, int]:
+        """``(width, height)`` an image of that size is stored at."""
+        if self.max_short_side is not None and min(width, height) > self.max_short_side:
+            s = self.max_short_side
+            width, height = (s, round(height * s / width)) if width <= height else (round(width * s / height), s)
+        if self.max_resolution is not None and max(width, height) > self.max_resolution:
+            ratio = self.max_resolution / max(width, height)  # FFCV's resizer: truncating
+            width, height = int(ratio * width), int(ratio * height)
+        return width, height
+
+    def load_hint(self, width: int, height: int) -> int | None:
+        """The ``max_side`` hint for :meth:`ImageSource.load` (JPEG DCT scaling) that keeps at least the stored size."""
+        if self.max_short_side is not None and min(width, height) > self.max_short_side:
+            return max(self.stored_size(width, height))
+        return self.max_resolution
+
+    def shrink(self, image: np.ndarray) -> np.ndarray:
+        """Apply ``max_short_side`` to an ``(H, W, 3)`` uint8 image (the longer-side cap is FFCV's field's job)."""
+        height, width = image.shape[:2]
+        if self.max_short_side is None or min(width, height) <= self.max_short_side:
+            return image
+        from PIL import Image
+
+        w = self.max_short_side if width <= height else round(width * self.max_short_side / height)
+        h = self.max_short_side if height < width else round(height * self.max_short_side / width)
+        return np.asarray(Image.fromarray(image).resize((w, h), Image.Resampling.BICUBIC))
 
     def field(self):  # noqa: ANN201 - ffcv is an optional import
         from ffcv.fields import RGBImageField
@@ -81,7 +116,15 @@ PRESETS: dict[str, Preset] = {
     "res256": Preset("res256", "proportion", 256),
     "res400": Preset("res400", "proportion", 400),
     "res512": Preset("res512", "proportion", 512),
+    "short256": Preset("short256", "proportion", max_short_side=256),
+    "short320": Preset("short320", "proportion", max_short_side=320),
+    "short384": Preset("short384", "proportion", max_short_side=384),
 }
+
+
+def default_preset(small: bool) -> Preset:
+    """The preset used when none is named: ``raw`` for small-image datasets, ``short256`` otherwise."""
+    return PRESETS["raw" if small else "short256"]
 
 
 # ---------------------------------------------------------------------------------------------------------- scanning
@@ -188,7 +231,7 @@ def estimate_size(source: ImageSource, indices: np.ndarray, preset: Preset, samp
     pick = np.random.default_rng(seed).choice(indices, size=min(sample, len(indices)), replace=False)
     total = 0.0
     for i in pick:
-        img = resizer(source.load(int(i), preset.max_resolution), preset.max_resolution)
+        img = resizer(preset.shrink(source.load(int(i), preset.max_resolution)), preset.max_resolution)
         raw = img.nbytes
         if preset.write_mode == "raw":
             total += raw
@@ -209,15 +252,16 @@ class _WriterDataset:
     the check) becomes a 1×1 placeholder and its path is appended to ``error_log`` so the caller can fail the split;
     raising inside FFCV's writer processes would hang its progress loop."""
 
-    def __init__(self, source: ImageSource, max_side: int | None, error_log: str) -> None:
-        self.source, self.max_side, self.error_log = source, max_side, error_log
+    def __init__(self, source: ImageSource, preset: Preset, sizes: np.ndarray, error_log: str) -> None:
+        self.source, self.preset, self.sizes, self.error_log = source, preset, sizes, error_log
 
     def __len__(self) -> int:
         return len(self.source)
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
         try:
-            img = self.source.load(i, self.max_side)
+            w, h = (int(v) for v in self.sizes[i])
+            img = self.preset.shrink(self.source.load(i, self.preset.load_hint(w, h) if w and h else None))
         except Exception as exc:  # any decode failure must not escape into FFCV's worker
             with open(self.error_log, "a") as fh:
                 fh.write(f"{self.source.describe(i)}\t{type(exc).__name__}: {exc}\n")
@@ -228,9 +272,7 @@ class _WriterDataset:
 def _page_size(sizes: np.ndarray, preset: Preset) -> int:
     from ffcv.writer import MIN_PAGE_SIZE
 
-    biggest = int((sizes[:, 0] * sizes[:, 1]).max()) * 3 if len(sizes) else 0
-    if preset.max_resolution is not None:
-        biggest = min(biggest, preset.max_resolution ** 2 * 3)
+    biggest = max((int(np.prod(preset.stored_size(int(w), int(h)))) for w, h in sizes), default=0) * 3
     need = max(MIN_PAGE_SIZE, 2 * biggest + 4096)
     return 1 << (need - 1).bit_length()
 
@@ -338,7 +380,8 @@ def convert_split(source: ImageSource, out: str | os.PathLike, preset: Preset, *
     # every writer process fills whole pages of its own, so the file grows in page-sized steps per worker
     expected = int(np.ceil(data_bytes / workers / page_size)) * page_size * workers
     log(f"{out}: writing {len(good)} images, preset {preset.name} ({preset.write_mode}, max side "
-        f"{preset.max_resolution or 'unchanged'}), expected size ~{expected / 2**20:.1f} MiB")
+        f"{preset.max_resolution or 'unchanged'}, max short side {preset.max_short_side or 'unchanged'}), "
+        f"expected size ~{expected / 2**20:.1f} MiB")
 
     tmp = out.with_name(f"{out.name}.tmp-{socket.gethostname()}-{os.getpid()}")
     error_log = out.with_name(f"{out.name}.errors-{os.getpid()}")
@@ -348,7 +391,7 @@ def convert_split(source: ImageSource, out: str | os.PathLike, preset: Preset, *
                                page_size=page_size, num_workers=workers)
         t1 = time.perf_counter()
         with contextlib.redirect_stderr(open(os.devnull, "w")) if not progress else contextlib.nullcontext():
-            writer.from_indexed_dataset(_WriterDataset(source, preset.max_resolution, str(error_log)),
+            writer.from_indexed_dataset(_WriterDataset(source, preset, scan.sizes, str(error_log)),
                                         indices=good.tolist(), chunksize=100)
         write_seconds = time.perf_counter() - t1
         if error_log.exists() and error_log.read_text().strip():
@@ -427,7 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", help="treat SRC as this registry dataset's folder (skip auto-detection)")
     p.add_argument("--split", nargs="+", help="splits to convert (default: the dataset's train and val splits)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="storage preset (default: raw for small-image "
-                   "datasets, res256 otherwise)")
+                   "datasets, short256 otherwise)")
     p.add_argument("--write-mode", choices=["raw", "jpg", "proportion", "smart"])
     p.add_argument("--max-resolution", type=int, help="cap on the longer side in pixels (0: unchanged)")
     p.add_argument("--jpeg-quality", type=int)
@@ -444,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def choose_preset(info: DatasetInfo, args: argparse.Namespace) -> Preset:
-    preset = PRESETS[args.preset or ("raw" if info.small else "res256")]
+    preset = PRESETS[args.preset] if args.preset else default_preset(info.small)
     overrides = {}
     if args.write_mode:
         overrides["write_mode"] = args.write_mode

@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from impulsevit.data.augment import DeviceAugment, fix_timm_posterize, normalize
 from impulsevit.data.base import BaseImageDataModule, dist_info
-from impulsevit.data.convert import PRESETS, beton_num_classes, convert_split, subset_indices
+from impulsevit.data.convert import PRESETS, beton_num_classes, convert_split, default_preset, subset_indices
 from impulsevit.data.ffcv_loader import build_ffcv_loader, ffcv_available
 from impulsevit.data.registry import DatasetInfo, Verify, get_dataset
 from impulsevit.data.sampling import RepeatedAugSampler
@@ -89,7 +89,9 @@ class ImageDataModule(BaseImageDataModule):
         train_split / val_split: override the registry's default splits.
         cache_dir: where converted ``.beton`` files live (default :func:`default_cache_dir` ``/ffcv``).
         in_memory: FFCV OS-cache (True) or process cache (False); None chooses by file size vs available memory.
-        preset: conversion preset (default: ``raw`` for small-image datasets, ``res256`` otherwise).
+        preset: conversion preset (default: ``raw`` for small-image datasets, ``short256`` otherwise).
+        interpolation: ``bicubic`` | ``bilinear`` (PIL's filters, on both backends; the FFCV decoder supports no
+            other).
         seed: data-order and augmentation seed (epoch order is ``seed + epoch``).
         verify: registry count check on loading (``error`` | ``warn`` | ``off``).
         mean / std: override the registry's normalisation statistics.
@@ -141,6 +143,9 @@ class ImageDataModule(BaseImageDataModule):
                               "does not build")
         if preset is not None and preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
+        if backend == "ffcv" and interpolation not in ("bicubic", "bilinear"):
+            raise ValueError(f"interpolation {interpolation!r} is not supported on the ffcv backend (bicubic or "
+                             f"bilinear); use backend='torchvision' for other filters")
         if not 0 < crop_pct <= 1:
             raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct}")
         if repeated_aug < 1:
@@ -169,7 +174,7 @@ class ImageDataModule(BaseImageDataModule):
         self.train_split, self.val_split = train_split or info.train_split, val_split or info.val_split
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir() / "ffcv"
         self.in_memory, self.seed, self.verify = in_memory, int(seed), verify
-        self.preset = PRESETS[preset or ("raw" if info.small else "res256")]
+        self.preset = PRESETS[preset] if preset else default_preset(info.small)
         self.betons = {self.train_split: Path(train_beton), self.val_split: Path(val_beton)} if train_beton else {}
         self._device_augment: DeviceAugment | None = None
         self._sets: dict[str, SourceDataset] = {}
@@ -234,10 +239,13 @@ class ImageDataModule(BaseImageDataModule):
     def _ffcv(self, train: bool):  # noqa: ANN202
         split = self.train_split if train else self.val_split
         epoch = self.trainer.current_epoch if getattr(self, "trainer", None) is not None else 0
+        trainer = getattr(self, "trainer", None)
+        device = trainer.strategy.root_device if trainer is not None else None
         loader = build_ffcv_loader(self.beton_path(split), train=train, image_size=self.image_size,
                                    batch_size=self.batch_size, num_workers=self.num_workers, scale=self.scale,
-                                   ratio=self.ratio, hflip=self.hflip, crop_pct=self.crop_pct, seed=self.seed,
-                                   in_memory=self.in_memory, repeated_aug=self.repeated_aug if train else 1)
+                                   ratio=self.ratio, hflip=self.hflip, crop_pct=self.crop_pct,
+                                   interpolation=self.interpolation, seed=self.seed, in_memory=self.in_memory,
+                                   repeated_aug=self.repeated_aug if train else 1, device=device)
         loader.sampler.set_epoch(epoch)
         return loader
 
@@ -291,6 +299,13 @@ class ImageDataModule(BaseImageDataModule):
     def batch_augment(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """uint8 training batch → augmented, normalised float32 (labels unchanged: mixup is the module's)."""
         return self.device_augment()(images), labels
+
+    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):  # noqa: ANN001, ANN201
+        """Batches the FFCV pipeline already put on ``device`` (its ``ToDevice`` stage on GPU runs) pass through
+        untouched; anything else is moved as Lightning does."""
+        if all(isinstance(t, torch.Tensor) and t.device == device for t in batch):
+            return batch
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):  # noqa: ANN001, ANN201 - Lightning hook
         images, labels = batch[0], batch[1]

@@ -289,6 +289,23 @@ def fits_in_memory(path: str | os.PathLike, fraction: float = 0.5) -> bool:
     return os.path.getsize(path) < fraction * psutil.virtual_memory().available
 
 
+def _loader_class():  # noqa: ANN202
+    from ffcv.loader import Loader
+
+    class SlackLoader(Loader):
+        """FFCV's ``Loader`` built with one more output slot than its queue needs (``batches_ahead`` is passed + 1,
+        the queue is shrunk back at every epoch): FFCV fills slot ``k + batches_ahead + 2`` while the consumer may
+        still hold batch ``k`` and ``k + 1``, so without the spare slot the batch Lightning is training on can be
+        overwritten by the decoder after Lightning prefetched the next one."""
+
+        def __iter__(self):  # noqa: ANN204
+            iterator = super().__iter__()
+            iterator.output_queue.maxsize = max(1, self.batches_ahead - 1)
+            return iterator
+
+    return SlackLoader
+
+
 def build_ffcv_loader(path: str | os.PathLike, *, train: bool, image_size: int, batch_size: int, num_workers: int,
                       scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3),
                       hflip: float = 0.5, crop_pct: float = 0.875, interpolation: str = "bicubic", seed: int = 0,
@@ -301,7 +318,7 @@ def build_ffcv_loader(path: str | os.PathLike, *, train: bool, image_size: int, 
     ends both pipelines in FFCV's ``ToDevice(non_blocking=True)`` (FFCV then owns the pinned staging buffers and
     orders their reuse after the copies); None or a CPU device leaves the batches in FFCV's host buffers."""
     from ffcv.fields.basics import IntDecoder
-    from ffcv.loader import Loader, OrderOption
+    from ffcv.loader import OrderOption
     from ffcv.transforms import Squeeze, ToDevice, ToTensor, ToTorchImage
 
     if not os.path.isfile(path):
@@ -328,8 +345,9 @@ def build_ffcv_loader(path: str | os.PathLike, *, train: bool, image_size: int, 
     image_pipe = [decoder, ToTensor(), *to_device, ToTorchImage()]
     label_pipe = [IntDecoder(), ToTensor(), Squeeze(1), *to_device]
     with _KeepTorchThreads():
-        loader = Loader(str(path), batch_size=batch_size, num_workers=max(1, num_workers), os_cache=os_cache,
-                        order=order, distributed=distributed, seed=seed, batches_ahead=batches_ahead,
-                        drop_last=train if drop_last is None else drop_last,
-                        pipelines={"image": image_pipe, "label": label_pipe})
+        loader = _loader_class()(str(path), batch_size=batch_size, num_workers=max(1, num_workers),
+                                 os_cache=os_cache, order=order, distributed=distributed, seed=seed,
+                                 batches_ahead=max(1, batches_ahead) + 1,
+                                 drop_last=train if drop_last is None else drop_last,
+                                 pipelines={"image": image_pipe, "label": label_pipe})
     return FFCVLoader(loader, epoch_state=epoch_state)
