@@ -58,7 +58,7 @@ def test_image_folder_with_bad_files_is_reported_and_skipped(tmp_path, capsys):
     assert kinds == [("corrupt", "truncated.jpg"), ("empty-class", "empty"), ("not-an-image", "fake.jpg"),
                      ("not-an-image", "readme.txt"), ("unreadable", "dangling.jpg")]
     assert manifest["class_counts"] == {"cat": 3, "dog": 3, "empty": 0}
-    assert manifest["num_samples"] == 6 and manifest["preset"]["name"] == "res256"
+    assert manifest["num_samples"] == 6 and manifest["preset"]["name"] == "short256"
     assert len(manifest["source_checksum"]) == 64
     labels, heights, widths = read_beton(out / "train.beton")
     assert labels.tolist() == [0, 0, 0, 1, 1, 1]

@@ -1,5 +1,5 @@
-"""build_ffcv_loader on real .beton files: the fused crop + flip decoder mirrors exactly the images it draws (with the
-requested probability) and crops like FFCV's own decoder; the loader leaves torch's thread count alone; and
+"""build_ffcv_loader on real .beton files: the fused crop + resample + flip decoder mirrors exactly the images it draws
+(with the requested probability) and crops with torchvision's RandomResizedCrop geometry; the loader leaves torch's thread count alone; and
 ``normalize`` gives the reference values, contiguous, for FFCV's channels-last batches."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def test_flip_probability_and_per_image_draws(asymmetric):
 
 def test_random_crops_match_ffcv_geometry(tmp_path):
     """Constant-colour columns: whatever the crop, each output column keeps one source colour, and the crop sizes
-    vary (the scale range is honoured) — the fused decoder calls FFCV's crop sampler and resize."""
+    vary (the scale range is honoured) — the decoder's crop sampler and separable resize."""
     cols = np.repeat(np.arange(0, 256, 4, dtype=np.uint8)[None, :, None], 64, axis=0)  # 64 x 64, column = 4 * j
     imgs = np.repeat(np.repeat(cols, 3, axis=2)[None], 32, axis=0)
     path = tmp_path / "cols.beton"

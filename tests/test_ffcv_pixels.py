@@ -6,6 +6,7 @@ stored with the large-image recipes' preset), train and eval share the kernel, a
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 import time
@@ -191,13 +192,14 @@ def _epoch_digest(path: str, workers: int, epoch: int) -> str:
     return h.hexdigest()
 
 
+@pytest.mark.slow  # numba compiles the 2-thread (parallel) decoder: ~30-60 s on 2 busy cores
 def test_draws_depend_on_seed_epoch_and_index_only(squares):
     path, _ = squares
     one = _epoch_digest(path, 1, 0)
     assert _epoch_digest(path, 2, 0) == one  # thread count and scheduling do not matter
     assert _epoch_digest(path, 1, 1) != one  # a new epoch draws anew
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from test_ffcv_pixels import _epoch_digest; "
-            "print(_epoch_digest(sys.argv[2], 2, 0))")
+            "print(_epoch_digest(sys.argv[2], 1, 0))")
     fresh = subprocess.run([sys.executable, "-c", code, str(REPO / "tests"), path], capture_output=True, text=True,
                            check=True, timeout=300)
     assert fresh.stdout.strip().splitlines()[-1] == one  # and the same in a fresh process
@@ -229,3 +231,36 @@ def test_batch_survives_the_next_fetch(squares):
             x, y = held.pop(0)
             cx, cy = copies.pop(0)
             assert torch.equal(x, cx) and torch.equal(y, cy)
+
+
+def test_short_side_preset_caps_the_shorter_side(tmp_path):
+    """``short256`` (the CLI default for image folders): shorter side 256 when longer, aspect kept, small images
+    untouched; the stored pixels are PIL's bicubic resize of the source (raw-stored images exactly)."""
+    from ffcv.reader import Reader
+
+    from impulsevit.data.convert import main, manifest_path
+
+    rng = np.random.default_rng(2)
+    shapes = [(300, 520), (700, 400), (200, 100)]
+    imgs = [photo(rng, h, w) for h, w in shapes]
+    for j, img in enumerate(imgs):
+        p = tmp_path / "src" / "x" / f"{j}.png"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(img).save(p)
+    assert main([str(tmp_path / "src"), str(tmp_path / "o.beton"), "--jpeg-proportion", "0", "--no-progress",
+                 "--workers", "1"]) == 0
+    assert json.loads(manifest_path(tmp_path / "o.beton").read_text())["preset"]["name"] == "short256+custom"
+    reader = Reader(str(tmp_path / "o.beton"))
+    meta = reader.metadata["f0"]
+    assert list(zip(meta["height"], meta["width"])) == [(256, 444), (448, 256), (200, 100)]
+    loader = build_ffcv_loader(tmp_path / "o.beton", train=False, image_size=64, batch_size=3, num_workers=1,
+                               crop_pct=1.0, in_memory=True)
+    x = next(iter(loader))[0].permute(0, 2, 3, 1).numpy()
+    for img, out in zip(imgs, x):  # eval of the stored image == timm's eval of the source, via the stored resize
+        stored = PRESETS["short256"].shrink(img)
+        ref = np.asarray(Image.fromarray(stored).resize((64 * stored.shape[1] // min(stored.shape[:2]), 64)
+                                                        if stored.shape[0] <= stored.shape[1] else
+                                                        (64, 64 * stored.shape[0] // min(stored.shape[:2])),
+                                                        Image.Resampling.BICUBIC))
+        top, left = int(round((ref.shape[0] - 64) / 2.0)), int(round((ref.shape[1] - 64) / 2.0))  # torchvision
+        assert psnr(out, ref[top:top + 64, left:left + 64]) > 40
