@@ -226,3 +226,14 @@ def test_bad_arguments_are_clear(tmp_path):
         warnings.simplefilter("ignore")
         with pytest.raises(FileNotFoundError, match="prepare_data"):
             dm.setup("fit")
+
+
+def test_transfer_skips_tensors_already_on_the_device():
+    """On GPU runs the FFCV pipeline ends in ToDevice, so batches arrive on the device: the datamodule passes them
+    through as they are (no copy); a batch elsewhere is still moved."""
+    dm = ImageDataModule("digits", backend="torchvision", image_size=8, num_workers=0)
+    x, y = torch.zeros(2, 3, 8, 8, dtype=torch.uint8), torch.zeros(2, dtype=torch.int64)
+    out = dm.transfer_batch_to_device((x, y), torch.device("cpu"), 0)
+    assert out[0] is x and out[1] is y
+    moved = dm.transfer_batch_to_device((x.to(torch.float64), y), torch.device("meta"), 0)
+    assert moved[0].device.type == "meta" and moved[1].device.type == "meta"
