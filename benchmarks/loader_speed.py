@@ -3,7 +3,8 @@
 Generates a few thousand JPEGs (ImageNet-like sizes, ~450 × 340, 10 classes) in a temp folder, converts them with
 ``impulsevit.data.convert`` for each preset (reporting images/s and ``.beton`` size), then times training epochs of
 each loader at 64 and 224 px with the same workers, batch size and augmentation: RandomResizedCrop (scale 0.08–1) +
-horizontal flip, bicubic (PIL's filter on both sides, as the recipes) → uint8 ``(B, 3, S, S)`` batch → ``impulsevit.data.augment.normalize`` to float32 in the main thread
+horizontal flip, bicubic (PIL's filter on both sides, as the recipes) → uint8 ``(B, 3, S, S)``
+batch → ``impulsevit.data.augment.normalize`` to float32 in the main thread
 (what the datamodule does on a CPU trainer). Every decoded image is a fresh decode and crop: nothing is cached across
 epochs except the files themselves (the OS page cache, for both sides).
 

@@ -244,8 +244,8 @@ def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scal
                     width = np.int64(field["width"])
                     if field["mode"] == jpg:
                         temp = temp_storage[dst_ix]
-                        imdecode_c(image_data, temp, np.uint32(height), np.uint32(width), np.uint32(height), np.uint32(width),
-                                   0, 0, 1, 1, False, False)
+                        h32, w32 = np.uint32(height), np.uint32(width)
+                        imdecode_c(image_data, temp, h32, w32, h32, w32, 0, 0, 1, 1, False, False)
                         image = temp.reshape(-1)[:3 * height * width].reshape(height, width, 3)
                     else:
                         image = image_data.reshape(height, width, 3)
