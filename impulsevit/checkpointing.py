@@ -1,8 +1,8 @@
 """Crash-safe checkpoints: atomic writes, discovery of the newest *complete* checkpoint, RNG state in checkpoints.
 
-- :class:`AtomicCheckpointIO` writes ``<path>.tmp-<pid>``, fsyncs it, then ``os.replace``-s it over ``path``: a reader
+- :class:`AtomicCheckpointIO` writes through :func:`impulsevit.io.atomic_write` (temp file, fsync, ``os.replace``): a reader
   (or a resumed job after SIGKILL / preemption / node failure) sees either the old file or the new one, never a
-  truncated one. A killed write leaves only a ``*.tmp-<pid>`` file, which discovery ignores.
+  truncated one. A killed write leaves only a ``*.tmp-<host>-<pid>`` file, which discovery ignores.
 - :func:`latest_checkpoint` is what ``impulsevit fit --resume auto`` uses: among ``<run_dir>/checkpoints/*.ckpt`` and
   Lightning's SLURM ``<run_dir>/hpc_ckpt_*.ckpt`` it returns the newest (modification time) that is complete.
 - :class:`RunCheckpoint` is Lightning's ``ModelCheckpoint`` with a ``last.ckpt`` that is always the newest state.
@@ -16,10 +16,8 @@ than every shard).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
-import re
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,8 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from impulsevit.io import TEMP_RE, atomic_write, atomic_write_text
 
 __all__ = [
     "AtomicCheckpointIO",
@@ -41,51 +41,18 @@ __all__ = [
     "latest_checkpoint",
 ]
 
-_TMP_RE = re.compile(r"\.tmp-\d+$")
+_TMP_RE = TEMP_RE
 _DCP_META = "meta.pt"  # Lightning's name for the non-tensor part of a distributed checkpoint (rank 0, written last)
 
 
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):  # not every filesystem allows opening a directory
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _atomic_write(path: str | os.PathLike, write: Any) -> None:
-    """Call ``write(fh)`` on ``<path>.tmp-<pid>``, fsync, ``os.replace`` onto ``path``, fsync the directory."""
-    if "://" in str(path):
-        raise ValueError(f"atomic writes support local paths only, got {str(path)!r}")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    _fsync_dir(path.parent)
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically (temp file + fsync + rename)."""
-    _atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
-
-
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save(obj, path)`` via ``<path>.tmp-<pid>`` + fsync + ``os.replace`` (+ fsync of the directory).
+    """``torch.save(obj, path)`` atomically (:func:`impulsevit.io.atomic_write`); a full disk, read-only or forbidden
+    location raises :class:`impulsevit.io.WriteError` naming the path.
 
     Raises:
         ValueError: ``path`` is a URL (``scheme://``); only local filesystems are supported.
     """
-    _atomic_write(path, lambda fh: torch.save(obj, fh))
+    atomic_write(path, lambda fh: torch.save(obj, fh))
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -16,7 +16,6 @@ failed, 2 bad arguments.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from impulsevit import recipes
 from impulsevit.cluster.events import events_path, job_state
 from impulsevit.cluster.sbatch import FitJob, SlurmOptions, render_sbatch
 from impulsevit.cluster.slurm_config import config_path, load_defaults
+from impulsevit.io import atomic_write_text
 
 # fit options the batch script sets itself (why), so they must not come in as fit overrides
 _FIXED_KEYS = {"--trainer.devices": "from --gpus-per-node / --tasks-per-node", "--trainer.num_nodes": "from --nodes",
@@ -100,13 +100,6 @@ def build(argv: list[str]) -> tuple[FitJob, SlurmOptions, argparse.Namespace]:
     return job, opts, args
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def main(argv: list[str]) -> int:
     """Entry point of ``impulsevit submit``; returns the process exit code."""
     try:
@@ -124,7 +117,7 @@ def main(argv: list[str]) -> int:
     if job_state(run_dir) == "running":
         print(f"impulsevit submit: warning: {events_path(run_dir)} says a job is still running in {run_dir}; "
               "two jobs in one run directory overwrite each other's checkpoints", file=sys.stderr)
-    _write_atomic(path, script)
+    atomic_write_text(path, script)
     (run_dir / "slurm").mkdir(exist_ok=True)
     sbatch = shutil.which("sbatch")
     if sbatch is None:
