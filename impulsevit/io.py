@@ -40,6 +40,7 @@ __all__ = [
     "remove",
     "require_free_space",
     "temp_path",
+    "write_error",
 ]
 
 TEMP_RE = re.compile(r"\.tmp-[^/]+$")
@@ -142,6 +143,12 @@ def remove(path: str | os.PathLike) -> None:
             path.unlink()
 
 
+def _discard(path: Path) -> None:
+    """Best-effort removal of a temp file (the filesystem may refuse, e.g. when it turned read-only)."""
+    with contextlib.suppress(OSError):
+        remove(path)
+
+
 def _fsync_tree(path: Path) -> None:
     files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
     for f in files:
@@ -174,7 +181,7 @@ def commit(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
                 os.replace(tmp, path)
             fsync_dir(path.parent)
     except BaseException:
-        remove(tmp)
+        _discard(tmp)
         raise
 
 
@@ -199,7 +206,7 @@ def atomic_path(path: str | os.PathLike, needed: int | None = None) -> Iterator[
             yield tmp
         commit(tmp, path)
     finally:
-        remove(tmp)
+        _discard(tmp)
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any], needed: int | None = None) -> None:
