@@ -39,6 +39,9 @@ __all__ = [
     "checkpoint_candidates",
     "is_complete_checkpoint",
     "latest_checkpoint",
+    "resume_candidate",
+    "run_limits",
+    "smoke_reason",
 ]
 
 _TMP_RE = TEMP_RE
@@ -72,12 +75,64 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_torch_save(checkpoint, path)
 
 
-def _loads(path: Path) -> bool:
+RUN_KEY = "impulsevit_run"  # checkpoint entry written by RunCheckpoint: how the run that saved it was limited
+
+
+def _load_head(path: Path) -> dict | None:
+    """The checkpoint dict (memory-mapped: tensors are not read) when it loads and has ``global_step``, else None."""
     try:
         obj = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
     except Exception:  # noqa: BLE001 - any failure to load means "not a usable checkpoint"
-        return False
-    return isinstance(obj, dict) and "global_step" in obj
+        return None
+    return obj if isinstance(obj, dict) and "global_step" in obj else None
+
+
+def _loads(path: Path) -> bool:
+    return _load_head(path) is not None
+
+
+def run_limits(trainer: Trainer) -> dict[str, Any]:
+    """How ``trainer`` limits a run: ``fast_dev_run`` and the ``limit_*_batches`` settings (plain values). Stored in
+    every checkpoint by :class:`RunCheckpoint` so ``--resume auto`` can skip checkpoints of smoke runs."""
+    return {"fast_dev_run": bool(trainer.fast_dev_run),
+            "limit_train_batches": trainer.limit_train_batches, "limit_val_batches": trainer.limit_val_batches}
+
+
+def smoke_reason(saved: dict[str, Any] | None, now: dict[str, Any] | None) -> str | None:
+    """Why a checkpoint saved under limits ``saved`` must not be resumed by a run with limits ``now`` (None: fine).
+    A ``fast_dev_run`` checkpoint is never resumed automatically; a ``limit_train_batches`` / ``limit_val_batches``
+    that differs from the current run's marks a smoke test."""
+    if not saved:
+        return None
+    if saved.get("fast_dev_run"):
+        return "written by a fast_dev_run smoke test"
+    for key in ("limit_train_batches", "limit_val_batches"):
+        if now is not None and saved.get(key) != now.get(key):
+            return f"written by a run with {key}={saved.get(key)} (this run: {now.get(key)}), a smoke test"
+    return None
+
+
+def resume_candidate(run_dir: str | os.PathLike, extra_dirs: tuple[str | os.PathLike, ...] = (),
+                     limits: dict[str, Any] | None = None) -> tuple[Path | None, list[str]]:
+    """``--resume auto``: the newest complete checkpoint of a run directory whose run limits match ``limits`` (see
+    :func:`smoke_reason`), and one line per newer candidate skipped (``path: why``)."""
+    skipped = []
+    for candidate in checkpoint_candidates(run_dir, extra_dirs):
+        if candidate.is_dir():
+            if is_complete_checkpoint(candidate):
+                return candidate, skipped
+            skipped.append(f"{candidate}: an unfinished distributed checkpoint")
+            continue
+        head = _load_head(candidate) if candidate.stat().st_size > 0 else None
+        if head is None:
+            skipped.append(f"{candidate}: not a complete checkpoint (truncated, empty or unreadable)")
+            continue
+        why = smoke_reason(head.get(RUN_KEY), limits)
+        if why is not None:
+            skipped.append(f"{candidate}: {why}")
+            continue
+        return candidate, skipped
+    return None, skipped
 
 
 def is_complete_checkpoint(path: str | os.PathLike) -> bool:
@@ -169,9 +224,18 @@ class RunCheckpoint(ModelCheckpoint):
     Why: Lightning 2.6 writes ``last.ckpt`` only when a top-k checkpoint was saved at the same step, so an epoch whose
     monitored metric did not improve leaves ``last.ckpt`` behind (a resume would silently redo that epoch); and a
     step-interval save is deferred until the monitored ``val/*`` metric exists (so no mid-epoch checkpoint before the
-    first validation). Top-k selection itself is unchanged. Sanity checks, ``fast_dev_run`` and non-fit stages never
-    save (Lightning's rules).
+    first validation). Top-k selection itself is unchanged. Sanity checks, ``fast_dev_run`` (also at the end of
+    training, where Lightning 2.6 would) and non-fit stages never save. Every checkpoint the trainer saves carries the
+    run's limits (:func:`run_limits`), so ``--resume auto`` skips those of smoke runs.
     """
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        checkpoint[RUN_KEY] = run_limits(trainer)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.fast_dev_run:  # Lightning 2.6 saves last.ckpt here even under fast_dev_run
+            return
+        super().on_train_end(trainer, pl_module)
 
     def _save_last_if_stale(self, trainer: Trainer) -> None:
         if self.save_last and not self._should_skip_saving_checkpoint(trainer) and \
