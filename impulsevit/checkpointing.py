@@ -107,7 +107,8 @@ def smoke_reason(saved: dict[str, Any] | None, now: dict[str, Any] | None) -> st
     if saved.get("fast_dev_run"):
         return "written by a fast_dev_run smoke test"
     for key in ("limit_train_batches", "limit_val_batches"):
-        if now is not None and saved.get(key) != now.get(key):
+        a, b = saved.get(key), None if now is None else now.get(key)
+        if now is not None and (a != b or type(a) is not type(b)):  # 1 (one batch) is not 1.0 (all batches)
             return f"written by a run with {key}={saved.get(key)} (this run: {now.get(key)}), a smoke test"
     return None
 

@@ -388,7 +388,8 @@ class ImpulseCLI(LightningCLI):
                             help="validate/test/predict: evaluate the model as built, without a checkpoint")
         parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.monitor": "val/acc1", "checkpoint.mode": "max", "checkpoint.save_last": True})
-        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate",
+                              compute_fn=_checked_num_classes)
 
     # ------------------------------------------------------------------ run directory, trainer defaults, resume
     @property
@@ -445,7 +446,10 @@ class ImpulseCLI(LightningCLI):
         except UserError:
             raise
         except (ValueError, TypeError, FileNotFoundError, KeyError) as e:
-            raise ConfigError(_one_line(e)) from e
+            cause: BaseException | None = e
+            while cause is not None and not isinstance(cause, UserError):
+                cause = cause.__cause__ or cause.__context__
+            raise (cause if cause is not None else ConfigError(_one_line(e))) from e
 
     def after_instantiate_classes(self) -> None:
         """Everything that can be checked before work starts, in this order: the data's class count, the image size
@@ -479,7 +483,7 @@ class ImpulseCLI(LightningCLI):
             raise ConfigError(f"impulsevit {sub} evaluates a trained model: give --resume auto (the newest checkpoint "
                               f"of {self.run_dir}) or --resume PATH; pass --untrained to evaluate the model as built")
         if sub == "fit" and launch_rank() == 0:
-            self._own_run_dir(resuming=path is not None)
+            self._own_run_dir(resuming=self._get(self.config, "resume") is not None or path is not None)
 
     def _resume_path(self) -> Path | None:
         """The checkpoint ``--resume`` names (``auto``: found in the run directory, skipped ones reported)."""
@@ -526,6 +530,15 @@ class ImpulseCLI(LightningCLI):
             clear_run(run_dir)
 
 
+def _checked_num_classes(num_classes: int | None) -> int | None:
+    """The data's class count, linked to the model's; fewer than 2 is a :class:`ConfigError` (before the model is
+    built, where torchmetrics would fail with a message that does not mention the data)."""
+    from impulsevit.preflight import check_classes
+
+    check_classes(num_classes, "data.num_classes")
+    return num_classes
+
+
 def _describe_data(data_cfg: Any) -> str:
     """``dataset X at ROOT`` / the data class, for error messages."""
     args = getattr(data_cfg, "init_args", None) or {}
@@ -545,9 +558,21 @@ def _one_line(e: BaseException) -> str:
 
 
 # ------------------------------------------------------------------------------------------------------ entry point
+class _StderrHandler(logging.StreamHandler):
+    """A stream handler that writes to the *current* ``sys.stderr`` (redirections made after setup are honoured)."""
+
+    @property
+    def stream(self):  # noqa: ANN201
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def _setup_logging() -> None:
     if not log.handlers:
-        handler = logging.StreamHandler()
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
