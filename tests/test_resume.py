@@ -28,6 +28,7 @@ import torch
 import yaml
 from _cli_helpers import TINY, run_cli, scalars, state_dict, subprocess_env, tiny
 
+from impulsevit.errors import ConfigError
 from impulsevit.checkpointing import (
     AtomicCheckpointIO,
     checkpoint_candidates,
@@ -93,9 +94,9 @@ def test_mid_epoch_resume_neither_repeats_nor_skips_optimizer_steps(tmp_path):
 def test_resume_auto_without_checkpoint_starts_fresh_and_explicit_path_must_exist(tmp_path):
     cli = run_cli(*tiny(tmp_path, "fresh", "--resume=auto", "--trainer.max_epochs=1"))
     assert cli.trainer.ckpt_path is None and _initializer(cli).applied and _initializer(cli).skipped_reason is None
-    with pytest.raises(FileNotFoundError, match="no such checkpoint"):
+    with pytest.raises(ConfigError, match="no such checkpoint"):
         run_cli(*tiny(tmp_path, "fresh", f"--resume={tmp_path / 'missing.ckpt'}"))
-    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+    with pytest.raises(ConfigError, match="no usable checkpoint"):
         run_cli(*tiny(tmp_path, "empty", "--resume=auto", subcommand="test"))
 
 

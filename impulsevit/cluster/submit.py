@@ -24,7 +24,7 @@ from pathlib import Path
 
 from impulsevit import recipes
 from impulsevit.cluster.events import events_path, job_state
-from impulsevit.cluster.sbatch import FitJob, SlurmOptions, render_sbatch
+from impulsevit.cluster.sbatch import FitJob, SlurmOptions, fit_command, render_sbatch
 from impulsevit.cluster.slurm_config import config_path, load_defaults
 from impulsevit.io import atomic_write_text
 
@@ -100,11 +100,43 @@ def build(argv: list[str]) -> tuple[FitJob, SlurmOptions, argparse.Namespace]:
     return job, opts, args
 
 
+def check_fit_config(job: FitJob, opts: SlurmOptions) -> None:
+    """Parse the job's ``impulsevit fit`` command line exactly as ``fit`` will in the job (same parser, same errors
+    and key suggestions, the run name checked), without building anything. ``%a`` (the array task id) is read as 0.
+
+    Raises:
+        SystemExit: the fit parser's error, already printed to stderr (status 2).
+        ValueError: a run-name or other configuration error found before instantiation.
+    """
+    from impulsevit.cli import ImpulseCLI, prepare_argv
+
+    class _Parsed(Exception):
+        pass
+
+    class _ParseOnly(ImpulseCLI):
+        def before_instantiate_classes(self) -> None:
+            super().before_instantiate_classes()
+            raise _Parsed
+
+    argv = [a.replace("%a", "0") for a in fit_command(job, opts)]
+    try:
+        _ParseOnly(args=prepare_argv(argv))
+    except _Parsed:
+        return
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``impulsevit submit``; returns the process exit code."""
     try:
         job, opts, args = build(argv)
         script = render_sbatch(job, opts)
+        check_fit_config(job, opts)
+    except SystemExit as e:  # the fit parser's error (printed by it, with the same suggestions `fit` gives)
+        if e.code in (0, None):
+            raise
+        print(f"impulsevit submit: error: the fit configuration above does not parse; nothing was submitted",
+              file=sys.stderr)
+        return 2
     except (ValueError, FileNotFoundError) as e:
         print(f"impulsevit submit: error: {e}", file=sys.stderr)
         return 2
