@@ -12,8 +12,18 @@ subcommands other modules provide (``convert``, ``submit``, ``study``, ``demo``)
   and the top-k checkpoints by ``val/acc1`` (``--checkpoint.*`` configures Lightning's ``ModelCheckpoint``), and
   Lightning's SLURM ``hpc_ckpt_*.ckpt`` files. All checkpoint writes are atomic (:mod:`impulsevit.checkpointing`).
 - ``--resume auto``: continue from the newest complete checkpoint of the run directory, or start fresh when there is
-  none; ``--resume PATH``: from that checkpoint. For ``validate|test|predict`` the resolved checkpoint is the weights
-  evaluated (``auto`` without a checkpoint is an error there).
+  none; checkpoints it passes over (truncated, or written by a ``fast_dev_run`` / different ``limit_*_batches`` smoke
+  run) are named with the reason. ``--resume PATH``: from that checkpoint. Either is checked against the model (keys,
+  shapes, differing settings) before any work. ``validate|test|predict`` evaluate the resolved checkpoint and refuse
+  to run without one unless ``--untrained``; they log (events, ``hparams.yaml``, ``config.yaml``) into
+  ``<run_dir>/<subcommand>/`` and never touch the training run's files.
+- One owner per run directory (:mod:`impulsevit.rundir`): ``--name`` is a single folder name; ``fit`` holds
+  ``<run_dir>/.lock`` while it runs (a second writer stops with the owner's host / pid / SLURM job; stale locks and a
+  requeued job's own lock are taken over); ``fit`` into an existing run without ``--resume`` refuses (``--overwrite``
+  deletes the old run's files first).
+- Errors a user can fix (bad settings found before work, a run directory in use, a full / read-only disk, a damaged
+  ``.beton``) print one line ``impulsevit SUB: error: ...`` and exit 2 (before any work) or 1; ``--debug`` /
+  ``IMPULSEVIT_DEBUG=1`` shows the traceback. Nothing is written before these checks pass (:mod:`impulsevit.preflight`).
 - Misspelled keys fail with the key and the closest valid one; unknown recipe names list the available recipes.
 - ``data.num_classes`` is linked to ``model.num_classes``; the global batch is read by the module from the trainer.
 - The global RNG states travel in the checkpoints (:class:`~impulsevit.checkpointing.RNGStateCheckpoint`).

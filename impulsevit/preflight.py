@@ -63,11 +63,26 @@ def check_init(build_backbone: Any, backbone_name: str, method: str, options: di
     ``build_backbone`` is called under ``torch.device("meta")``. Errors of the initializer other than ``ValueError`` /
     ``TypeError`` (an operation the meta device lacks) are not the configuration's fault and are ignored here.
     """
-    from impulsevit.init import initialize
-
     _known_method(method)
     if ":" in method:
         return
+    import random
+
+    import numpy as np
+
+    states = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):  # the check must not shift the run's random streams
+        try:
+            _check_init_on_meta(build_backbone, backbone_name, method, options, seed)
+        finally:
+            random.setstate(states[0])
+            np.random.set_state(states[1])
+
+
+def _check_init_on_meta(build_backbone: Any, backbone_name: str, method: str, options: dict[str, Any],
+                        seed: int) -> None:
+    from impulsevit.init import initialize
+
     with torch.device("meta"):
         model: nn.Module = build_backbone()
     n_params = sum(p.numel() for p in model.parameters())
@@ -115,11 +130,13 @@ _STRUCTURE_KEYS = ("backbone", "backbone_kwargs", "num_classes", "ema_decay")
 def check_resume(path: str | os.PathLike, model: nn.Module, hparams: dict[str, Any] | None = None) -> None:
     """Raise :class:`ConfigError` when the checkpoint at ``path`` cannot be loaded into ``model``.
 
-    Reads the checkpoint memory-mapped (tensors are not read). A file that does not load is named as truncated or not
+    Reads the checkpoint memory-mapped (tensors are not read). Distributed checkpoint folders are not checked here. A file that does not load is named as truncated or not
     a checkpoint; differing keys or shapes are counted with one example, followed by the differing model settings
     (from the checkpoint's ``hyper_parameters`` vs ``hparams``).
     """
     path = Path(path)
+    if path.is_dir():
+        return  # a distributed (FSDP2) checkpoint folder: its shards are checked by torch.distributed.checkpoint
     try:
         ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
     except Exception as exc:  # noqa: BLE001 - any failure means the file is not a usable checkpoint

@@ -127,3 +127,39 @@ def test_zeroed_region_is_detected_by_the_checksum(beton, tmp_path, capsys):
     assert f"{bad}: bytes" in err and "differ from the checksum in its manifest" in err
     assert cli_main(["convert", "--check", str(beton)]) == 0
     assert "ok (sampled)" in capsys.readouterr().out
+
+
+def _fit_args(tmp_path: Path, data: dict) -> list[str]:
+    import json
+
+    from _cli_helpers import TINY
+
+    data = {"class_path": "impulsevit.data.ImageDataModule",
+            "init_args": {"dataset": "imagefolder", "image_size": 32, "batch_size": 2, "num_workers": 1, **data}}
+    return ["fit", "--recipe", str(TINY), f"--runs_dir={tmp_path / 'runs'}", "--name=r", "--trainer.max_epochs=1",
+            f"--data={json.dumps(data)}"]
+
+
+def test_fit_with_the_ffcv_cache_on_a_full_filesystem_fails_fast(tmp_path, capsys):
+    make_tree(tmp_path / "src", per_class=3, size=(32, 32))
+    with small_tmpfs(tmp_path / "small", "2m") as mnt:
+        t0 = time.monotonic()
+        status = cli_main(_fit_args(tmp_path, {"root": str(tmp_path / "src"), "cache_dir": str(mnt / "cache")}))
+        assert time.monotonic() - t0 < 120
+        err = capsys.readouterr().err
+        line = [ln for ln in err.splitlines() if ln.startswith("impulsevit fit: error: ")]
+        assert status == 1 and len(line) == 1 and "Traceback" not in err, err
+        assert f"cannot write {mnt / 'cache'}" in line[0] and "no space left on device (needs ~" in line[0]
+        assert not _no_temps(mnt) and not list(mnt.rglob("*.beton"))
+        assert not (tmp_path / "runs" / "r").exists()  # nothing half-made
+
+
+def test_fit_on_a_truncated_beton_names_the_file(beton, tmp_path, capsys):
+    trunc = _copy(beton, tmp_path)
+    trunc.write_bytes(beton.read_bytes()[:5000])
+    status = cli_main(_fit_args(tmp_path, {"train_beton": str(trunc), "val_beton": str(beton)}))
+    err = capsys.readouterr().err
+    line = [ln for ln in err.splitlines() if ln.startswith("impulsevit fit: error: ")]
+    assert status == 2 and len(line) == 1 and "Traceback" not in err, err
+    assert f"{trunc} is not a readable .beton file" in line[0]
+    assert not (tmp_path / "runs").exists()
