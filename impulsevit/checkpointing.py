@@ -1,8 +1,8 @@
 """Crash-safe checkpoints: atomic writes, discovery of the newest *complete* checkpoint, RNG state in checkpoints.
 
-- :class:`AtomicCheckpointIO` writes through :func:`impulsevit.io.atomic_write` (temp file, fsync, ``os.replace``): a reader
-  (or a resumed job after SIGKILL / preemption / node failure) sees either the old file or the new one, never a
-  truncated one. A killed write leaves only a ``*.tmp-<host>-<pid>`` file, which discovery ignores.
+- :class:`AtomicCheckpointIO` writes through :func:`impulsevit.io.atomic_write` (temp file, fsync,
+  ``os.replace``): a reader (or a resumed job after SIGKILL / preemption / node failure) sees either the old file or
+  the new one, never a truncated one. A killed write leaves only a ``*.tmp-<host>-<pid>`` file, which discovery ignores.
 - :func:`latest_checkpoint` is what ``impulsevit fit --resume auto`` uses: among ``<run_dir>/checkpoints/*.ckpt`` and
   Lightning's SLURM ``<run_dir>/hpc_ckpt_*.ckpt`` it returns the newest (modification time) that is complete.
 - :class:`RunCheckpoint` is Lightning's ``ModelCheckpoint`` with a ``last.ckpt`` that is always the newest state.

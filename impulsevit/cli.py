@@ -65,9 +65,9 @@ from impulsevit.checkpointing import (
 )
 from impulsevit.data.base import BaseImageDataModule
 from impulsevit.errors import ConfigError, RunDirError, UserError
-from impulsevit.rundir import RunDirLock, check_name, clear_run, existing_run, launch_rank
 from impulsevit.memory import reuse_large_allocations
 from impulsevit.recipes import RecipeNotFoundError, format_listing, resolve_recipe
+from impulsevit.rundir import RunDirLock, check_name, clear_run, existing_run, launch_rank
 from impulsevit.strategies import default_precision, resolve_strategy
 
 __all__ = ["ImpulseCLI", "RunConfigSaver", "ImpulseArgumentParser", "main", "prepare_argv", "run_dir_of"]

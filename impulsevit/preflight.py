@@ -3,8 +3,9 @@ line (:class:`~impulsevit.errors.ConfigError`) instead of after a conversion, or
 
 - :func:`check_classes`: the data has at least 2 classes.
 - :func:`check_init`: the init method resolves (:func:`impulsevit.init.resolve_method`: a builtin name, an entry
-  point or an importable ``module:function`` with a fitting signature) and, for builtins, applies to the backbone: the registry's family match, then — for backbones up to ``META_DRY_RUN_PARAMS``
-  parameters — a dry run of the initializer on a copy built on the ``meta`` device (no memory, no values), which also
+  point or an importable ``module:function`` with a fitting signature) and, for builtins, applies to the backbone:
+  the registry's family match, then — for backbones up to ``META_DRY_RUN_PARAMS`` parameters — a dry run of the
+  initializer on a copy built on the ``meta`` device (no memory, no values), which also
   catches method-specific limits (e.g. a kernel larger than the token grid). Larger backbones get the family check
   only; their remaining limits surface when the init runs at the start of fitting.
 - :func:`check_resume`: a checkpoint matches the model (keys and shapes); a mismatch names the model settings that
@@ -125,8 +126,9 @@ _STRUCTURE_KEYS = ("backbone", "backbone_kwargs", "num_classes", "ema_decay")
 def check_resume(path: str | os.PathLike, model: nn.Module, hparams: dict[str, Any] | None = None) -> None:
     """Raise :class:`ConfigError` when the checkpoint at ``path`` cannot be loaded into ``model``.
 
-    Reads the checkpoint memory-mapped (tensors are not read). Distributed checkpoint folders are not checked here. A file that does not load is named as truncated or not
-    a checkpoint; differing keys or shapes are counted with one example, followed by the differing model settings
+    Reads the checkpoint memory-mapped (tensors are not read); distributed checkpoint folders are not checked here.
+    A file that does not load is named as truncated or not a checkpoint; differing keys or shapes are counted with one
+  example, followed by the differing model settings
     (from the checkpoint's ``hyper_parameters`` vs ``hparams``).
     """
     path = Path(path)

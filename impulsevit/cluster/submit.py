@@ -134,7 +134,7 @@ def main(argv: list[str]) -> int:
     except SystemExit as e:  # the fit parser's error (printed by it, with the same suggestions `fit` gives)
         if e.code in (0, None):
             raise
-        print(f"impulsevit submit: error: the fit configuration above does not parse; nothing was submitted",
+        print("impulsevit submit: error: the fit configuration above does not parse; nothing was submitted",
               file=sys.stderr)
         return 2
     except (ValueError, FileNotFoundError) as e:

@@ -43,10 +43,10 @@ from typing import Literal
 
 import numpy as np
 
+from impulsevit.data.integrity import CHUNK, BetonError, check_header, file_digests, verify_beton
 from impulsevit.data.registry import DATASETS, DatasetInfo, detect_dataset, get_dataset, list_datasets
 from impulsevit.data.sources import ArraySource, FileSource, ImageSource, Problem, check_sample
-from impulsevit.data.integrity import CHUNK, BetonError, check_header, file_digests, verify_beton
-from impulsevit.io import atomic_write_json, commit, disk_errors, require_free_space, temp_path, write_error, WriteError
+from impulsevit.io import WriteError, atomic_write_json, commit, disk_errors, require_free_space, temp_path, write_error
 
 __all__ = ["PRESETS", "ConversionError", "Preset", "convert_split", "estimate_size", "main", "scan_source"]
 

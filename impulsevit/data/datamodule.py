@@ -37,8 +37,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from impulsevit.data.augment import DeviceAugment, fix_timm_posterize, normalize
 from impulsevit.data.base import BaseImageDataModule, dist_info
 from impulsevit.data.convert import PRESETS, beton_num_classes, convert_split, read_manifest, subset_indices
-from impulsevit.data.integrity import CheckLevel, verify_beton
 from impulsevit.data.ffcv_loader import build_ffcv_loader, ffcv_available
+from impulsevit.data.integrity import CheckLevel, verify_beton
 from impulsevit.data.registry import DatasetInfo, Verify, get_dataset
 from impulsevit.data.sampling import RepeatedAugSampler
 from impulsevit.data.sources import ImageSource, image_folder_source

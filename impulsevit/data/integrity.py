@@ -40,8 +40,7 @@ def check_header(path: str | os.PathLike) -> int:
         FileNotFoundError: no such file.
         BetonError: not a ``.beton``, an unsupported version, or truncated (naming the offsets that are missing).
     """
-    from ffcv.types import ALLOC_TABLE_TYPE, CURRENT_VERSION, FieldDescType, HeaderType, get_handlers, \
-        get_metadata_type
+    from ffcv.types import ALLOC_TABLE_TYPE, CURRENT_VERSION, FieldDescType, HeaderType, get_handlers, get_metadata_type
 
     path = Path(path)
     if not path.is_file():
