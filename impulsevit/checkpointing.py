@@ -1,8 +1,8 @@
 """Crash-safe checkpoints: atomic writes, discovery of the newest *complete* checkpoint, RNG state in checkpoints.
 
-- :class:`AtomicCheckpointIO` writes ``<path>.tmp-<pid>``, fsyncs it, then ``os.replace``-s it over ``path``: a reader
-  (or a resumed job after SIGKILL / preemption / node failure) sees either the old file or the new one, never a
-  truncated one. A killed write leaves only a ``*.tmp-<pid>`` file, which discovery ignores.
+- :class:`AtomicCheckpointIO` writes through :func:`impulsevit.io.atomic_write` (temp file, fsync,
+  ``os.replace``): a reader (or a resumed job after SIGKILL / preemption / node failure) sees either the old file or
+  the new one, never a truncated one. A killed write leaves only a ``*.tmp-<host>-<pid>`` file, which discovery ignores.
 - :func:`latest_checkpoint` is what ``impulsevit fit --resume auto`` uses: among ``<run_dir>/checkpoints/*.ckpt`` and
   Lightning's SLURM ``<run_dir>/hpc_ckpt_*.ckpt`` it returns the newest (modification time) that is complete.
 - :class:`RunCheckpoint` is Lightning's ``ModelCheckpoint`` with a ``last.ckpt`` that is always the newest state.
@@ -16,10 +16,8 @@ than every shard).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
-import re
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,8 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from impulsevit.io import TEMP_RE, atomic_write, atomic_write_text
+
 __all__ = [
     "AtomicCheckpointIO",
     "RNGStateCheckpoint",
@@ -39,53 +39,23 @@ __all__ = [
     "checkpoint_candidates",
     "is_complete_checkpoint",
     "latest_checkpoint",
+    "resume_candidate",
+    "run_limits",
+    "smoke_reason",
 ]
 
-_TMP_RE = re.compile(r"\.tmp-\d+$")
+_TMP_RE = TEMP_RE
 _DCP_META = "meta.pt"  # Lightning's name for the non-tensor part of a distributed checkpoint (rank 0, written last)
 
 
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):  # not every filesystem allows opening a directory
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _atomic_write(path: str | os.PathLike, write: Any) -> None:
-    """Call ``write(fh)`` on ``<path>.tmp-<pid>``, fsync, ``os.replace`` onto ``path``, fsync the directory."""
-    if "://" in str(path):
-        raise ValueError(f"atomic writes support local paths only, got {str(path)!r}")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    _fsync_dir(path.parent)
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically (temp file + fsync + rename)."""
-    _atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
-
-
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save(obj, path)`` via ``<path>.tmp-<pid>`` + fsync + ``os.replace`` (+ fsync of the directory).
+    """``torch.save(obj, path)`` atomically (:func:`impulsevit.io.atomic_write`); a full disk, read-only or forbidden
+    location raises :class:`impulsevit.io.WriteError` naming the path.
 
     Raises:
         ValueError: ``path`` is a URL (``scheme://``); only local filesystems are supported.
     """
-    _atomic_write(path, lambda fh: torch.save(obj, fh))
+    atomic_write(path, lambda fh: torch.save(obj, fh))
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -105,12 +75,65 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_torch_save(checkpoint, path)
 
 
-def _loads(path: Path) -> bool:
+RUN_KEY = "impulsevit_run"  # checkpoint entry written by RunCheckpoint: how the run that saved it was limited
+
+
+def _load_head(path: Path) -> dict | None:
+    """The checkpoint dict (memory-mapped: tensors are not read) when it loads and has ``global_step``, else None."""
     try:
         obj = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
     except Exception:  # noqa: BLE001 - any failure to load means "not a usable checkpoint"
-        return False
-    return isinstance(obj, dict) and "global_step" in obj
+        return None
+    return obj if isinstance(obj, dict) and "global_step" in obj else None
+
+
+def _loads(path: Path) -> bool:
+    return _load_head(path) is not None
+
+
+def run_limits(trainer: Trainer) -> dict[str, Any]:
+    """How ``trainer`` limits a run: ``fast_dev_run`` and the ``limit_*_batches`` settings (plain values). Stored in
+    every checkpoint by :class:`RunCheckpoint` so ``--resume auto`` can skip checkpoints of smoke runs."""
+    return {"fast_dev_run": bool(trainer.fast_dev_run),
+            "limit_train_batches": trainer.limit_train_batches, "limit_val_batches": trainer.limit_val_batches}
+
+
+def smoke_reason(saved: dict[str, Any] | None, now: dict[str, Any] | None) -> str | None:
+    """Why a checkpoint saved under limits ``saved`` must not be resumed by a run with limits ``now`` (None: fine).
+    A ``fast_dev_run`` checkpoint is never resumed automatically; a ``limit_train_batches`` / ``limit_val_batches``
+    that differs from the current run's marks a smoke test."""
+    if not saved:
+        return None
+    if saved.get("fast_dev_run"):
+        return "written by a fast_dev_run smoke test"
+    for key in ("limit_train_batches", "limit_val_batches"):
+        a, b = saved.get(key), None if now is None else now.get(key)
+        if now is not None and (a != b or type(a) is not type(b)):  # 1 (one batch) is not 1.0 (all batches)
+            return f"written by a run with {key}={saved.get(key)} (this run: {now.get(key)}), a smoke test"
+    return None
+
+
+def resume_candidate(run_dir: str | os.PathLike, extra_dirs: tuple[str | os.PathLike, ...] = (),
+                     limits: dict[str, Any] | None = None) -> tuple[Path | None, list[str]]:
+    """``--resume auto``: the newest complete checkpoint of a run directory whose run limits match ``limits`` (see
+    :func:`smoke_reason`), and one line per newer candidate skipped (``path: why``)."""
+    skipped = []
+    for candidate in checkpoint_candidates(run_dir, extra_dirs):
+        if candidate.is_dir():
+            if is_complete_checkpoint(candidate):
+                return candidate, skipped
+            skipped.append(f"{candidate}: an unfinished distributed checkpoint")
+            continue
+        head = _load_head(candidate) if candidate.stat().st_size > 0 else None
+        if head is None:
+            skipped.append(f"{candidate}: not a complete checkpoint (truncated, empty or unreadable)")
+            continue
+        why = smoke_reason(head.get(RUN_KEY), limits)
+        if why is not None:
+            skipped.append(f"{candidate}: {why}")
+            continue
+        return candidate, skipped
+    return None, skipped
 
 
 def is_complete_checkpoint(path: str | os.PathLike) -> bool:
@@ -202,9 +225,18 @@ class RunCheckpoint(ModelCheckpoint):
     Why: Lightning 2.6 writes ``last.ckpt`` only when a top-k checkpoint was saved at the same step, so an epoch whose
     monitored metric did not improve leaves ``last.ckpt`` behind (a resume would silently redo that epoch); and a
     step-interval save is deferred until the monitored ``val/*`` metric exists (so no mid-epoch checkpoint before the
-    first validation). Top-k selection itself is unchanged. Sanity checks, ``fast_dev_run`` and non-fit stages never
-    save (Lightning's rules).
+    first validation). Top-k selection itself is unchanged. Sanity checks, ``fast_dev_run`` (also at the end of
+    training, where Lightning 2.6 would) and non-fit stages never save. Every checkpoint the trainer saves carries the
+    run's limits (:func:`run_limits`), so ``--resume auto`` skips those of smoke runs.
     """
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        checkpoint[RUN_KEY] = run_limits(trainer)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.fast_dev_run:  # Lightning 2.6 saves last.ckpt here even under fast_dev_run
+            return
+        super().on_train_end(trainer, pl_module)
 
     def _save_last_if_stale(self, trainer: Trainer) -> None:
         if self.save_last and not self._should_skip_saving_checkpoint(trainer) and \

@@ -12,8 +12,18 @@ subcommands other modules provide (``convert``, ``submit``, ``study``, ``demo``)
   and the top-k checkpoints by ``val/acc1`` (``--checkpoint.*`` configures Lightning's ``ModelCheckpoint``), and
   Lightning's SLURM ``hpc_ckpt_*.ckpt`` files. All checkpoint writes are atomic (:mod:`impulsevit.checkpointing`).
 - ``--resume auto``: continue from the newest complete checkpoint of the run directory, or start fresh when there is
-  none; ``--resume PATH``: from that checkpoint. For ``validate|test|predict`` the resolved checkpoint is the weights
-  evaluated (``auto`` without a checkpoint is an error there).
+  none; checkpoints it passes over (truncated, or written by a ``fast_dev_run`` / different ``limit_*_batches`` smoke
+  run) are named with the reason. ``--resume PATH``: from that checkpoint. Either is checked against the model (keys,
+  shapes, differing settings) before any work. ``validate|test|predict`` evaluate the resolved checkpoint and refuse
+  to run without one unless ``--untrained``; they log (events, ``hparams.yaml``, ``config.yaml``) into
+  ``<run_dir>/<subcommand>/`` and never touch the training run's files.
+- One owner per run directory (:mod:`impulsevit.rundir`): ``--name`` is a single folder name; ``fit`` holds
+  ``<run_dir>/.lock`` while it runs (a second writer stops with the owner's host / pid / SLURM job; stale locks and a
+  requeued job's own lock are taken over); ``fit`` into an existing run without ``--resume`` refuses (``--overwrite``
+  deletes the old run's files first).
+- Errors a user can fix (bad settings found before work, a run directory in use, a full / read-only disk, a damaged
+  ``.beton``) print one line ``impulsevit SUB: error: ...`` and exit 2 (before any work) or 1; ``--debug`` /
+  ``IMPULSEVIT_DEBUG=1`` shows the traceback. Nothing is written before these checks pass (:mod:`impulsevit.preflight`).
 - Misspelled keys fail with the key and the closest valid one; unknown recipe names list the available recipes.
 - ``data.num_classes`` is linked to ``model.num_classes``; the global batch is read by the module from the trainer.
 - The global RNG states travel in the checkpoints (:class:`~impulsevit.checkpointing.RNGStateCheckpoint`).
@@ -51,11 +61,13 @@ from impulsevit.checkpointing import (
     RNGStateCheckpoint,
     RunCheckpoint,
     atomic_write_text,
-    latest_checkpoint,
+    resume_candidate,
 )
 from impulsevit.data.base import BaseImageDataModule
+from impulsevit.errors import ConfigError, RunDirError, UserError
 from impulsevit.memory import reuse_large_allocations
 from impulsevit.recipes import RecipeNotFoundError, format_listing, resolve_recipe
+from impulsevit.rundir import RunDirLock, check_name, clear_run, existing_run, launch_rank
 from impulsevit.strategies import default_precision, resolve_strategy
 
 __all__ = ["ImpulseCLI", "RunConfigSaver", "ImpulseArgumentParser", "main", "prepare_argv", "run_dir_of"]
@@ -121,6 +133,7 @@ def prepare_argv(argv: list[str]) -> list[str]:
 
     Raises:
         RecipeNotFoundError: a recipe value is neither a file nor a known recipe (lists the available ones).
+        RecipeSyntaxError: a recipe file is not valid YAML.
     """
     argv = list(argv)
     if argv and argv[0] not in ALL_SUBCOMMANDS and not (set(argv) & {"-h", "--help"}):
@@ -146,6 +159,7 @@ def prepare_argv(argv: list[str]) -> list[str]:
                 i += 1
                 continue
             path = resolve_recipe(value)
+            check_recipe_syntax(path)
             if name == "--recipe" and first_recipe is None:
                 first_recipe = path
             out += [name, str(path)]
@@ -158,6 +172,26 @@ def prepare_argv(argv: list[str]) -> list[str]:
     if first_recipe is not None and not has_name:
         out.insert(1, f"--name={first_recipe.stem}")
     return out
+
+
+class RecipeSyntaxError(ConfigError):
+    """A recipe file is not valid YAML (the message names the file, line and column)."""
+
+
+def check_recipe_syntax(path: Path) -> None:
+    """Raise :class:`RecipeSyntaxError` naming ``path`` when it is not valid YAML (jsonargparse would report the
+    error against ``<unicode string>``)."""
+    import yaml
+
+    try:
+        yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise RecipeSyntaxError(f"{path}{where}: invalid YAML: {what}") from None
+    except OSError as e:
+        raise RecipeSyntaxError(f"cannot read recipe {path}: {e.strerror or e}") from None
 
 
 def run_dir_of(runs_dir: str | os.PathLike, name: str | None) -> Path:
@@ -316,6 +350,16 @@ class ImpulseCLI(LightningCLI):
         ImpulseArgumentParser.model_class = ImageClassifier
         kwargs.setdefault("seed_everything_default", 0)
         kwargs.setdefault("parser_kwargs", {"prog": "impulsevit"})
+        self.run_lock: RunDirLock | None = None
+        try:
+            self._start(args, run, kwargs)
+        finally:
+            if self.run_lock is not None:
+                self.run_lock.release()
+
+    def _start(self, args: list[str] | None, run: bool, kwargs: dict[str, Any]) -> None:
+        from impulsevit.module import ImageClassifier
+
         super().__init__(
             model_class=ImageClassifier,
             datamodule_class=BaseImageDataModule,
@@ -347,9 +391,15 @@ class ImpulseCLI(LightningCLI):
         parser.add_argument("--resume", type=str | None, default=None,
                             help="'auto': newest complete checkpoint of the run directory (fresh start if none); "
                                  "or a checkpoint path.")
+        parser.add_argument("--overwrite", type=bool, default=False,
+                            help="fit: start over in an existing run directory, deleting its config, event files and "
+                                 "checkpoints (default: refuse and suggest --resume auto or another --name)")
+        parser.add_argument("--untrained", type=bool, default=False,
+                            help="validate/test/predict: evaluate the model as built, without a checkpoint")
         parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.monitor": "val/acc1", "checkpoint.mode": "max", "checkpoint.save_last": True})
-        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate",
+                              compute_fn=_checked_num_classes)
 
     # ------------------------------------------------------------------ run directory, trainer defaults, resume
     @property
@@ -357,7 +407,17 @@ class ImpulseCLI(LightningCLI):
         cfg = self._get(self.config, "name"), self._get(self.config, "runs_dir")
         return run_dir_of(cfg[1], cfg[0])
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """LightningCLI's parsing without its warning about ``args`` next to a non-empty ``sys.argv``: ``main`` passes
+        the command line it has rewritten (:func:`prepare_argv`) and keeps ``sys.argv`` for DDP's re-launch."""
+        if isinstance(args, dict):
+            self.config = parser.parse_object(args)
+        else:
+            self.config = parser.parse_args(args)
+
     def before_instantiate_classes(self) -> None:
+        if self.subcommand is not None:
+            check_name(self._get(self.config, "name") or "default")
         importlib.import_module("impulsevit.strategies")  # registers `fsdp2` / `fsdp` with Lightning
         importlib.import_module("impulsevit.models")  # registers impulsevit's architectures with timm
 
@@ -367,7 +427,10 @@ class ImpulseCLI(LightningCLI):
         if trainer_cfg.get("default_root_dir") is None:
             kwargs["default_root_dir"] = str(run_dir)
         if trainer_cfg.get("logger") in (None, True):
-            kwargs["logger"] = TensorBoardLogger(save_dir=str(run_dir.parent), name=name, version="",
+            # validate/test/predict log (events, hparams.yaml, config.yaml) into <run_dir>/<subcommand>/, never over
+            # the training run's files
+            version = "" if self.subcommand in (None, "fit") else self.subcommand
+            kwargs["logger"] = TensorBoardLogger(save_dir=str(run_dir.parent), name=name, version=version,
                                                  default_hp_metric=False)
         plugins = trainer_cfg.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
@@ -386,38 +449,140 @@ class ImpulseCLI(LightningCLI):
         trainer.callbacks = _first_of_each(trainer.callbacks, (SlurmRequeue, RNGStateCheckpoint))
         return trainer
 
+    def instantiate_classes(self) -> None:
+        """LightningCLI's instantiation; an invalid model or data setting becomes a one-line :class:`ConfigError`."""
+        try:
+            super().instantiate_classes()
+        except UserError:
+            raise
+        except (ValueError, TypeError, FileNotFoundError, KeyError) as e:
+            cause: BaseException | None = e
+            while cause is not None and not isinstance(cause, UserError):
+                cause = cause.__cause__ or cause.__context__
+            raise (cause if cause is not None else ConfigError(_one_line(e))) from e
+
     def after_instantiate_classes(self) -> None:
+        """Everything that can be checked before work starts, in this order: the data's class count, the image size
+        against the backbone, the checkpoint to resume (found, complete, not a smoke run's, fitting the model), the
+        init method (``fit`` from scratch), the run directory (``fit``: lock, existing run); nothing is written until
+        the lock is taken, last."""
         if self.subcommand is None:
             return
+        sub = self.subcommand
+        model, dm = self.model, self.datamodule
+        from impulsevit.module import check_image_size
+        from impulsevit.preflight import check_classes, check_init, check_resume
+
+        check_classes(getattr(dm, "num_classes", None), _describe_data(self._get(self.config, "data")))
+        try:
+            check_image_size(model.backbone, model.hparams.backbone, getattr(dm, "image_size", None))
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+        path = self._resume_path()
+        if path is not None:
+            check_resume(path, model, dict(model.hparams))
+            log.info("impulsevit: resuming from %s", path)
+            self.config_init[sub]["ckpt_path"] = str(path)
+        elif self.config_init[sub].get("ckpt_path") is not None:
+            path = Path(self.config_init[sub]["ckpt_path"])
+            check_resume(path, model, dict(model.hparams))
+        if sub == "fit" and path is None:
+            cfg = model.init_cfg
+            check_init(model.build_backbone, model.hparams.backbone, cfg.method, dict(cfg.options), cfg.seed)
+        if sub != "fit" and path is None and not self._get(self.config, "untrained"):
+            raise ConfigError(f"impulsevit {sub} evaluates a trained model: give --resume auto (the newest checkpoint "
+                              f"of {self.run_dir}) or --resume PATH; pass --untrained to evaluate the model as built")
+        if sub == "fit" and launch_rank() == 0:
+            self._own_run_dir(resuming=self._get(self.config, "resume") is not None or path is not None)
+
+    def _resume_path(self) -> Path | None:
+        """The checkpoint ``--resume`` names (``auto``: found in the run directory, skipped ones reported)."""
         resume = self._get(self.config, "resume")
         if resume is None:
-            return
-        sub_init = self.config_init[self.subcommand]
+            return None
+        sub = self.subcommand
+        sub_init = self.config_init[sub]
         if sub_init.get("ckpt_path") is not None:
-            raise ValueError(f"give either --resume ({resume!r}) or --ckpt_path ({sub_init['ckpt_path']!r}), not both")
-        if resume == "auto":
-            ckpt_cb = self._get(self.config_init, "checkpoint")
-            extra = (ckpt_cb.dirpath,) if isinstance(ckpt_cb, ModelCheckpoint) and ckpt_cb.dirpath else ()
-            path = latest_checkpoint(self.run_dir, extra_dirs=extra)
-            if path is None:
-                if self.subcommand != "fit":
-                    raise FileNotFoundError(
-                        f"--resume auto: no complete checkpoint in {self.run_dir} to {self.subcommand}"
-                    )
-                log.info("impulsevit: --resume auto: no complete checkpoint in %s; starting fresh", self.run_dir)
-                return
-        else:
+            raise ConfigError(f"give either --resume ({resume!r}) or --ckpt_path ({sub_init['ckpt_path']!r}), not both")
+        if resume != "auto":
             path = Path(resume)
             if not path.exists():
-                raise FileNotFoundError(f"--resume {resume!r}: no such checkpoint")
-        log.info("impulsevit: resuming from %s", path)
-        sub_init["ckpt_path"] = str(path)
+                raise ConfigError(f"--resume {resume!r}: no such checkpoint")
+            return path
+        ckpt_cb = self._get(self.config_init, "checkpoint")
+        extra = (ckpt_cb.dirpath,) if isinstance(ckpt_cb, ModelCheckpoint) and ckpt_cb.dirpath else ()
+        trainer = self.trainer
+        limits = {"fast_dev_run": bool(trainer.fast_dev_run), "limit_train_batches": trainer.limit_train_batches,
+                  "limit_val_batches": trainer.limit_val_batches}
+        path, skipped = resume_candidate(self.run_dir, extra_dirs=extra, limits=limits)
+        for line in skipped:
+            log.warning("impulsevit: --resume auto: skipped %s", line)
+        if path is None:
+            if sub != "fit":
+                why = f" ({len(skipped)} skipped, see above)" if skipped else ""
+                raise ConfigError(f"--resume auto: no usable checkpoint in {self.run_dir} to {sub}{why}")
+            log.info("impulsevit: --resume auto: no usable checkpoint in %s; starting fresh", self.run_dir)
+        return path
+
+    def _own_run_dir(self, resuming: bool) -> None:
+        """Take the run directory's lock; refuse to start a new run over an existing one unless ``--overwrite``."""
+        run_dir = self.run_dir
+        self.run_lock = lock = RunDirLock(run_dir)
+        lock.acquire()
+        found = existing_run(run_dir)
+        requeued = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
+        if found and not resuming and not requeued:
+            if not self._get(self.config, "overwrite"):
+                raise RunDirError(f"run directory {run_dir} already holds a run ({', '.join(found)}); continue it with "
+                                  f"--resume auto, choose another --name, or pass --overwrite to delete it and start "
+                                  f"over")
+            log.warning("impulsevit: --overwrite: deleting the previous run in %s (%s)", run_dir, ", ".join(found))
+            clear_run(run_dir)
+
+
+def _checked_num_classes(num_classes: int | None) -> int | None:
+    """The data's class count, linked to the model's; fewer than 2 is a :class:`ConfigError` (before the model is
+    built, where torchmetrics would fail with a message that does not mention the data)."""
+    from impulsevit.preflight import check_classes
+
+    check_classes(num_classes, "data.num_classes")
+    return num_classes
+
+
+def _describe_data(data_cfg: Any) -> str:
+    """``dataset X at ROOT`` / the data class, for error messages."""
+    args = getattr(data_cfg, "init_args", None) or {}
+    get = args.get if hasattr(args, "get") else (lambda k, d=None: getattr(args, k, d))
+    parts = [f"dataset {get('dataset')}" if get("dataset") else str(getattr(data_cfg, "class_path", "data"))]
+    if get("root"):
+        parts.append(f"at {get('root')}")
+    return " ".join(parts)
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception's message on one line (jsonargparse nests the cause's lines; the last non-empty one is kept when
+    the first is only a wrapper)."""
+    text = str(e).strip() or type(e).__name__
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[0] if len(lines) == 1 else "; ".join(lines)
 
 
 # ------------------------------------------------------------------------------------------------------ entry point
+class _StderrHandler(logging.StreamHandler):
+    """A stream handler that writes to the *current* ``sys.stderr`` (redirections made after setup are honoured)."""
+
+    @property
+    def stream(self):  # noqa: ANN201
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def _setup_logging() -> None:
     if not log.handlers:
-        handler = logging.StreamHandler()
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
@@ -436,13 +601,40 @@ def _run_external(sub: str, rest: list[str]) -> int:
     return int(fn(rest) or 0)
 
 
+def user_error(exc: BaseException) -> tuple[str, int] | None:
+    """``(one-line message, exit status)`` when ``exc`` (or an exception it was raised from) is one a user fixes: an
+    :class:`~impulsevit.errors.UserError`, a full / read-only / forbidden disk (:class:`~impulsevit.io.WriteError`, or
+    an ``OSError`` with such an errno from elsewhere), a damaged ``.beton``. Else None: a bug, shown with its
+    traceback."""
+    from impulsevit.data.integrity import BetonError
+    from impulsevit.io import _DISK_ERRNOS, WriteError, write_error
+
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, UserError):
+            return _one_line(e), e.exit_status
+        if isinstance(e, WriteError | BetonError):
+            return _one_line(e), 1
+        if isinstance(e, OSError) and e.errno in _DISK_ERRNOS and e.filename:
+            return str(write_error(e, e.filename)), 1
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``impulsevit`` console script. Returns the exit status (argument errors exit with 2)."""
+    """Entry point of the ``impulsevit`` console script. Returns the exit status: 0 done, 1 a run failed for a reason
+    the message names (full disk, damaged data), 2 bad arguments or configuration (found before any work started).
+
+    ``--debug`` (anywhere) or ``IMPULSEVIT_DEBUG=1`` shows the traceback of those errors too."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("IMPULSEVIT_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
     _setup_logging()
     try:
         argv = prepare_argv(argv)
-    except RecipeNotFoundError as e:
+    except (RecipeNotFoundError, ConfigError) as e:
         print(f"impulsevit: error: {e}", file=sys.stderr)
         return 2
     if not argv or argv[0] in ("-h", "--help"):
@@ -464,9 +656,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"impulsevit: error: unknown subcommand {sub!r}{hint}\n\n{USAGE}", file=sys.stderr)
         return 2
     reuse_large_allocations()  # per-step batches above 32 MiB are not page-faulted in again every step
-    ImpulseCLI(args=argv)
+    try:
+        ImpulseCLI(args=argv)
+    except Exception as e:  # noqa: BLE001 - user errors become one line; anything else is re-raised
+        found = None if debug else user_error(e)
+        if found is None:
+            raise
+        message, status = found
+        print(f"impulsevit {sub}: error: {message}", file=sys.stderr)
+        return status
     return 0
-
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from impulsevit.checkpointing import (
     is_complete_checkpoint,
     latest_checkpoint,
 )
+from impulsevit.errors import ConfigError
 
 STOP_AFTER_EPOCH_0 = '--trainer.callbacks=[{"class_path": "_cli_helpers.StopAfterEpoch", "init_args": {"epoch": 0}}]'
 
@@ -93,9 +94,9 @@ def test_mid_epoch_resume_neither_repeats_nor_skips_optimizer_steps(tmp_path):
 def test_resume_auto_without_checkpoint_starts_fresh_and_explicit_path_must_exist(tmp_path):
     cli = run_cli(*tiny(tmp_path, "fresh", "--resume=auto", "--trainer.max_epochs=1"))
     assert cli.trainer.ckpt_path is None and _initializer(cli).applied and _initializer(cli).skipped_reason is None
-    with pytest.raises(FileNotFoundError, match="no such checkpoint"):
+    with pytest.raises(ConfigError, match="no such checkpoint"):
         run_cli(*tiny(tmp_path, "fresh", f"--resume={tmp_path / 'missing.ckpt'}"))
-    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+    with pytest.raises(ConfigError, match="no usable checkpoint"):
         run_cli(*tiny(tmp_path, "empty", "--resume=auto", subcommand="test"))
 
 

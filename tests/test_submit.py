@@ -19,6 +19,7 @@ from impulsevit.cluster.slurm_config import load_defaults
 from impulsevit.cluster.submit import main
 
 GOLDEN = Path(__file__).parent / "golden"
+TINY_RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "tiny_synthetic.yaml"
 
 JOB = FitJob(recipe="/scratch/impulsevit/recipes/deit_base_in1k.yaml", run_name="deit_base_in1k",
              runs_dir=Path("/scratch/runs"), workdir=Path("/scratch/impulsevit"),
@@ -102,6 +103,12 @@ def test_parse_slurm_time(value, seconds):
     (SlurmOptions(time="forever"), "not a SLURM time"),
     (SlurmOptions(nodes=0), "nodes must be"),
     (SlurmOptions(array="0-3; rm -rf /"), "array="),
+    (SlurmOptions(array="0-"), "array='0-': '0-' is not N, N-M or N-M:STEP"),
+    (SlurmOptions(array="5-2"), "ends before it starts"),
+    (SlurmOptions(mem="lots"), "mem='lots' is not a SLURM memory size"),
+    (SlurmOptions(time="99:99"), "time='99:99' is out of range"),
+    (SlurmOptions(time="1-25:00:00"), "out of range"),
+    (SlurmOptions(partition="gpu\n#SBATCH --x"), "partition="),
 ])
 def test_bad_options_are_named(opts, match):
     with pytest.raises(ValueError, match=re.escape(match)):
@@ -119,9 +126,10 @@ def test_fit_command_matches_allocation():
 def workdir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("IMPULSEVIT_SLURM_CONFIG", str(tmp_path / "slurm.yaml"))
-    (tmp_path / "tiny.yaml").write_text("trainer: {max_epochs: 1}\n")
+    recipe = TINY_RECIPE.read_text()  # a real recipe: the dry run parses the fit configuration as `fit` would
+    (tmp_path / "tiny.yaml").write_text(recipe)
     (tmp_path / "recipes").mkdir()
-    (tmp_path / "recipes" / "tiny.yaml").write_text("trainer: {max_epochs: 1}\n")  # found by name from ./recipes
+    (tmp_path / "recipes" / "tiny.yaml").write_text(recipe)  # found by name from ./recipes
     return tmp_path
 
 
@@ -164,6 +172,24 @@ def test_bad_input_exit_code_2(workdir, capsys):
     assert "one task per GPU" in capsys.readouterr().err
     assert main(["--recipe", "tiny", "--gpus-per-node", "2", "--trainer.devices=4", "--dry-run"]) == 2
     assert "--trainer.devices is set by the batch script" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--model.init.methd=impulse"], "unknown key 'model.init.methd'; did you mean 'model.init.method'?"),
+    (["--trainer.max_epochs=abc"], "trainer.max_epochs"),
+    (["--mem", "lots"], "mem='lots' is not a SLURM memory size"),
+    (["--array", "0-"], "array='0-'"),
+    (["--time", "99:99"], "time='99:99' is out of range"),
+    (["--name", "exp/a"], "a run name must be a single folder name"),
+])
+def test_dry_run_validates_fit_overrides_and_sbatch_values(workdir, capsys, args, expected):
+    """The fit overrides are parsed by the real `fit` parser (same errors and suggestions) before anything is
+    submitted; every sbatch value is checked; nothing is written."""
+    assert main(["--recipe", "tiny", "--dry-run", *args]) == 2
+    err = capsys.readouterr().err
+    assert expected in err
+    assert "impulsevit submit: error:" in err
+    assert not (workdir / "runs").exists()
 
 
 def test_missing_sbatch_names_the_script(workdir, monkeypatch, capsys):

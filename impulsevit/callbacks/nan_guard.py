@@ -14,12 +14,12 @@ Cost: one ``isfinite`` + one boolean all-reduce per micro-batch (a host sync).
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import lightning as L
 import torch
+
+from impulsevit.io import commit, remove, temp_path
 
 __all__ = ["NonFiniteLossGuard", "checkpoint_dir"]
 
@@ -55,24 +55,16 @@ class NonFiniteLossGuard(L.Callback):
         msg = f"non-finite training loss {value if bad_here else '(on another rank)'} {where}"
         if self.save:
             path = checkpoint_dir(trainer) / self.filename
-            tmp = path.with_name(path.name + ".tmp")
+            tmp = temp_path(path, "nan-guard")  # one name on every rank
             if trainer.global_rank == 0:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                _remove(tmp)
+                remove(tmp)
             trainer.strategy.barrier("nan_guard_prepare")
             trainer.save_checkpoint(str(tmp))
             trainer.strategy.barrier("nan_guard_saved")
             if trainer.global_rank == 0:
-                _remove(path)
-                os.replace(tmp, path)
+                commit(tmp, path)
             trainer.strategy.barrier("nan_guard_renamed")
             self.saved_path = path
             msg += f"; the last good state (before this step) is saved in {path}"
         raise FloatingPointError(msg + ". Lower the lr, enable gradient clipping, or check the data.")
-
-
-def _remove(p: Path) -> None:
-    if p.is_dir():
-        shutil.rmtree(p)
-    elif p.exists():
-        p.unlink()

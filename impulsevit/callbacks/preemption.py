@@ -57,6 +57,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from impulsevit.cluster.events import append_event
+from impulsevit.io import commit, remove, temp_path
 
 __all__ = ["Preempted", "SlurmRequeue"]
 
@@ -140,25 +141,15 @@ class SlurmRequeue(Callback):
         """All ranks: ``trainer.save_checkpoint`` into a temp name, then rank 0 renames it over the final path."""
         path = self.checkpoint_path(trainer)
         step = trainer.global_step
-        tmp = path.with_name(f"{path.name}.tmp-{step}")
+        tmp = temp_path(path, f"step{step}")  # one name on every rank (a distributed checkpoint is a folder)
         if trainer.is_global_zero:
             path.parent.mkdir(parents=True, exist_ok=True)
-            _remove(tmp)
+            remove(tmp)
         trainer.strategy.barrier("preemption-save-start")
         trainer.save_checkpoint(tmp)  # collective: every rank takes part (rank 0 writes files, all write DCP shards)
         trainer.strategy.barrier("preemption-save-written")
         if trainer.is_global_zero:
-            if tmp.is_dir() and path.exists():
-                old = path.with_name(f"{path.name}.old-{step}")
-                _remove(old)
-                os.replace(path, old)
-                os.replace(tmp, path)
-                _remove(old)
-            else:
-                if path.is_dir():
-                    _remove(path)
-                os.replace(tmp, path)
-            _fsync_dir(path.parent)
+            commit(tmp, path)
         trainer.strategy.barrier("preemption-save-done")
         self._saved_step = step
         self._say(trainer, f"{reason}: checkpoint saved to {path} at global step {step}",
@@ -268,23 +259,3 @@ class SlurmRequeue(Callback):
                 self._save(trainer, "stop")
         finally:
             self._uninstall(trainer)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

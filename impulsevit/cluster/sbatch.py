@@ -84,8 +84,17 @@ class SlurmOptions:
             if self.signal_lead_s >= limit:
                 raise ValueError(f"signal_lead_s={self.signal_lead_s} s is not shorter than time={self.time!r} "
                                  f"({limit} s): the job would be signalled before it starts")
-        if self.array is not None and not re.fullmatch(r"[0-9,\-:%]+", self.array):
-            raise ValueError(f"array={self.array!r} is not a SLURM array spec such as '0-3', '1,5,7' or '0-15%4'")
+        if self.array is not None:
+            check_array(self.array)
+        if self.mem is not None and not re.fullmatch(r"(0|[1-9]\d*[KMGT]?)", str(self.mem), re.IGNORECASE):
+            raise ValueError(f"mem={self.mem!r} is not a SLURM memory size such as '64G', '512M' or '0' (all)")
+        for key in ("partition", "account", "qos", "constraint", "container_image"):
+            value = getattr(self, key)
+            if value is not None and (not str(value).strip() or re.search(r"\s", str(value))):
+                raise ValueError(f"{key}={value!r} must be one word (no spaces or line breaks)")
+        for line in self.extra_sbatch:
+            if not str(line).startswith("--") or "\n" in str(line):
+                raise ValueError(f"extra_sbatch entry {line!r} must be one sbatch option starting with '--'")
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,27 @@ class FitJob:
         return Path(self.runs_dir) / self.run_name
 
 
+_ARRAY_ITEM = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
+
+
+def check_array(spec: str) -> None:
+    """Raise ``ValueError`` naming ``spec`` unless it is a SLURM array spec: comma-separated ``N``, ``N-M`` or
+    ``N-M:STEP`` items (``N <= M``, ``STEP >= 1``), optionally followed by ``%LIMIT`` (``LIMIT >= 1``)."""
+    hint = "a SLURM array spec such as '0-3', '1,5,7', '0-15:2' or '0-15%4'"
+    body, _, limit = spec.partition("%")
+    if _ and not (limit.isdigit() and int(limit) >= 1):
+        raise ValueError(f"array={spec!r}: the task limit after '%' must be a positive integer ({hint})")
+    for item in body.split(","):
+        m = _ARRAY_ITEM.fullmatch(item)
+        if m is None:
+            raise ValueError(f"array={spec!r}: {item!r} is not N, N-M or N-M:STEP ({hint})")
+        lo, hi, step = m.groups()
+        if hi is not None and int(hi) < int(lo):
+            raise ValueError(f"array={spec!r}: range {item!r} ends before it starts")
+        if step is not None and int(step) < 1:
+            raise ValueError(f"array={spec!r}: step in {item!r} must be >= 1")
+
+
 _TIME_RE = re.compile(r"^(?:(?P<d>\d+)-)?(?P<a>\d+)(?::(?P<b>\d+))?(?::(?P<c>\d+))?$")
 
 
@@ -117,6 +147,10 @@ def parse_slurm_time(value: str) -> int:
     if not m:
         raise ValueError(f"time={value!r} is not a SLURM time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS)")
     d, a, b, c = (int(x) if x is not None else None for x in m.group("d", "a", "b", "c"))
+    # the fields after the first are minutes / seconds (< 60); with days, the first is hours (< 24)
+    if any(v is not None and v >= 60 for v in (b, c)) or (d is not None and a >= 24):
+        raise ValueError(f"time={value!r} is out of range: minutes and seconds must be < 60 (hours < 24 after "
+                         f"'D-'), e.g. '1-12:00:00' or '90' (minutes)")
     if d is None:  # MM, MM:SS, HH:MM:SS
         if b is None:
             return a * 60

@@ -16,7 +16,6 @@ failed, 2 bad arguments.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -25,8 +24,9 @@ from pathlib import Path
 
 from impulsevit import recipes
 from impulsevit.cluster.events import events_path, job_state
-from impulsevit.cluster.sbatch import FitJob, SlurmOptions, render_sbatch
+from impulsevit.cluster.sbatch import FitJob, SlurmOptions, fit_command, render_sbatch
 from impulsevit.cluster.slurm_config import config_path, load_defaults
+from impulsevit.io import atomic_write_text
 
 # fit options the batch script sets itself (why), so they must not come in as fit overrides
 _FIXED_KEYS = {"--trainer.devices": "from --gpus-per-node / --tasks-per-node", "--trainer.num_nodes": "from --nodes",
@@ -100,11 +100,29 @@ def build(argv: list[str]) -> tuple[FitJob, SlurmOptions, argparse.Namespace]:
     return job, opts, args
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def check_fit_config(job: FitJob, opts: SlurmOptions) -> None:
+    """Parse the job's ``impulsevit fit`` command line exactly as ``fit`` will in the job (same parser, same errors
+    and key suggestions, the run name checked), without building anything. ``%a`` (the array task id) is read as 0.
+
+    Raises:
+        SystemExit: the fit parser's error, already printed to stderr (status 2).
+        ValueError: a run-name or other configuration error found before instantiation.
+    """
+    from impulsevit.cli import ImpulseCLI, prepare_argv
+
+    class _Parsed(Exception):
+        pass
+
+    class _ParseOnly(ImpulseCLI):
+        def before_instantiate_classes(self) -> None:
+            super().before_instantiate_classes()
+            raise _Parsed
+
+    argv = [a.replace("%a", "0") for a in fit_command(job, opts)]
+    try:
+        _ParseOnly(args=prepare_argv(argv))
+    except _Parsed:
+        return
 
 
 def main(argv: list[str]) -> int:
@@ -112,6 +130,13 @@ def main(argv: list[str]) -> int:
     try:
         job, opts, args = build(argv)
         script = render_sbatch(job, opts)
+        check_fit_config(job, opts)
+    except SystemExit as e:  # the fit parser's error (printed by it, with the same suggestions `fit` gives)
+        if e.code in (0, None):
+            raise
+        print("impulsevit submit: error: the fit configuration above does not parse; nothing was submitted",
+              file=sys.stderr)
+        return 2
     except (ValueError, FileNotFoundError) as e:
         print(f"impulsevit submit: error: {e}", file=sys.stderr)
         return 2
@@ -124,7 +149,7 @@ def main(argv: list[str]) -> int:
     if job_state(run_dir) == "running":
         print(f"impulsevit submit: warning: {events_path(run_dir)} says a job is still running in {run_dir}; "
               "two jobs in one run directory overwrite each other's checkpoints", file=sys.stderr)
-    _write_atomic(path, script)
+    atomic_write_text(path, script)
     (run_dir / "slurm").mkdir(exist_ok=True)
     sbatch = shutil.which("sbatch")
     if sbatch is None:

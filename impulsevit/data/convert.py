@@ -48,8 +48,10 @@ from typing import Literal
 
 import numpy as np
 
+from impulsevit.data.integrity import CHUNK, BetonError, check_header, file_digests, verify_beton
 from impulsevit.data.registry import DATASETS, DatasetInfo, detect_dataset, get_dataset, list_datasets
 from impulsevit.data.sources import ArraySource, FileSource, ImageSource, Problem, check_sample
+from impulsevit.io import WriteError, atomic_write_json, commit, disk_errors, require_free_space, temp_path, write_error
 
 __all__ = ["PRESETS", "ConversionError", "Preset", "convert_split", "default_preset", "estimate_size", "main",
            "scan_source"]
@@ -252,8 +254,10 @@ class _WriterDataset:
     the check) becomes a 1×1 placeholder and its path is appended to ``error_log`` so the caller can fail the split;
     raising inside FFCV's writer processes would hang its progress loop."""
 
-    def __init__(self, source: ImageSource, preset: Preset, sizes: np.ndarray, error_log: str) -> None:
+    def __init__(self, source: ImageSource, preset: Preset, sizes: np.ndarray, error_log: str, fail_log: str = "",
+                 ffcv_worker: Callable | None = None) -> None:
         self.source, self.preset, self.sizes, self.error_log = source, preset, sizes, error_log
+        self.fail_log, self.ffcv_worker = fail_log, ffcv_worker  # see _guarded_worker
 
     def __len__(self) -> int:
         return len(self.source)
@@ -269,6 +273,67 @@ class _WriterDataset:
         return img, int(self.source.labels[i])
 
 
+def _guarded_worker(*args: object) -> None:
+    """FFCV's writer-process job, made to fail visibly: an exception (a full disk in a page flush, …) is appended to
+    the dataset's ``fail_log`` and an empty allocation list is queued, so the parent's wait does not block on it.
+    (FFCV itself only prints the traceback; its parent then polls a progress counter forever at 0 % CPU.)"""
+    dataset = args[-1]
+    assert isinstance(dataset, _WriterDataset) and dataset.ffcv_worker is not None
+    try:
+        dataset.ffcv_worker(*args)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
+        with open(dataset.fail_log, "a") as fh:
+            fh.write(f"{getattr(exc, 'errno', None) or ''}\t{type(exc).__name__}: {exc}\n")
+        allocator = args[4]
+        with allocator.next_page_written.get_lock():  # pass on the page-writing turn this process held, if any
+            if allocator.next_page_written.value == allocator.my_page:
+                allocator.next_page_written.value += 1
+        args[6].put([])  # the allocations queue: the parent reads one entry per worker
+
+
+def _write_guarded(writer, dataset: _WriterDataset, indices: list[int], out: Path, needed: int) -> None:  # noqa: ANN001
+    """``writer.from_indexed_dataset`` that raises within ~0.1 s when a writer process fails (see
+    :func:`_guarded_worker`) instead of waiting forever; the failed write's processes and shared memory are freed.
+    A full-disk / read-only failure becomes :class:`impulsevit.io.WriteError` naming ``out``."""
+    import multiprocessing
+    from unittest import mock
+
+    import ffcv.writer as fw
+
+    dataset.ffcv_worker = fw.worker_job_indexed_dataset
+    fail_log = Path(dataset.fail_log)
+
+    class _WorkerFailed(Exception):
+        pass
+
+    def sleep_and_check(seconds: float) -> None:
+        time.sleep(seconds)
+        if fail_log.exists() and fail_log.stat().st_size:
+            raise _WorkerFailed
+
+    before = set(multiprocessing.active_children())
+    try:
+        with mock.patch.object(fw, "worker_job_indexed_dataset", _guarded_worker), \
+                mock.patch.object(fw, "sleep", sleep_and_check):
+            writer.from_indexed_dataset(dataset, indices=indices, chunksize=100)
+    except _WorkerFailed:
+        pass
+    finally:
+        for p in set(multiprocessing.active_children()) - before:
+            p.terminate()
+            p.join(5)
+    if fail_log.exists() and fail_log.stat().st_size:
+        sm = getattr(writer, "metadata_sm", None)
+        if sm is not None and not isinstance(sm, int):
+            with contextlib.suppress(Exception):
+                sm.close()
+                sm.unlink()
+        code, _, what = fail_log.read_text().splitlines()[0].partition("\t")
+        if code.isdigit():
+            raise write_error(OSError(int(code), os.strerror(int(code))), out, needed)
+        raise ConversionError(f"an FFCV writer process failed while writing {out}: {what}")
+
+
 def _page_size(sizes: np.ndarray, preset: Preset) -> int:
     from ffcv.writer import MIN_PAGE_SIZE
 
@@ -280,12 +345,6 @@ def _page_size(sizes: np.ndarray, preset: Preset) -> int:
 def manifest_path(beton: str | os.PathLike) -> Path:
     beton = Path(beton)
     return beton.with_name(beton.name.removesuffix(".beton") + ".manifest.json")
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _remove_stale_temps(out: Path, log: Callable[[str], None]) -> None:
@@ -306,8 +365,9 @@ def _remove_stale_temps(out: Path, log: Callable[[str], None]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def read_manifest(beton: str | os.PathLike) -> dict | None:
-    """The manifest of a complete ``.beton`` (file present with the recorded size), else None."""
+def read_manifest(beton: str | os.PathLike, check_size: bool = True) -> dict | None:
+    """The manifest of a complete ``.beton`` (file present with the recorded size, unless not ``check_size``), else
+    None."""
     mpath = manifest_path(beton)
     try:
         manifest = json.loads(mpath.read_text())
@@ -316,7 +376,7 @@ def read_manifest(beton: str | os.PathLike) -> dict | None:
     if manifest.get("format") != MANIFEST_FORMAT:
         return None
     try:
-        if os.path.getsize(beton) != manifest.get("bytes"):
+        if check_size and os.path.getsize(beton) != manifest.get("bytes"):
             return None
     except OSError:
         return None
@@ -330,8 +390,7 @@ def beton_num_classes(path: str | os.PathLike) -> int:
         return int(manifest["num_classes"])
     from ffcv.reader import Reader
 
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"FFCV file {path} does not exist")
+    check_header(path)
     reader = Reader(str(path))
     names = list(reader.handlers)
     if "label" not in names:
@@ -341,12 +400,15 @@ def beton_num_classes(path: str | os.PathLike) -> int:
 
 def convert_split(source: ImageSource, out: str | os.PathLike, preset: Preset, *, workers: int = 1,
                   on_error: OnError = "skip", progress: bool = True, request: dict | None = None, force: bool = False,
-                  log: Callable[[str], None] = print) -> dict:
+                  log: Callable[[str], None] = print, check_free_space: bool = True) -> dict:
     """Write ``source`` to the ``.beton`` ``out`` (atomically) and its manifest; return the manifest.
 
     ``request`` is recorded in the manifest and, together with the preset and the source's stat fingerprint, decides
     whether an existing output is up to date (then nothing is written and the old manifest is returned, with
-    ``"skipped_existing": True``). Raises :class:`ConversionError` for bad inputs with ``on_error='fail'``.
+    ``"skipped_existing": True``). Raises :class:`ConversionError` for bad inputs with ``on_error='fail'``, and
+    :class:`impulsevit.io.WriteError` (one line: the path, the bytes needed and free) when the filesystem is full,
+    read-only or forbidden — before writing when the expected size does not fit (``check_free_space``), else as soon
+    as a writer process fails; no temp file is left either way.
     """
     from ffcv.fields import IntField
     from ffcv.writer import DatasetWriter
@@ -377,31 +439,39 @@ def convert_split(source: ImageSource, out: str | os.PathLike, preset: Preset, *
     page_size = _page_size(scan.sizes[good], preset)
     workers = max(1, workers)
     data_bytes = estimate_size(source, good, preset)
-    # every writer process fills whole pages of its own, so the file grows in page-sized steps per worker
-    expected = int(np.ceil(data_bytes / workers / page_size)) * page_size * workers
+    # the header + per-sample metadata region is padded to whole pages, then every writer process fills whole pages of
+    # its own, so the file grows in page-sized steps per worker
+    header_pages = int(np.ceil((4096 + 64 * len(good)) / page_size))
+    expected = (header_pages + int(np.ceil(data_bytes / workers / page_size)) * workers) * page_size
     log(f"{out}: writing {len(good)} images, preset {preset.name} ({preset.write_mode}, max side "
         f"{preset.max_resolution or 'unchanged'}, max short side {preset.max_short_side or 'unchanged'}), "
         f"expected size ~{expected / 2**20:.1f} MiB")
 
-    tmp = out.with_name(f"{out.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+    if check_free_space:
+        require_free_space(out, expected)
+    tmp = temp_path(out)
     error_log = out.with_name(f"{out.name}.errors-{os.getpid()}")
-    error_log.unlink(missing_ok=True)
+    fail_log = out.with_name(f"{out.name}.failed-{os.getpid()}")
+    for f in (error_log, fail_log):
+        f.unlink(missing_ok=True)
     try:
-        writer = DatasetWriter(str(tmp), {"image": preset.field(), "label": IntField()},
-                               page_size=page_size, num_workers=workers)
-        t1 = time.perf_counter()
-        with contextlib.redirect_stderr(open(os.devnull, "w")) if not progress else contextlib.nullcontext():
-            writer.from_indexed_dataset(_WriterDataset(source, preset, scan.sizes, str(error_log)),
-                                        indices=good.tolist(), chunksize=100)
-        write_seconds = time.perf_counter() - t1
+        with disk_errors(out, expected):
+            writer = DatasetWriter(str(tmp), {"image": preset.field(), "label": IntField()},
+                                   page_size=page_size, num_workers=workers)
+            dataset = _WriterDataset(source, preset, scan.sizes, str(error_log), str(fail_log))
+            t1 = time.perf_counter()
+            with contextlib.redirect_stderr(open(os.devnull, "w")) if not progress else contextlib.nullcontext():
+                _write_guarded(writer, dataset, good.tolist(), out, expected)
+            write_seconds = time.perf_counter() - t1
         if error_log.exists() and error_log.read_text().strip():
             failed = error_log.read_text().strip().splitlines()
             raise ConversionError(f"{len(failed)} input(s) changed or broke while {out} was written (first: "
                                   f"{failed[0]}); nothing was written, rerun the conversion")
-        os.replace(tmp, out)
+        digests = file_digests(tmp)
+        commit(tmp, out)
     finally:
-        tmp.unlink(missing_ok=True)
-        error_log.unlink(missing_ok=True)
+        for f in (tmp, error_log, fail_log):
+            f.unlink(missing_ok=True)
     kept = source.labels[good]
     counts = np.bincount(kept, minlength=len(source.classes))
     manifest = {
@@ -417,12 +487,13 @@ def convert_split(source: ImageSource, out: str | os.PathLike, preset: Preset, *
         "source_stat": stat,
         "skipped": [asdict(p) for p in scan.problems],
         "bytes": out.stat().st_size,
+        "checksum": {"algorithm": "blake2b-128", "chunk_bytes": CHUNK, "chunks": digests},
         "expected_bytes": expected,
         "seconds": round(time.perf_counter() - t0, 3),
         "write_images_per_second": round(len(good) / max(write_seconds, 1e-9), 1),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    _atomic_write_text(manifest_path(out), json.dumps(manifest, indent=1) + "\n")
+    atomic_write_json(manifest_path(out), manifest)
     log(f"{out}: {manifest['bytes'] / 2**20:.1f} MiB, {len(good)} images in {manifest['seconds']:.1f} s "
         f"({manifest['write_images_per_second']:.0f} img/s written)")
     return manifest
@@ -483,6 +554,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "or not checked")
     p.add_argument("--force", action="store_true", help="rebuild outputs even when their manifest is up to date")
     p.add_argument("--no-progress", action="store_true")
+    p.epilog += ("\n\nimpulsevit convert --check X.beton [...] [--full]: verify .beton files against their manifests' "
+                 "checksums (sampled chunks; --full: every chunk)")
     return p
 
 
@@ -511,9 +584,35 @@ def subset_indices(n: int, k: int | None, seed: int = 0) -> np.ndarray | None:
     return np.sort(np.random.default_rng(seed).permutation(n)[:k])
 
 
+def check_main(argv: list[str]) -> int:
+    """``impulsevit convert --check X.beton [...] [--full]``: verify ``.beton`` files against their manifests (header
+    and sizes, then sampled chunk checksums, or every chunk with ``--full``). Exit 0 all good, 1 a file is damaged."""
+    p = argparse.ArgumentParser(prog="impulsevit convert --check",
+                                description="Verify .beton files against the checksums in their manifests.")
+    p.add_argument("betons", nargs="+", metavar="X.beton")
+    p.add_argument("--full", action="store_true", help="hash every chunk (default: header, sizes, sampled chunks)")
+    args = p.parse_args(argv)
+    status = 0
+    for path in args.betons:
+        try:
+            manifest = read_manifest(path, check_size=False)
+            verify_beton(path, manifest, "full" if args.full else "sampled")
+        except (BetonError, FileNotFoundError) as exc:
+            print(f"impulsevit convert: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        what = "no manifest: structure only" if manifest is None else ("every chunk" if args.full else "sampled")
+        print(f"{path}: ok ({what})")
+    return status
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``impulsevit convert``; returns the process exit code (0 ok, 1 conversion failed, 2 usage)."""
-    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--check" in argv:
+        argv.remove("--check")
+        return check_main(argv)
+    args = build_parser().parse_args(argv)
     try:
         info, root = resolve_source(args.src, args.root, args.dataset)
         preset = choose_preset(info, args)
@@ -529,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             convert_split(source, out, preset, workers=args.workers, on_error=args.on_error,
                           progress=not args.no_progress, force=args.force,
                           request={"dataset": info.name, "root": str(root), "split": split, "subset": args.subset})
-    except ConversionError as exc:
+    except (ConversionError, WriteError) as exc:
         print(f"impulsevit convert: {exc}", file=sys.stderr)
         return 1
     except (FileNotFoundError, KeyError, ValueError) as exc:

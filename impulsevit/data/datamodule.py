@@ -36,8 +36,16 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from impulsevit.data.augment import DeviceAugment, fix_timm_posterize, normalize
 from impulsevit.data.base import BaseImageDataModule, dist_info
-from impulsevit.data.convert import PRESETS, beton_num_classes, convert_split, default_preset, subset_indices
+from impulsevit.data.convert import (
+    PRESETS,
+    beton_num_classes,
+    convert_split,
+    default_preset,
+    read_manifest,
+    subset_indices,
+)
 from impulsevit.data.ffcv_loader import build_ffcv_loader, ffcv_available
+from impulsevit.data.integrity import CheckLevel, verify_beton
 from impulsevit.data.registry import DatasetInfo, Verify, get_dataset
 from impulsevit.data.sampling import RepeatedAugSampler
 from impulsevit.data.sources import ImageSource, image_folder_source
@@ -98,6 +106,8 @@ class ImageDataModule(BaseImageDataModule):
         train_beton / val_beton: use these ``.beton`` files (from ``impulsevit convert``) as they are, instead of
             converting ``dataset``; ``dataset`` then only supplies the normalisation statistics (``imagefolder``:
             ImageNet's) and the class count comes from the manifest.
+        beton_check: at setup, check each ``.beton`` against its manifest's checksum (:mod:`impulsevit.data.integrity`):
+            ``sampled`` (header, size and sampled chunks; the default), ``full`` (every byte) or ``off``.
     """
 
     def __init__(
@@ -133,6 +143,7 @@ class ImageDataModule(BaseImageDataModule):
         std: tuple[float, float, float] | None = None,
         train_beton: str | None = None,
         val_beton: str | None = None,
+        beton_check: CheckLevel = "sampled",
     ) -> None:
         info = get_dataset(dataset)
         if backend not in ("ffcv", "torchvision"):
@@ -174,6 +185,9 @@ class ImageDataModule(BaseImageDataModule):
         self.train_split, self.val_split = train_split or info.train_split, val_split or info.val_split
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir() / "ffcv"
         self.in_memory, self.seed, self.verify = in_memory, int(seed), verify
+        if beton_check not in ("sampled", "full", "off"):
+            raise ValueError(f"beton_check must be 'sampled', 'full' or 'off', got {beton_check!r}")
+        self.beton_check = beton_check
         self.preset = PRESETS[preset] if preset else default_preset(info.small)
         self.betons = {self.train_split: Path(train_beton), self.val_split: Path(val_beton)} if train_beton else {}
         self._device_augment: DeviceAugment | None = None
@@ -215,6 +229,8 @@ class ImageDataModule(BaseImageDataModule):
                     raise FileNotFoundError(f"{self.beton_path(split)} is missing: prepare_data() converts it (the "
                                             f"Trainer calls it; call dm.prepare_data() when using the datamodule "
                                             f"by hand)")
+                path = self.beton_path(split)
+                verify_beton(path, read_manifest(path, check_size=False), self.beton_check)
             return
         train_tf, eval_tf = self._timm_transforms()
         if stage in (None, "fit"):

@@ -321,9 +321,12 @@ def build_ffcv_loader(path: str | os.PathLike, *, train: bool, image_size: int, 
     from ffcv.loader import OrderOption
     from ffcv.transforms import Squeeze, ToDevice, ToTensor, ToTorchImage
 
+    from impulsevit.data.integrity import check_header
+
     if not os.path.isfile(path):
         raise FileNotFoundError(f"FFCV file {path} does not exist (run `impulsevit convert` or the datamodule's "
                                 f"prepare_data first)")
+    check_header(path)  # a truncated / foreign file: one line naming it, not an error deep inside FFCV
     rank, world = dist_info()
     distributed = world > 1
     os_cache = fits_in_memory(path) if in_memory is None else bool(in_memory)

@@ -280,3 +280,9 @@ def _load_builtin() -> None:
 
     for name in ("vit", "baselines", "weight_selection", "swin", "mixer", "convmixer"):
         importlib.import_module(f"impulsevit.init.{name}")
+
+
+def supports(model: nn.Module, method: str) -> bool:
+    """Whether a registered handler of ``method`` applies to ``model`` (its family matches), without running it."""
+    _load_builtin()
+    return any(e.method == method and e.matches(model) for e in _REGISTRY)

@@ -4,22 +4,18 @@ through :func:`write_atomic` (a reader never sees a half-written file)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from impulsevit.io import atomic_write
 
 __all__ = ["write_atomic", "write_json", "read_json"]
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
-    """Replace ``path`` with ``data`` (text is UTF-8) through a temporary file in the same directory and
-    ``os.replace``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """Replace ``path`` with ``data`` (text is UTF-8) atomically and durably (:func:`impulsevit.io.atomic_write`)."""
+    blob = data.encode("utf-8") if isinstance(data, str) else data
+    atomic_write(path, lambda fh: fh.write(blob), needed=len(blob))
 
 
 def write_json(path: Path, obj: Any) -> None:

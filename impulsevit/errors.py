@@ -1,0 +1,25 @@
+"""Errors a user fixes (a bad option, a run directory in use, a checkpoint that does not fit): ``impulsevit`` prints
+them as one line and exits with :attr:`UserError.exit_status`, without a traceback (``--debug`` or
+``IMPULSEVIT_DEBUG=1`` shows it). Everything else is a bug and keeps its traceback."""
+
+from __future__ import annotations
+
+__all__ = ["ConfigError", "RunDirError", "UserError"]
+
+
+class UserError(Exception):
+    """Base of the user-fixable errors; exit status 1."""
+
+    exit_status = 1
+
+
+class ConfigError(UserError, ValueError):
+    """The configuration cannot work (found before any work starts); exit status 2."""
+
+    exit_status = 2
+
+
+class RunDirError(UserError):
+    """The run directory is in use by another process, or holds a run that would be overwritten; exit status 2."""
+
+    exit_status = 2

@@ -1,0 +1,227 @@
+"""Atomic, durable file writes with one-line errors — the only way impulsevit writes a file a reader may see half-made.
+
+- :func:`atomic_write` / :func:`atomic_write_text` / :func:`atomic_write_json`: write ``<path>.tmp-<host>-<pid>`` in
+  the same directory, fsync it, ``os.replace`` it over ``path``, fsync the directory. A reader (or a job resumed after
+  SIGKILL) sees the old file or the new one, never a truncated one; on any error the temp file is removed.
+- :func:`atomic_path`: the same for writers that need a *path* (FFCV's writer, matplotlib): a context manager that
+  yields the temp path and commits it when the block ends without an error.
+- :func:`temp_path` + :func:`commit` + :func:`remove`: the pieces, for collective writes (every rank of a job writes
+  into one temp path, rank 0 commits it); :func:`commit` also replaces directories (distributed checkpoints).
+- :func:`disk_errors`: turns ENOSPC / EDQUOT / EROFS / EACCES / EPERM into :class:`WriteError`, one line naming the path
+  (and the bytes needed and free, where known). :func:`require_free_space` fails before a write that cannot fit.
+
+Temp names all match :data:`TEMP_RE`, so discovery code (checkpoints, ``.beton`` caches) can skip them.
+Not supported: remote (fsspec URL) paths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = [
+    "TEMP_RE",
+    "WriteError",
+    "atomic_path",
+    "atomic_write",
+    "atomic_write_json",
+    "atomic_write_text",
+    "commit",
+    "disk_errors",
+    "fsync_dir",
+    "remove",
+    "require_free_space",
+    "temp_path",
+    "write_error",
+]
+
+TEMP_RE = re.compile(r"\.tmp-[^/]+$")
+_DISK_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+                errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
+                errno.EPERM: "operation not permitted"}
+
+
+class WriteError(OSError):
+    """A write failed for a reason the user fixes (full disk, quota, read-only or forbidden location). ``str()`` is one
+    line naming the path; ``errno`` is the original error number."""
+
+    def __init__(self, message: str, code: int | None = None, path: str | os.PathLike | None = None) -> None:
+        super().__init__(message)
+        self.message, self.errno, self.filename = message, code, None if path is None else str(path)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _fmt_bytes(n: int) -> str:
+    return f"{n} bytes ({n / 2**20:.1f} MiB)" if n >= 2**20 else f"{n} bytes"
+
+
+def _free_bytes(path: Path) -> int | None:
+    for p in (path, *path.parents):
+        if p.exists():
+            try:
+                return shutil.disk_usage(p).free
+            except OSError:
+                return None
+    return None
+
+
+def write_error(exc: OSError, path: str | os.PathLike, needed: int | None = None) -> WriteError:
+    """The :class:`WriteError` for a disk-level ``exc`` while writing ``path`` (``needed``: bytes the write needs)."""
+    reason = _DISK_ERRNOS.get(exc.errno or 0, exc.strerror or str(exc))
+    msg = f"cannot write {path}: {reason}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        free = _free_bytes(Path(path).parent)
+        parts = ([f"needs ~{_fmt_bytes(needed)}"] if needed else []) + ([f"{_fmt_bytes(free)} free"]
+                                                                       if free is not None else [])
+        if parts:
+            msg += f" ({', '.join(parts)})"
+    elif exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        msg += "; choose a writable location"
+    return WriteError(msg, exc.errno, path)
+
+
+@contextlib.contextmanager
+def disk_errors(path: str | os.PathLike, needed: int | None = None) -> Iterator[None]:
+    """Re-raise full-disk / read-only / permission ``OSError``s inside the block as :class:`WriteError` for ``path``."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except OSError as exc:
+        if exc.errno in _DISK_ERRNOS:
+            raise write_error(exc, path, needed) from exc
+        raise
+
+
+def require_free_space(path: str | os.PathLike, needed: int) -> None:
+    """Raise :class:`WriteError` (ENOSPC) when the filesystem that will hold ``path`` has less than ``needed`` bytes
+    free. Unknown free space (the call fails) passes."""
+    free = _free_bytes(Path(path).parent)
+    if free is not None and free < needed:
+        raise WriteError(f"cannot write {path}: no space left on device (needs ~{_fmt_bytes(needed)}, "
+                         f"{_fmt_bytes(free)} free)", errno.ENOSPC, path)
+
+
+def temp_path(path: str | os.PathLike, tag: str | None = None) -> Path:
+    """``<path>.tmp-<tag>`` next to ``path`` (``tag`` default ``<host>-<pid>``; give a rank-independent tag when
+    several processes write one temp path together)."""
+    path = Path(path)
+    return path.with_name(f"{path.name}.tmp-{tag or f'{socket.gethostname()}-{os.getpid()}'}")
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """fsync a directory (makes a rename in it durable); filesystems that cannot open directories are skipped."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove(path: str | os.PathLike) -> None:
+    """Remove a file, a link or a directory tree; a missing path is fine."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _discard(path: Path) -> None:
+    """Best-effort removal of a temp file (the filesystem may refuse, e.g. when it turned read-only)."""
+    with contextlib.suppress(OSError):
+        remove(path)
+
+
+def _fsync_tree(path: Path) -> None:
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    if path.is_dir():
+        fsync_dir(path)
+
+
+def commit(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Make the finished temp file or directory ``tmp`` durable and move it over ``path`` (a directory ``path`` is
+    first moved aside, then removed: ``os.replace`` cannot replace a non-empty directory). Disk errors become
+    :class:`WriteError`; ``tmp`` is removed when the commit fails."""
+    tmp, path = Path(tmp), Path(path)
+    try:
+        with disk_errors(path):
+            _fsync_tree(tmp)
+            if path.is_dir() != tmp.is_dir() and path.exists():
+                remove(path)  # a file replaced by a folder or back (rare): not atomic
+            if path.is_dir() and not path.is_symlink():
+                old = temp_path(path, "old")
+                remove(old)
+                os.replace(path, old)
+                os.replace(tmp, path)
+                remove(old)
+            else:
+                os.replace(tmp, path)
+            fsync_dir(path.parent)
+    except BaseException:
+        _discard(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, needed: int | None = None) -> Iterator[Path]:
+    """Yield a temp path next to ``path``; when the block ends without an error, :func:`commit` it over ``path``.
+
+    The parent directory is created. On any error (also KeyboardInterrupt) the temp file is removed; disk errors
+    inside the block or the commit become :class:`WriteError` naming ``path`` (with ``needed`` bytes, when given).
+
+    Raises:
+        ValueError: ``path`` is a URL.
+    """
+    if "://" in str(path):
+        raise ValueError(f"atomic writes support local paths only, got {str(path)!r}")
+    path = Path(path)
+    with disk_errors(path, needed):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path)
+    try:
+        with disk_errors(path, needed):
+            yield tmp
+        commit(tmp, path)
+    finally:
+        _discard(tmp)
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any], needed: int | None = None) -> None:
+    """Call ``write(fh)`` on a binary temp file next to ``path``, then commit it (see :func:`atomic_path`)."""
+    with atomic_path(path, needed) as tmp, open(tmp, "wb") as fh:
+        write(fh)
+        fh.flush()
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    data = text.encode("utf-8")
+    atomic_write(path, lambda fh: fh.write(data), needed=len(data))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> None:
+    """Write ``obj`` as JSON (plus a final newline) to ``path`` atomically."""
+    atomic_write_text(path, json.dumps(obj, indent=indent) + "\n")

@@ -1,0 +1,166 @@
+"""Checks that run before any data preparation or write, so a configuration that cannot work fails in seconds with one
+line (:class:`~impulsevit.errors.ConfigError`) instead of after a conversion, or with a traceback mid-run.
+
+- :func:`check_classes`: the data has at least 2 classes.
+- :func:`check_init`: the init method resolves (:func:`impulsevit.init.resolve_method`: a builtin name, an entry
+  point or an importable ``module:function`` with a fitting signature) and, for builtins, applies to the backbone:
+  the registry's family match, then — for backbones up to ``META_DRY_RUN_PARAMS`` parameters — a dry run of the
+  initializer on a copy built on the ``meta`` device (no memory, no values), which also
+  catches method-specific limits (e.g. a kernel larger than the token grid). Larger backbones get the family check
+  only; their remaining limits surface when the init runs at the start of fitting.
+- :func:`check_resume`: a checkpoint matches the model (keys and shapes); a mismatch names the model settings that
+  differ between the checkpoint's hyperparameters and the current ones (``backbone_kwargs.embed_dim: 32 in the
+  checkpoint, 64 now``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from impulsevit.errors import ConfigError
+
+__all__ = ["META_DRY_RUN_PARAMS", "check_classes", "check_init", "check_resume", "config_diff"]
+
+META_DRY_RUN_PARAMS = 30_000_000
+
+
+def check_classes(num_classes: int | None, where: str) -> None:
+    """Raise :class:`ConfigError` when ``num_classes`` (of the data described by ``where``) is below 2."""
+    if num_classes is not None and int(num_classes) < 2:
+        raise ConfigError(f"the data ({where}) has {num_classes} class(es); classification needs at least 2 — check "
+                          f"data.root / the class folders")
+
+
+def _known_method(method: str, options: dict[str, Any]) -> bool:
+    """Resolve ``method`` through :func:`impulsevit.init.resolve_method` (builtin names, entry points, import
+    paths); return whether it is a builtin. An unknown name gets the closest known one as a suggestion."""
+    from impulsevit.init import methods, resolve_method
+
+    try:
+        resolve_method(method, options)
+    except (ValueError, TypeError) as exc:
+        hint = ""
+        if ":" not in str(method):
+            import difflib
+
+            close = difflib.get_close_matches(str(method), list(methods()), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"model.init.method: {hint}{exc}") from exc
+    return method in methods()
+
+
+def check_init(build_backbone: Any, backbone_name: str, method: str, options: dict[str, Any], seed: int) -> None:
+    """Fail when ``method`` is unknown or does not apply to the backbone ``build_backbone()`` builds.
+
+    ``build_backbone`` is called under ``torch.device("meta")``. Errors of the initializer other than ``ValueError`` /
+    ``TypeError`` (an operation the meta device lacks) are not the configuration's fault and are ignored here.
+    """
+    if not _known_method(method, options):
+        return  # a plugin: resolved (imported, signature checked) above; it runs on the real model only
+    import random
+
+    import numpy as np
+
+    states = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):  # the check must not shift the run's random streams
+        try:
+            _check_init_on_meta(build_backbone, backbone_name, method, options, seed)
+        finally:
+            random.setstate(states[0])
+            np.random.set_state(states[1])
+
+
+def _check_init_on_meta(build_backbone: Any, backbone_name: str, method: str, options: dict[str, Any],
+                        seed: int) -> None:
+    from impulsevit.init import initialize
+
+    with torch.device("meta"):
+        model: nn.Module = build_backbone()
+    n_params = sum(p.numel() for p in model.parameters())
+    from impulsevit.init import methods
+    from impulsevit.init.api import supports
+
+    families = methods().get(method)
+    if families and not supports(model, method):
+        raise ConfigError(f"init method {method!r} does not apply to backbone {backbone_name!r} "
+                          f"({type(model).__name__}); it supports the families {families} — choose another "
+                          f"model.init.method (impulsevit/init/README.md lists which fits which)")
+    if n_params > META_DRY_RUN_PARAMS:
+        return
+    try:
+        initialize(model, method, generator=seed, **options)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"init method {method!r} does not fit backbone {backbone_name!r}: {exc}") from exc
+    except Exception:  # noqa: BLE001 - the meta device cannot run this method; it is checked when it runs
+        return
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``key: OLD in the checkpoint, NEW now`` for every dotted key whose value differs (missing: ``unset``)."""
+    a, b = _flat(old), _flat(new)
+    out = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k, "unset"), b.get(k, "unset")
+        if va != vb and not (isinstance(va, list | tuple) and isinstance(vb, list | tuple) and list(va) == list(vb)):
+            out.append(f"{k}: {va} in the checkpoint, {vb} now")
+    return out
+
+
+_STRUCTURE_KEYS = ("backbone", "backbone_kwargs", "num_classes", "ema_decay")
+
+
+def check_resume(path: str | os.PathLike, model: nn.Module, hparams: dict[str, Any] | None = None) -> None:
+    """Raise :class:`ConfigError` when the checkpoint at ``path`` cannot be loaded into ``model``.
+
+    Reads the checkpoint memory-mapped (tensors are not read); distributed checkpoint folders are not checked here.
+    A file that does not load is named as truncated or not a checkpoint; differing keys or shapes are counted with one
+  example, followed by the differing model settings
+    (from the checkpoint's ``hyper_parameters`` vs ``hparams``).
+    """
+    path = Path(path)
+    if path.is_dir():
+        return  # a distributed (FSDP2) checkpoint folder: its shards are checked by torch.distributed.checkpoint
+    try:
+        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - any failure means the file is not a usable checkpoint
+        raise ConfigError(f"--resume {path}: not a readable checkpoint (truncated or another format: "
+                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
+    if not isinstance(ckpt, dict) or "state_dict" not in ckpt:
+        raise ConfigError(f"--resume {path}: not a Lightning checkpoint (no state_dict)")
+    theirs = {k: tuple(v.shape) for k, v in ckpt["state_dict"].items() if hasattr(v, "shape")}
+    ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing, unexpected = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
+    shapes = sorted(k for k in set(ours) & set(theirs) if ours[k] != theirs[k])
+    if not (missing or unexpected or shapes):
+        return
+    parts = []
+    if shapes:
+        k = shapes[0]
+        parts.append(f"{len(shapes)} tensor(s) differ in shape (e.g. {k}: {list(theirs[k])} in the checkpoint, "
+                     f"{list(ours[k])} now)")
+    if missing:
+        parts.append(f"{len(missing)} tensor(s) missing from it (e.g. {missing[0]})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]})")
+    diff: list[str] = []
+    saved = ckpt.get("hyper_parameters")
+    if isinstance(saved, dict) and hparams is not None:
+        diff = config_diff({k: saved.get(k) for k in _STRUCTURE_KEYS if k in saved or k in hparams},
+                           {k: hparams.get(k) for k in _STRUCTURE_KEYS if k in saved or k in hparams})
+    where = ("; the model settings differ: " + "; ".join(f"model.{d}" for d in diff)) if diff else ""
+    raise ConfigError(f"--resume {path} does not fit the model: {', '.join(parts)}{where} — resume with the "
+                      f"checkpoint's settings, or start a new run (another --name)")

@@ -1,0 +1,177 @@
+"""One owner per run directory: run names, the lock file, and the "existing run" rule of ``impulsevit fit``.
+
+- :func:`check_name`: a run name is one path component (no ``/``, ``\\``, ``..``, ``.``, no leading ``-``, not empty),
+  so ``<runs_dir>/<name>`` can neither split into nested folders nor escape ``runs_dir``.
+- :class:`RunDirLock`: ``<run_dir>/.lock`` (JSON: host, pid, SLURM job id, start time), created exclusively. A second
+  writer fails with a message naming the owner. A lock is taken over when it is stale (same host, its pid is gone),
+  when it belongs to this process, or when it carries this process's SLURM job id (a requeued job of the same run,
+  possibly on another node). Not supported: detecting a dead owner on *another* host without a job id (remove
+  ``.lock`` by hand; the message says so), pid reuse by an unrelated process on the same host.
+- :func:`existing_run` / :func:`clear_run`: what makes a directory an existing run (a config, checkpoints, event
+  files), and what ``--overwrite`` removes (those; cluster files such as ``submit.sbatch`` / ``slurm/`` are kept).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from impulsevit.errors import ConfigError, RunDirError
+from impulsevit.io import disk_errors, remove
+
+__all__ = ["LOCK_NAME", "RunDirLock", "check_name", "clear_run", "existing_run", "launch_rank"]
+
+LOCK_NAME = ".lock"
+_EVAL_DIRS = ("validate", "test", "predict")
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is a usable run name (one path component), else :class:`ConfigError` saying why."""
+    bad = None
+    if not name or not name.strip():
+        bad = "is empty"
+    elif "/" in name or "\\" in name or os.sep in name:
+        bad = "contains a path separator ('/' nests run directories); use e.g. 'exp-a'"
+    elif name in (".", "..") or name.startswith(".."):
+        bad = "refers to a parent or the runs directory itself"
+    elif name.startswith("-"):
+        bad = "starts with '-'"
+    elif any(ord(c) < 32 for c in name):
+        bad = "contains control characters"
+    if bad:
+        raise ConfigError(f"--name {name!r} {bad}: a run name must be a single folder name inside --runs_dir")
+    return name
+
+
+def launch_rank() -> int:
+    """This process's rank as its launcher sets it (``RANK`` / ``SLURM_PROCID`` / ``LOCAL_RANK``; 0 when unset): the
+    run directory is owned by rank 0 only."""
+    ranks = [os.environ.get(k) for k in ("RANK", "SLURM_PROCID", "LOCAL_RANK")]
+    return max((int(r) for r in ranks if r and r.isdigit()), default=0)
+
+
+def _job_id() -> str | None:
+    array = os.environ.get("SLURM_ARRAY_JOB_ID")
+    if array and os.environ.get("SLURM_ARRAY_TASK_ID"):
+        return f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RunDirLock:
+    """``<run_dir>/.lock`` held by this process while it writes the run (see the module docstring).
+
+    Call :meth:`acquire` before the first write and :meth:`release` at the end (also after a failure). ``release``
+    removes the run directory again when this lock created it and nothing else was written (a run that failed before
+    any work leaves nothing behind).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_NAME
+        self.held = False
+        self.created_dir = False
+
+    def owner(self) -> dict:
+        return {"host": socket.gethostname(), "pid": os.getpid(), "job": _job_id(),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+    def _takeover_reason(self, other: dict) -> str | None:
+        me = self.owner()
+        if other.get("job") and other.get("job") == me["job"]:
+            return f"the lock belongs to this SLURM job ({me['job']}, requeued)"
+        if other.get("host") == me["host"]:
+            pid = int(other.get("pid") or -1)
+            if pid == me["pid"]:
+                return "the lock belongs to this process"
+            if pid <= 0 or not _alive(pid):
+                return f"stale lock of pid {pid}, which is gone"
+        return None
+
+    def acquire(self) -> None:
+        """Take the lock; raises :class:`RunDirError` naming the owner when another live process holds it."""
+        with disk_errors(self.run_dir):
+            self.created_dir = not self.run_dir.exists()
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(self.owner())
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                try:
+                    other = json.loads(self.path.read_text() or "{}")
+                except (OSError, ValueError):
+                    other = {}
+                reason = self._takeover_reason(other)
+                if reason is None:
+                    raise RunDirError(
+                        f"run directory {self.run_dir} is in use by pid {other.get('pid')} on "
+                        f"{other.get('host')}" + (f" (SLURM job {other['job']})" if other.get("job") else "") +
+                        f" since {other.get('started')}; wait for it to finish, use another --name, or delete "
+                        f"{self.path} if that process is gone") from None
+                with contextlib.suppress(FileNotFoundError):
+                    self.path.unlink()
+                continue
+            except OSError as exc:
+                if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC):
+                    with disk_errors(self.path):
+                        raise
+                raise
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+            self.held = True
+            return
+        raise RunDirError(f"could not take the lock {self.path} (another process keeps re-creating it)")
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        with contextlib.suppress(OSError):
+            if json.loads(self.path.read_text()).get("pid") == os.getpid():
+                self.path.unlink()
+        if self.created_dir:
+            with contextlib.suppress(OSError):
+                for d in sorted((p for p in self.run_dir.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                    d.rmdir()  # only empty folders go; anything written keeps the run directory
+                self.run_dir.rmdir()
+
+
+def existing_run(run_dir: str | os.PathLike) -> list[str]:
+    """What makes ``run_dir`` an existing training run: ``config.yaml``, ``hparams.yaml``, event files and
+    checkpoints (names relative to ``run_dir``; empty when none)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = [p.name for p in (run_dir / "config.yaml", run_dir / "hparams.yaml") if p.exists()]
+    events = list(run_dir.glob("events.out.tfevents.*"))
+    ckpts = [*(run_dir / "checkpoints").glob("*.ckpt"), *run_dir.glob("hpc_ckpt_*.ckpt")]
+    if events:
+        found.append(f"{len(events)} event file(s)")
+    if ckpts:
+        found.append(f"{len(ckpts)} checkpoint(s)")
+    return found
+
+
+def clear_run(run_dir: str | os.PathLike) -> None:
+    """Remove a previous run's files for ``--overwrite``: config, hparams, event files, checkpoints and the
+    evaluation sub-folders; other files (``submit.sbatch``, ``slurm/``, the lock) stay."""
+    run_dir = Path(run_dir)
+    for p in [run_dir / "config.yaml", run_dir / "hparams.yaml", run_dir / "checkpoints",
+              *run_dir.glob("events.out.tfevents.*"), *run_dir.glob("hpc_ckpt_*.ckpt"),
+              *(run_dir / d for d in _EVAL_DIRS)]:
+        remove(p)

@@ -1,0 +1,228 @@
+"""When things go wrong, through the real ``impulsevit`` entry point (``main``): one-line errors with the right exit
+status before any work, nothing half-made, one owner per run directory, smoke runs that ``--resume auto`` skips.
+
+Each test reproduces a case of the "when things go wrong" report (full disks and damaged ``.beton`` files:
+``test_disk_and_beton_failures.py``; ``submit --dry-run``: ``test_submit.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from _cli_helpers import TINY, tiny
+
+from impulsevit.cli import main
+from impulsevit.rundir import LOCK_NAME
+
+SHORT = ("--trainer.max_epochs=1", "--data.init_args.num_train=32", "--data.init_args.num_val=16")
+
+
+def fit(runs: Path, name: str, *extra: str, sub: str = "fit") -> list[str]:
+    return tiny(runs, name, *SHORT, *extra, subcommand=sub)
+
+
+def error_line(capsys, sub: str = "fit") -> str:
+    """The ``impulsevit SUB: error: ...`` line of stderr (asserting there is exactly one and no traceback)."""
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith(f"impulsevit {sub}: error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------------- 3: smoke runs, resume
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_fast_dev_run_leaves_no_checkpoint_and_resume_auto_names_what_it_skips(tmp_path, capsys):
+    assert main(fit(tmp_path, "smoke", "--trainer.fast_dev_run=true")) == 0
+    assert not list((tmp_path / "smoke").rglob("*.ckpt"))
+
+    # a limit_* smoke run's checkpoint is not taken by the real run; a corrupt last.ckpt is named, not skipped silently
+    assert main(fit(tmp_path, "lim", "--trainer.limit_train_batches=0.5")) == 0
+    ckdir = tmp_path / "lim" / "checkpoints"
+    good = sorted(p for p in ckdir.glob("*.ckpt") if p.name != "last.ckpt")
+    assert good, list(ckdir.iterdir())
+    last = ckdir / "last.ckpt"
+    last.write_bytes(last.read_bytes()[:1000])
+    os.utime(last)  # the newest candidate
+    seen = _Lines()
+    logging.getLogger("impulsevit").addHandler(seen)
+    try:
+        assert main(fit(tmp_path, "lim", "--resume=auto")) == 0
+    finally:
+        logging.getLogger("impulsevit").removeHandler(seen)
+    err = "\n".join(seen.lines)
+    assert f"skipped {last}: not a complete checkpoint (truncated" in err
+    assert f"skipped {good[0]}: written by a run with limit_train_batches=0.5 (this run: 1.0), a smoke test" in err
+    assert "starting fresh" in err
+
+
+# ----------------------------------------------------------------------------------------------------- 4: names
+@pytest.mark.parametrize("name", ["exp/a", "../escaped", ".."])
+def test_run_names_must_be_one_folder_inside_runs_dir(tmp_path, capsys, name):
+    runs = tmp_path / "runs"
+    assert main(fit(runs, name)) == 2
+    assert "a run name must be a single folder name inside --runs_dir" in error_line(capsys)
+    assert not runs.exists() and not (tmp_path / "escaped").exists()
+
+
+# ------------------------------------------------------------------------------------- 5: one owner per run dir
+def test_second_writer_is_stopped_and_stale_or_same_job_locks_are_taken_over(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "busy"
+    run.mkdir()
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        lock = {"host": socket.gethostname(), "pid": owner.pid, "job": "4242", "started": "earlier"}
+        (run / LOCK_NAME).write_text(json.dumps(lock))
+        assert main(fit(tmp_path, "busy")) == 2
+        line = error_line(capsys)
+        assert f"run directory {run} is in use by pid {owner.pid}" in line and "(SLURM job 4242)" in line
+        assert sorted(p.name for p in run.iterdir()) == [LOCK_NAME]  # nothing written next to the owner's files
+        # a requeued SLURM job of the same run takes the lock over (the previous owner may look alive elsewhere)
+        monkeypatch.setenv("SLURM_JOB_ID", "4242")
+        assert main(fit(tmp_path, "busy", "--resume=auto")) == 0
+        assert not (run / LOCK_NAME).exists() and (run / "checkpoints" / "last.ckpt").is_file()
+    finally:
+        owner.kill()
+        owner.wait()
+    # a stale lock (same host, pid gone) is taken over
+    monkeypatch.delenv("SLURM_JOB_ID")
+    (run / LOCK_NAME).write_text(json.dumps({**lock, "job": None}))
+    assert main(fit(tmp_path, "busy", "--resume=auto")) == 0
+    assert not (run / LOCK_NAME).exists()
+
+
+def test_fit_into_an_existing_run_refuses_unless_resume_or_overwrite(tmp_path, capsys):
+    run = tmp_path / "twice"
+    assert main(fit(tmp_path, "twice")) == 0
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()}
+    assert main(fit(tmp_path, "twice")) == 2
+    line = error_line(capsys)
+    assert f"run directory {run} already holds a run" in line
+    assert "--resume auto" in line and "--name" in line and "--overwrite" in line
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()} == before  # untouched
+
+    (run / "hparams.yaml").write_text("stale: true\n")
+    assert main(fit(tmp_path, "twice", "--overwrite=true", "--model.optimizer.lr=0.002")) == 0
+    assert "stale" not in (run / "hparams.yaml").read_text()
+    assert yaml.safe_load((run / "config.yaml").read_text())["model"]["optimizer"]["lr"] == 0.002
+    assert len(list(run.glob("events.out.tfevents.*"))) == 1
+
+
+def test_evaluation_never_touches_the_training_runs_files_and_needs_a_checkpoint(tmp_path, capsys):
+    run = tmp_path / "ev"
+    assert main(fit(tmp_path, "ev")) == 0
+    cfg, hp = (run / "config.yaml").read_bytes(), (run / "hparams.yaml").read_bytes()
+    events = sorted(run.glob("events.out.tfevents.*"))
+
+    assert main(fit(tmp_path, "ev", sub="test")) == 2
+    assert "impulsevit test evaluates a trained model: give --resume auto" in error_line(capsys, "test")
+
+    assert main(fit(tmp_path, "ev", "--resume=auto", sub="test")) == 0
+    assert (run / "config.yaml").read_bytes() == cfg and (run / "hparams.yaml").read_bytes() == hp
+    assert sorted(run.glob("events.out.tfevents.*")) == events
+    assert yaml.safe_load((run / "test" / "config.yaml").read_text())["resume"] == "auto"
+    assert list((run / "test").glob("events.out.tfevents.*"))
+    # explicitly asked for: the untrained model
+    assert main(fit(tmp_path, "ev", "--untrained=true", sub="validate")) == 0
+
+
+# -------------------------------------------------------------------------- 8: clear errors before any work
+def _ffcv_imagefolder(tmp_path: Path, classes: int) -> list[str]:
+    """Data options for an FFCV ImageFolder run whose cache directory must stay empty when validation fails."""
+    from test_data_registry import save_jpeg
+
+    for split in ("train", "val"):
+        for c in range(classes):
+            for j in range(2):
+                save_jpeg(tmp_path / "imgs" / split / f"c{c}" / f"{j}.jpg", h=32, w=32, seed=10 * c + j)
+    data = {"class_path": "impulsevit.data.ImageDataModule",
+            "init_args": {"dataset": "imagefolder", "root": str(tmp_path / "imgs"), "image_size": 32,
+                          "batch_size": 2, "num_workers": 1, "cache_dir": str(tmp_path / "cache")}}
+    return [f"--data={json.dumps(data)}"]
+
+
+@pytest.mark.ffcv
+@pytest.mark.parametrize(
+    ("extra", "classes", "expected"),
+    [
+        (["--model.init.method=impluse"], 2, "unknown init method 'impluse'"),
+        (["--model.backbone=resnet18", "--model.backbone_kwargs={}"], 2,
+         "init method 'impulse' does not apply to backbone 'resnet18' (ResNet)"),
+        (["--model.backbone_kwargs.patch_size=5"], 2, "not divisible by the patch size 5"),
+        ([], 1, "has 1 class(es); classification needs at least 2"),
+    ],
+    ids=["unknown-init", "impulse-on-resnet", "patch-size", "one-class"],
+)
+def test_configuration_errors_are_one_line_before_data_preparation(tmp_path, capsys, extra, classes, expected):
+    pytest.importorskip("ffcv")
+    args = fit(tmp_path / "runs", "bad", *_ffcv_imagefolder(tmp_path, classes), *extra)
+    assert main(args) == 2
+    assert expected in error_line(capsys)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+    assert not (tmp_path / "runs").exists()
+
+
+def test_resume_checkpoint_that_does_not_fit_names_the_differing_settings(tmp_path, capsys):
+    assert main(fit(tmp_path, "small", "--trainer.limit_train_batches=0.5")) == 0
+    ckpt = tmp_path / "small" / "checkpoints" / "last.ckpt"
+    assert main(fit(tmp_path, "wide", f"--resume={ckpt}", "--model.backbone_kwargs.embed_dim=32")) == 2
+    line = error_line(capsys)
+    assert f"--resume {ckpt} does not fit the model" in line
+    assert "model.backbone_kwargs.embed_dim: 64 in the checkpoint, 32 now" in line
+    assert not (tmp_path / "wide").exists()
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(ckpt.read_bytes()[:5000])
+    assert main(fit(tmp_path, "t", f"--resume={truncated}")) == 2
+    assert f"--resume {truncated}: not a readable checkpoint (truncated" in error_line(capsys)
+    assert main(fit(tmp_path, "t", f"--resume={tmp_path / 'missing.ckpt'}")) == 2
+    assert "no such checkpoint" in error_line(capsys)
+
+
+def test_read_only_runs_dir_is_one_line(tmp_path, capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(ro)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {proc.stderr.decode().strip()}")
+    try:
+        assert main(fit(ro, "x")) == 1
+        line = error_line(capsys)
+        assert f"cannot write {ro / 'x'}: read-only file system" in line
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=False)
+
+
+def test_yaml_syntax_error_names_the_recipe_and_no_args_warning(tmp_path, capsys):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text(TINY.read_text().replace("max_epochs: 2", "max_epochs: [2"))
+    assert main(["fit", "--recipe", str(bad), f"--runs_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:" in err and "invalid YAML" in err and "<unicode string>" not in err
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        assert main(fit(tmp_path, "quiet", "--trainer.fast_dev_run=true")) == 0
+    assert record  # warnings are recorded here (Lightning emits others) ...
+    assert not [w for w in record if "LightningCLI's args parameter" in str(w.message)]  # ... but not this one
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    with pytest.raises(ValueError, match="unknown init method"):
+        main([*fit(tmp_path, "dbg", "--model.init.method=nosuch"), "--debug"])
+    assert torch.is_tensor(torch.zeros(1))  # the process is intact after the error

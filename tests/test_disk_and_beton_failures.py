@@ -1,0 +1,165 @@
+"""Full disks and damaged ``.beton`` files: real small tmpfs mounts, real FFCV writers, the real CLI.
+
+A full filesystem must fail `convert` / `fit` within seconds with one line naming the path and the bytes needed (FFCV's
+writer alone waits forever); a truncated, foreign or partly zeroed ``.beton`` must be named on open / by the check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ffcv")
+
+from test_convert import make_tree  # noqa: E402
+
+from impulsevit.cli import main as cli_main  # noqa: E402
+from impulsevit.data.convert import PRESETS, convert_split, main, manifest_path  # noqa: E402
+from impulsevit.data.integrity import BetonError, check_header, verify_beton  # noqa: E402
+from impulsevit.data.registry import get_dataset  # noqa: E402
+from impulsevit.io import WriteError, atomic_write_text  # noqa: E402
+
+pytestmark = pytest.mark.ffcv
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of ``size`` mounted at ``path`` (skips the test when mounting is not permitted)."""
+    path.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}); needs root")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _no_temps(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if ".tmp-" in p.name or ".errors-" in p.name or ".failed-" in p.name]
+
+
+def test_convert_into_a_full_filesystem_fails_fast_naming_path_and_bytes(tmp_path, capsys):
+    make_tree(tmp_path / "src", per_class=4)
+    with small_tmpfs(tmp_path / "small", "2m") as mnt:
+        t0 = time.monotonic()
+        status = cli_main(["convert", str(tmp_path / "src"), str(mnt / "out"), "--workers", "1", "--no-progress"])
+        elapsed = time.monotonic() - t0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert status == 1, err
+        assert f"cannot write {mnt / 'out' / 'train.beton'}: no space left on device (needs ~" in err[-1]
+        assert "free)" in err[-1]
+        assert elapsed < 60
+        assert not _no_temps(mnt) and not list(mnt.rglob("*.beton"))
+
+
+def test_writer_process_failing_on_a_full_disk_is_reported_not_waited_on(tmp_path):
+    """The free-space pre-check off: a writer process hits ENOSPC in the middle of the file (FFCV alone hangs)."""
+    make_tree(tmp_path / "src", per_class=4)
+    source = get_dataset("imagefolder").load(tmp_path / "src", "train")
+    with small_tmpfs(tmp_path / "small", "3m") as mnt:
+        out = mnt / "train.beton"
+        t0 = time.monotonic()
+        with pytest.raises(WriteError, match=r"cannot write .*train\.beton: no space left on device") as err:
+            convert_split(source, out, PRESETS["raw"], workers=2, progress=False, log=lambda _: None,
+                          check_free_space=False)
+        assert time.monotonic() - t0 < 60
+        assert "\n" not in str(err.value)
+        assert not _no_temps(mnt) and not out.exists() and not manifest_path(out).exists()
+
+
+def test_atomic_write_on_full_and_read_only_filesystems(tmp_path):
+    with small_tmpfs(tmp_path / "small", "64k") as mnt:
+        atomic_write_text(mnt / "old.txt", "old")
+        with pytest.raises(WriteError, match=r"cannot write .*old\.txt: no space left on device \(needs ~"):
+            atomic_write_text(mnt / "old.txt", "x" * 200_000)
+        assert (mnt / "old.txt").read_text() == "old" and not _no_temps(mnt)
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        with pytest.raises(WriteError, match=r"cannot write .*new\.txt: read-only file system"):
+            atomic_write_text(mnt / "new.txt", "x")
+
+
+@pytest.fixture(scope="module")
+def beton(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("beton")
+    make_tree(root / "src", per_class=6, size=(64, 64))
+    assert main([str(root / "src"), str(root / "out"), "--workers", "1", "--no-progress", "--split", "train"]) == 0
+    return root / "out" / "train.beton"
+
+
+def _copy(beton: Path, dst: Path) -> Path:
+    out = dst / beton.name
+    out.write_bytes(beton.read_bytes())
+    manifest_path(out).write_bytes(manifest_path(beton).read_bytes())
+    return out
+
+
+def test_truncated_and_random_betons_are_named_on_open(beton, tmp_path):
+    trunc = _copy(beton, tmp_path)
+    data = trunc.read_bytes()
+    trunc.write_bytes(data[: len(data) // 3])
+    with pytest.raises(BetonError, match=rf"{trunc} is not a readable \.beton file: truncated"):
+        check_header(trunc)
+    rand = tmp_path / "random.beton"
+    rand.write_bytes(os.urandom(100_000))
+    with pytest.raises(BetonError, match=rf"{rand} is not a readable \.beton file: format version"):
+        check_header(rand)
+    assert check_header(beton) == 6 * 2
+
+
+def test_zeroed_region_is_detected_by_the_checksum(beton, tmp_path, capsys):
+    verify_beton(beton, __import__("json").loads(manifest_path(beton).read_text()), "full")
+    bad = _copy(beton, tmp_path)
+    size = bad.stat().st_size
+    with open(bad, "r+b") as fh:  # zero 64 KiB inside the data region, keeping header and allocation table intact
+        fh.seek(size // 2)
+        fh.write(bytes(65536))
+    check_header(bad)  # the structure is still fine
+    assert cli_main(["convert", "--check", str(bad), "--full"]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}: bytes" in err and "differ from the checksum in its manifest" in err
+    assert cli_main(["convert", "--check", str(beton)]) == 0
+    assert "ok (sampled)" in capsys.readouterr().out
+
+
+def _fit_args(tmp_path: Path, data: dict) -> list[str]:
+    import json
+
+    from _cli_helpers import TINY
+
+    data = {"class_path": "impulsevit.data.ImageDataModule",
+            "init_args": {"dataset": "imagefolder", "image_size": 32, "batch_size": 2, "num_workers": 1, **data}}
+    return ["fit", "--recipe", str(TINY), f"--runs_dir={tmp_path / 'runs'}", "--name=r", "--trainer.max_epochs=1",
+            f"--data={json.dumps(data)}"]
+
+
+def test_fit_with_the_ffcv_cache_on_a_full_filesystem_fails_fast(tmp_path, capsys):
+    make_tree(tmp_path / "src", per_class=3, size=(32, 32))
+    with small_tmpfs(tmp_path / "small", "2m") as mnt:
+        t0 = time.monotonic()
+        status = cli_main(_fit_args(tmp_path, {"root": str(tmp_path / "src"), "cache_dir": str(mnt / "cache")}))
+        assert time.monotonic() - t0 < 120
+        err = capsys.readouterr().err
+        line = [ln for ln in err.splitlines() if ln.startswith("impulsevit fit: error: ")]
+        assert status == 1 and len(line) == 1 and "Traceback" not in err, err
+        assert f"cannot write {mnt / 'cache'}" in line[0] and "no space left on device (needs ~" in line[0]
+        assert not _no_temps(mnt) and not list(mnt.rglob("*.beton"))
+        assert not (tmp_path / "runs" / "r").exists()  # nothing half-made
+
+
+def test_fit_on_a_truncated_beton_names_the_file(beton, tmp_path, capsys):
+    trunc = _copy(beton, tmp_path)
+    trunc.write_bytes(beton.read_bytes()[:5000])
+    status = cli_main(_fit_args(tmp_path, {"train_beton": str(trunc), "val_beton": str(beton)}))
+    err = capsys.readouterr().err
+    line = [ln for ln in err.splitlines() if ln.startswith("impulsevit fit: error: ")]
+    assert status == 2 and len(line) == 1 and "Traceback" not in err, err
+    assert f"{trunc} is not a readable .beton file" in line[0]
+    assert not (tmp_path / "runs").exists()
