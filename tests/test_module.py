@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from impulsevit import ImageClassifier
 from impulsevit.callbacks import NonFiniteLossGuard
 from impulsevit.data.synthetic import SyntheticDataModule
-from impulsevit.strategies import FSDP2Strategy, default_precision, resolve_strategy
+from impulsevit.strategies import FSDP2Strategy, check_strategy, default_precision
 
 VIT = dict(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=2, weight_init="skip")
 
@@ -238,10 +238,14 @@ def test_nonfinite_loss_saves_last_good_state_and_stops(tmp_path: Path) -> None:
 
 
 def test_strategy_names_and_precision() -> None:
-    for name in ("fsdp2", "fsdp"):
-        t = L.Trainer(strategy=resolve_strategy(name), accelerator="cpu", devices=1, logger=False)
-        assert isinstance(t.strategy, FSDP2Strategy) and t.strategy._tensor_parallel_size == 1
-    assert resolve_strategy("ddp") == "ddp"
+    t = L.Trainer(strategy="fsdp2", accelerator="cpu", devices=1, logger=False)
+    assert isinstance(t.strategy, FSDP2Strategy) and t.strategy._tensor_parallel_size == 1
+    from lightning.pytorch.strategies import FSDPStrategy, StrategyRegistry
+
+    assert StrategyRegistry["fsdp"]["strategy"] is FSDPStrategy  # Lightning's own name is left alone
+    with pytest.raises(ValueError, match="use trainer.strategy: fsdp2"):
+        check_strategy("fsdp")
+    check_strategy("ddp")
     assert default_precision("cpu") == "32-true" and default_precision("gpu") == "bf16-mixed"
 
 
