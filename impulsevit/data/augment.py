@@ -120,10 +120,16 @@ def _brightness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     return _blend(torch.zeros_like(x), x, factor)
 
 
-def _sharpness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    kernel = torch.ones(3, 3, device=x.device, dtype=x.dtype)
+@functools.lru_cache(maxsize=16)
+def _smooth_kernel(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """PIL's SMOOTH filter (1 1 1 / 1 5 1 / 1 1 1, / 13) as a ``(3, 1, 3, 3)`` depthwise kernel, built once per device."""
+    kernel = torch.ones(3, 3)
     kernel[1, 1] = 5.0
-    kernel = (kernel / 13.0).expand(3, 1, 3, 3)
+    return (kernel / 13.0).expand(3, 1, 3, 3).to(device=device, dtype=dtype)
+
+
+def _sharpness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    kernel = _smooth_kernel(x.device, x.dtype)
     smooth = F.conv2d(x, kernel, groups=3).round()
     degenerate = x.clone()
     degenerate[:, :, 1:-1, 1:-1] = smooth  # PIL's SMOOTH filter leaves the 1-pixel border as it was
