@@ -135,3 +135,35 @@ def test_deit_b_recipe_steady_state_step_has_at_most_one_host_sync(tmp_path, mon
     assert all(sum(c.values()) <= 1 for c in steady), steady
     log_step = counter.per_step[4]
     assert log_step[str(aten._local_scalar_dense.default)] > 0, log_step  # the counter sees the log step's reads
+
+
+class SyncDebugSteadySteps(L.Callback):
+    """Turns on ``torch.cuda.set_sync_debug_mode("error")`` for the steady-state batches (not the first two, not log
+    steps): any host synchronisation PyTorch performs there raises."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        loop = trainer.fit_loop.epoch_loop
+        advance, self.checked = loop.advance, 0
+
+        def checked_advance(*args: Any, **kwargs: Any) -> Any:
+            steady = loop.batch_progress.total.ready >= 2 and not trainer._logger_connector.should_update_logs
+            torch.cuda.set_sync_debug_mode("error" if steady else "default")
+            try:
+                return advance(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                self.checked += steady
+
+        loop.advance = checked_advance
+
+
+@pytest.mark.gpu
+@pytest.mark.ffcv
+def test_deit_b_recipe_steady_state_step_does_not_synchronize_on_cuda(tmp_path, monkeypatch):
+    monkeypatch.setenv("IMPULSEVIT_CACHE", str(tmp_path / "cache"))
+    args = [a for a in DEIT_B_ON_CPU if not a.startswith(("--trainer.accelerator", "--trainer.precision"))]
+    cli = run_cli("fit", "--recipe", str(REPO / "recipes" / "deit_base_in1k.yaml"), f"--runs_dir={tmp_path}",
+                  "--name=deit_b_cuda", *args, "--trainer.accelerator=gpu", "--trainer.precision=bf16-mixed",
+                  "--trainer.callbacks+=test_sync_free.SyncDebugSteadySteps")
+    check = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SyncDebugSteadySteps")
+    assert check.checked >= 4
