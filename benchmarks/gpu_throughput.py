@@ -102,8 +102,21 @@ class _Data(L.LightningDataModule):
         self.data, self.steps, self.image_size, self.batch_size = data, steps, image_size, data[0].shape[0]
         self.num_classes = 1000
 
-    def train_dataloader(self) -> list:
-        return [self.data] * self.steps
+    def train_dataloader(self) -> _Repeat:
+        return _Repeat(self.data, self.steps)
+
+
+class _Repeat:
+    """An iterable of ``n`` times the same batch (a plain list would be read as a list of dataloaders)."""
+
+    def __init__(self, item: tuple[torch.Tensor, torch.Tensor], n: int) -> None:
+        self.item, self.n = item, n
+
+    def __iter__(self):  # noqa: ANN204
+        return iter([self.item] * self.n)
+
+    def __len__(self) -> int:
+        return self.n
 
 
 def fit(args: argparse.Namespace, data: tuple[torch.Tensor, torch.Tensor], strategy: str) -> float:

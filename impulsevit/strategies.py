@@ -4,7 +4,9 @@
   for the all-reduce (half the bytes on the wire) and the averaged result is written back in the parameters' dtype.
   The optimizer still steps fp32 master weights; the sum over ranks loses bf16's 8 mantissa bits of precision, the
   usual trade-off (timm/DeiT train with fp32 or fp16 reductions; this is the common large-cluster setting). On by
-  default in the GPU recipes; ``--trainer.strategy=ddp`` turns it off. Works with gloo (CPU) as well as NCCL.
+  default in the GPU recipes; ``--trainer.strategy=ddp`` turns it off. Works with gloo (CPU) as well as NCCL:
+  :class:`BF16DDPStrategy` registers the hook on any device (Lightning's ``DDPStrategy`` registers comm hooks on CUDA
+  only, so on CPU its ``ddp_comm_hook`` argument would be ignored silently).
 - ``fsdp2`` is Lightning's ``ModelParallelStrategy`` with all devices in one data-parallel dimension (no tensor
   parallelism); ``ImageClassifier.configure_model`` applies ``torch.distributed.fsdp.fully_shard`` (FSDP2) per block,
   with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` under bf16 precision. It runs on CPU with gloo as
@@ -23,7 +25,7 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, StrategyRegistry
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 
-__all__ = ["FSDP2Strategy", "check_strategy", "default_precision", "STRATEGY_NAMES"]
+__all__ = ["BF16DDPStrategy", "FSDP2Strategy", "check_strategy", "default_precision", "STRATEGY_NAMES"]
 
 STRATEGY_NAMES = ("auto", "ddp", "ddp_bf16", "fsdp2")
 
@@ -44,6 +46,20 @@ class FSDP2Strategy(ModelParallelStrategy):
         super().setup_environment()
 
 
+class BF16DDPStrategy(DDPStrategy):
+    """Lightning's ``DDPStrategy`` with PyTorch's ``bf16_compress_hook`` registered on every device type."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("ddp_comm_hook", bf16_compress_hook)
+        super().__init__(**kwargs)
+
+    def _register_ddp_hooks(self) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        assert isinstance(self.model, DistributedDataParallel)
+        self.model.register_comm_hook(state=self._ddp_comm_state, hook=self._ddp_comm_hook)
+
+
 def check_strategy(strategy: Any) -> None:
     """Raise ``ValueError`` for ``trainer.strategy: fsdp`` (Lightning's FSDP1), naming the replacement ``fsdp2``."""
     if isinstance(strategy, str) and strategy.startswith("fsdp") and strategy != "fsdp2":
@@ -62,6 +78,5 @@ StrategyRegistry.register(
     "fsdp2", FSDP2Strategy, description="FSDP2 (fully_shard) via ModelParallelStrategy; CPU (gloo) or GPU", override=True
 )
 StrategyRegistry.register(
-    "ddp_bf16", DDPStrategy, description="DDP with bf16 gradient compression (bf16_compress_hook)", override=True,
-    ddp_comm_hook=bf16_compress_hook,
+    "ddp_bf16", BF16DDPStrategy, description="DDP with bf16 gradient compression (bf16_compress_hook)", override=True
 )

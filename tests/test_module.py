@@ -243,6 +243,10 @@ def test_strategy_names_and_precision() -> None:
     from lightning.pytorch.strategies import FSDPStrategy, StrategyRegistry
 
     assert StrategyRegistry["fsdp"]["strategy"] is FSDPStrategy  # Lightning's own name is left alone
+    from impulsevit.strategies import BF16DDPStrategy
+
+    t = L.Trainer(strategy="ddp_bf16", accelerator="cpu", devices=1, logger=False)
+    assert isinstance(t.strategy, BF16DDPStrategy) and t.strategy._ddp_comm_hook.__name__ == "bf16_compress_hook"
     with pytest.raises(ValueError, match="use trainer.strategy: fsdp2"):
         check_strategy("fsdp")
     check_strategy("ddp")
