@@ -26,9 +26,9 @@ Sync-free on CUDA: every op runs on the whole batch and is selected per image wi
 data-dependent shapes: no ``nonzero``, boolean indexing or ``.any()`` reads), every random draw happens on the device,
 constants (mean/std, fill colour, op weights) are built on the device once, and affine maps are inverted in closed form
 (no ``linalg.inv`` and its error check). The price is compute: each layer evaluates every pointwise op on the whole
-batch (10 for ``rand-m9-mstd0.5-inc1``, plus one batched ``grid_sample``), about 25 elementwise passes over the
-batch per layer instead of ~3; on a GPU that is a few ms per step for DeiT-B's 64 × 224² per device, far less than
-the host synchronisations it replaces. ``tests/test_sync_free.py`` counts the host-synchronising ops of a step.
+batch (10 for ``rand-m9-mstd0.5-inc1``, plus one batched ``grid_sample``) instead of each image's one op (GPU cost
+not measured here: no GPU was available; ``benchmarks/gpu_check.sh`` is the place to measure it).
+``tests/test_sync_free.py`` counts the host-synchronising ops of a training step.
 
 Not supported: AutoAugment policies (``original``/``v0``) and AugMix (raise ``ValueError``); RandAugment's weighted
 op choice (``-tweights``) is supported, ``3a`` op sets are not.
