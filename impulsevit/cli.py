@@ -68,7 +68,7 @@ from impulsevit.errors import ConfigError, RunDirError, UserError
 from impulsevit.memory import reuse_large_allocations
 from impulsevit.recipes import RecipeNotFoundError, format_listing, resolve_recipe
 from impulsevit.rundir import RunDirLock, check_name, clear_run, existing_run, launch_rank
-from impulsevit.strategies import default_precision, resolve_strategy
+from impulsevit.strategies import check_strategy, default_precision
 
 __all__ = ["ImpulseCLI", "RunConfigSaver", "ImpulseArgumentParser", "main", "prepare_argv", "run_dir_of"]
 
@@ -340,8 +340,9 @@ class ImpulseCLI(LightningCLI):
     defaults added when the recipe does not set them: ``default_root_dir=<run_dir>``,
     ``TensorBoardLogger(save_dir=runs_dir, name=name, version="")``, the
     :class:`~impulsevit.checkpointing.AtomicCheckpointIO` plugin, ``precision`` = bf16-mixed on GPU / 32-true on CPU,
-    ``strategy: fsdp`` read as FSDP2, the :class:`~impulsevit.callbacks.preemption.SlurmRequeue` callback (the one
-    owner of SLURM requeueing, also for sbatch scripts users write themselves) and ``seed_everything: 0``.
+    ``strategy: fsdp`` (FSDP1) refused in favour of ``fsdp2``, the
+    :class:`~impulsevit.callbacks.preemption.SlurmRequeue` callback (the one owner of SLURM requeueing, also for sbatch
+    scripts users write themselves) and ``seed_everything: 0``.
     """
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
@@ -418,7 +419,7 @@ class ImpulseCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         if self.subcommand is not None:
             check_name(self._get(self.config, "name") or "default")
-        importlib.import_module("impulsevit.strategies")  # registers `fsdp2` / `fsdp` with Lightning
+        importlib.import_module("impulsevit.strategies")  # registers `fsdp2` / `ddp_bf16` with Lightning
         importlib.import_module("impulsevit.models")  # registers impulsevit's architectures with timm
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
@@ -436,8 +437,7 @@ class ImpulseCLI(LightningCLI):
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
-        if trainer_cfg.get("strategy") == "fsdp":  # Lightning refuses the string "fsdp" on CPU before its registry
-            kwargs["strategy"] = resolve_strategy("fsdp")
+        check_strategy(trainer_cfg.get("strategy"))
         if trainer_cfg.get("precision") is None:
             kwargs["precision"] = default_precision(trainer_cfg.get("accelerator"))
         ckpt_cb = self._get(self.config_init, "checkpoint")

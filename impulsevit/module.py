@@ -20,6 +20,21 @@ What it does (and where the machinery comes from):
   next to the raw model (``val_ema/*``, ``test_ema/*``). Not supported with ``fsdp2`` (clear error).
 - metrics: torchmetrics top-1 / top-5 for train (top-1 against the dominant class of the mixed target), val and test.
 
+Speed switches (standard in timm's ``train.py`` / DeiT on GPUs; each is a no-op on CPU unless stated):
+
+- ``compile: true``: ``torch.compile`` of the backbone in place (``nn.Module.compile``: parameter names and checkpoints
+  unchanged), applied in ``configure_model`` after FSDP2 sharding; also on CPU (inductor needs a C compiler).
+- AdamW / Adam are built with ``fused=True`` on CUDA (one kernel per step instead of a loop over tensors).
+- ``torch.set_float32_matmul_precision("high")`` on CUDA (TF32 tensor cores for the fp32 matmuls left under bf16
+  autocast); the process-wide setting is changed in ``setup``.
+- Under ``fsdp2`` with ``bf16-mixed`` precision, ``fully_shard`` gets ``MixedPrecisionPolicy(param_dtype=bf16,
+  reduce_dtype=fp32)``: bf16 all-gathers and compute, fp32 gradient reduce-scatter and fp32 master weights.
+- DDP gradient compression is the ``ddp_bf16`` strategy (``impulsevit.strategies``).
+
+The training step reads nothing back to the host: the loss goes to the loggers at ``log_every_n_steps`` and to the
+progress bar (``loss``) only at those steps; the train accuracy is updated without torchmetrics' argument checks
+(which read the device).
+
 Gradient clipping, accumulation and precision are ``Trainer`` flags (``gradient_clip_val``, ``accumulate_grad_batches``,
 ``precision``; use ``impulsevit.strategies.default_precision()``: ``bf16-mixed`` on GPU, ``32-true`` on CPU).
 Batches are ``(images float (B, 3, S, S), labels int64 (B,) or soft targets float (B, num_classes))``.
@@ -112,6 +127,7 @@ class ImageClassifier(L.LightningModule):
         ema_decay: EMA decay per optimizer step; ``None`` disables the EMA.
         ema_warmup: use timm's EMA warmup (decay ramps up over the first steps).
         log_attention: log the initial attention maps and per-head summary to TensorBoard (Initializer).
+        compile: ``torch.compile`` the backbone (inductor; see the module docstring).
 
     Not supported: EMA together with the ``fsdp2`` strategy; Lightning's FSDP1 ``FSDPStrategy`` (use ``fsdp2``).
     """
@@ -129,6 +145,7 @@ class ImageClassifier(L.LightningModule):
         ema_decay: float | None = None,
         ema_warmup: bool = False,
         log_attention: bool = True,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         self.init_cfg: InitConfig = as_config(InitConfig, init, "init")
@@ -153,6 +170,7 @@ class ImageClassifier(L.LightningModule):
             "ema_decay": ema_decay,
             "ema_warmup": ema_warmup,
             "log_attention": log_attention,
+            "compile": bool(compile),
         })
         self.backbone = self.build_backbone()
         self.num_classes = int(self.backbone.num_classes)
@@ -175,7 +193,8 @@ class ImageClassifier(L.LightningModule):
 
         k5 = min(5, self.num_classes)
         def accs(prefix: str, top5: bool = True) -> MetricCollection:
-            ms = {"acc1": MulticlassAccuracy(self.num_classes, top_k=1, average="micro")}
+            # train: no argument validation (it reads the targets back to the host every step)
+            ms = {"acc1": MulticlassAccuracy(self.num_classes, top_k=1, average="micro", validate_args=top5)}
             if top5:
                 ms["acc5"] = MulticlassAccuracy(self.num_classes, top_k=k5, average="micro")
             return MetricCollection(ms, prefix=f"{prefix}/")
@@ -231,9 +250,15 @@ class ImageClassifier(L.LightningModule):
         Idempotent (Lightning calls it for every stage). Raises ``ValueError`` when EMA is requested with FSDP2.
         """
         trainer = self._trainer
-        if trainer is None or not isinstance(trainer.strategy, ModelParallelStrategy):
+        if trainer is None:
             return
-        from torch.distributed.fsdp import FSDPModule, fully_shard
+        if isinstance(trainer.strategy, ModelParallelStrategy):
+            self._shard(trainer)
+        if self.hparams.get("compile") and not getattr(self.backbone, "_compiled_call_impl", None):
+            self.backbone.compile()
+
+    def _shard(self, trainer: L.Trainer) -> None:
+        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
         if self.ema is not None:
             raise ValueError(
@@ -243,9 +268,12 @@ class ImageClassifier(L.LightningModule):
         if isinstance(self.backbone, FSDPModule):
             return
         mesh = self.device_mesh["data_parallel"] if self.device_mesh is not None else None
+        policy = MixedPrecisionPolicy()
+        if str(trainer.precision).startswith("bf16"):
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for unit in _shard_units(self.backbone):
-            fully_shard(unit, mesh=mesh)
-        fully_shard(self.backbone, mesh=mesh)
+            fully_shard(unit, mesh=mesh, mp_policy=policy)
+        fully_shard(self.backbone, mesh=mesh, mp_policy=policy)
 
     def setup(self, stage: str) -> None:
         from lightning.pytorch.strategies import FSDPStrategy
@@ -255,6 +283,8 @@ class ImageClassifier(L.LightningModule):
                 "Lightning's FSDPStrategy (FSDP1) is not supported: its flat parameters cannot be initialized per "
                 "tensor at on_fit_start. Use trainer.strategy: fsdp2"
             )
+        if self.trainer.strategy.root_device.type == "cuda":
+            torch.set_float32_matmul_precision("high")
         dm = self.trainer.datamodule
         check_image_size(self.backbone, self.hparams.backbone, getattr(dm, "image_size", None))
         dm_classes = getattr(dm, "num_classes", None)
@@ -285,7 +315,7 @@ class ImageClassifier(L.LightningModule):
         loss = self._loss(logits, targets)
         hard = targets.argmax(dim=-1) if targets.ndim == 2 else targets
         self.metrics["train_"].update(logits.detach(), hard)
-        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        self.log("train/loss", loss, on_step=True, on_epoch=False)  # read by the loggers at log steps only
         self.log_dict(self.metrics["train_"], on_step=False, on_epoch=True)
         return loss
 
@@ -313,6 +343,12 @@ class ImageClassifier(L.LightningModule):
         images = batch[0] if isinstance(batch, list | tuple) else batch
         net = self.ema.module if self.ema is not None else self.backbone
         return net(images).softmax(dim=-1)
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        # Lightning converts every prog_bar value with .item() after every batch, also the steps that did not log it:
+        # the loss goes into the progress bar's dict as a Python float, read at log steps only
+        if self.trainer._logger_connector.should_update_logs and isinstance(outputs, dict) and "loss" in outputs:
+            self.trainer.progress_bar_metrics["loss"] = round(float(outputs["loss"].detach()), 4)
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)
@@ -347,6 +383,8 @@ class ImageClassifier(L.LightningModule):
             extra["eps"] = cfg.eps
         if info.has_betas:
             extra["betas"] = tuple(cfg.betas)
+        if self.device.type == "cuda" and cfg.name.lower() in ("adamw", "adam"):
+            extra["fused"] = True  # torch's fused CUDA kernel (timm passes it through to torch.optim)
         optimizer = create_optimizer_v2(
             self.backbone, opt=cfg.name, lr=lr, weight_decay=cfg.weight_decay, layer_decay=cfg.layer_decay, **extra
         )
@@ -379,5 +417,7 @@ class ImageClassifier(L.LightningModule):
             self.logger.log_hyperparams({"resolved": dict(self.resolved)})
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if not self.trainer._logger_connector.should_update_logs:
+            return  # Lightning turns a logged float into a device tensor (a host -> device copy): log steps only
         lr = max(g["lr"] for g in self.trainer.optimizers[0].param_groups)
         self.log("lr", lr, on_step=True, on_epoch=False, prog_bar=False)

@@ -1,14 +1,20 @@
-"""Strategy names a recipe may use: ``auto`` (single device), ``ddp``, ``fsdp2`` and ``fsdp`` (an alias of ``fsdp2``).
+"""Strategy names a recipe may use: ``auto`` (single device), ``ddp``, ``ddp_bf16`` and ``fsdp2``.
 
-``fsdp2`` is Lightning's ``ModelParallelStrategy`` with all devices in one data-parallel dimension (no tensor
-parallelism); ``ImageClassifier.configure_model`` applies ``torch.distributed.fsdp.fully_shard`` (FSDP2) per block.
-It runs on CPU with gloo as well as on GPUs with NCCL, and resumes from its distributed checkpoint (a folder).
+- ``ddp_bf16`` is Lightning's ``DDPStrategy`` with PyTorch's ``bf16_compress_hook``: gradients are cast to bfloat16
+  for the all-reduce (half the bytes on the wire) and the averaged result is written back in the parameters' dtype.
+  The optimizer still steps fp32 master weights; the sum over ranks loses bf16's 8 mantissa bits of precision, the
+  usual trade-off (timm/DeiT train with fp32 or fp16 reductions; this is the common large-cluster setting). On by
+  default in the GPU recipes; ``--trainer.strategy=ddp`` turns it off. Works with gloo (CPU) as well as NCCL:
+  :class:`BF16DDPStrategy` registers the hook on any device (Lightning's ``DDPStrategy`` registers comm hooks on CUDA
+  only, so on CPU its ``ddp_comm_hook`` argument would be ignored silently).
+- ``fsdp2`` is Lightning's ``ModelParallelStrategy`` with all devices in one data-parallel dimension (no tensor
+  parallelism); ``ImageClassifier.configure_model`` applies ``torch.distributed.fsdp.fully_shard`` (FSDP2) per block,
+  with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` under bf16 precision. It runs on CPU with gloo as
+  well as on GPUs with NCCL, and resumes from its distributed checkpoint (a folder).
 
-``fsdp`` means the same in impulsevit: Lightning's own ``fsdp`` (FSDP1, ``FSDPStrategy``) refuses CPU and flattens
-parameters, so the initializer could not see whole tensors at ``on_fit_start``. Importing this module (done by
-``impulsevit.module``) re-registers the name, which is enough on GPU; on CPU Lightning rejects the *string* ``"fsdp"``
-before consulting the registry, so callers pass the name through :func:`resolve_strategy` (the CLI does), which
-returns ``"fsdp2"`` for it.
+Lightning's own ``fsdp`` (FSDP1, ``FSDPStrategy``) is not supported — it flattens parameters, so the initializer could
+not see whole tensors at ``on_fit_start`` — and the name is left as Lightning defines it: :func:`check_strategy`
+(called by the CLI before anything is built) rejects it with a one-line error pointing to ``fsdp2``.
 """
 
 from __future__ import annotations
@@ -16,11 +22,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, StrategyRegistry
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 
-__all__ = ["FSDP2Strategy", "default_precision", "resolve_strategy", "STRATEGY_NAMES"]
+__all__ = ["BF16DDPStrategy", "FSDP2Strategy", "check_strategy", "default_precision", "STRATEGY_NAMES"]
 
-STRATEGY_NAMES = ("auto", "ddp", "fsdp2", "fsdp")
+STRATEGY_NAMES = ("auto", "ddp", "ddp_bf16", "fsdp2")
 
 
 class FSDP2Strategy(ModelParallelStrategy):
@@ -39,9 +46,25 @@ class FSDP2Strategy(ModelParallelStrategy):
         super().setup_environment()
 
 
-def resolve_strategy(strategy: Any) -> Any:
-    """``"fsdp"`` -> ``"fsdp2"`` (see the module docstring); anything else unchanged."""
-    return "fsdp2" if isinstance(strategy, str) and strategy == "fsdp" else strategy
+class BF16DDPStrategy(DDPStrategy):
+    """Lightning's ``DDPStrategy`` with PyTorch's ``bf16_compress_hook`` registered on every device type."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("ddp_comm_hook", bf16_compress_hook)
+        super().__init__(**kwargs)
+
+    def _register_ddp_hooks(self) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        assert isinstance(self.model, DistributedDataParallel)
+        self.model.register_comm_hook(state=self._ddp_comm_state, hook=self._ddp_comm_hook)
+
+
+def check_strategy(strategy: Any) -> None:
+    """Raise ``ValueError`` for ``trainer.strategy: fsdp`` (Lightning's FSDP1), naming the replacement ``fsdp2``."""
+    if isinstance(strategy, str) and strategy.startswith("fsdp") and strategy != "fsdp2":
+        raise ValueError(f"trainer.strategy: {strategy!r} is Lightning's FSDP1, which impulsevit does not support "
+                         "(flat parameters cannot be initialized per tensor); use trainer.strategy: fsdp2")
 
 
 def default_precision(accelerator: str | None = None) -> str:
@@ -51,8 +74,9 @@ def default_precision(accelerator: str | None = None) -> str:
     return "bf16-mixed" if accelerator in ("gpu", "cuda") else "32-true"
 
 
-for _name in ("fsdp2", "fsdp"):
-    StrategyRegistry.register(
-        _name, FSDP2Strategy, description="FSDP2 (fully_shard) via ModelParallelStrategy; CPU (gloo) or GPU",
-        override=True,
-    )
+StrategyRegistry.register(
+    "fsdp2", FSDP2Strategy, description="FSDP2 (fully_shard) via ModelParallelStrategy; CPU (gloo) or GPU", override=True
+)
+StrategyRegistry.register(
+    "ddp_bf16", BF16DDPStrategy, description="DDP with bf16 gradient compression (bf16_compress_hook)", override=True
+)

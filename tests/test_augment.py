@@ -165,3 +165,37 @@ def test_unsupported_policies_are_rejected():
         BatchRandAugment("original-mstd0.5")
     with pytest.raises(ValueError, match="3a"):
         BatchRandAugment("rand-m9-t3a")
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_random_erasing_matches_timm_in_distribution(count):
+    from timm.data.random_erasing import RandomErasing
+
+    from impulsevit.data.augment import BatchRandomErasing
+
+    n, size = 600, 24
+    x = torch.full((n, 3, size, size), 7.0)
+    random.seed(0)
+    torch.manual_seed(0)
+    ref = RandomErasing(0.5, mode="pixel", max_count=count, device="cpu")(x.clone())
+    ours = BatchRandomErasing(0.5, mode="pixel", max_count=count)(x, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(x, torch.full_like(x, 7.0))  # input untouched
+    frac_ref = (ref != 7.0).all(1).flatten(1).float().mean(1).numpy()
+    frac_ours = (ours != 7.0).all(1).flatten(1).float().mean(1).numpy()
+    assert abs((frac_ref > 0).mean() - (frac_ours > 0).mean()) < 0.08  # erased with p = 0.5
+    assert ks_2samp(frac_ref[frac_ref > 0], frac_ours[frac_ours > 0]).pvalue > 0.01
+    # each erased region is filled with N(0, 1) noise, as timm's `pixel` mode
+    noise = ours[ours != 7.0]
+    assert abs(float(noise.mean())) < 0.05 and abs(float(noise.std()) - 1.0) < 0.05
+
+
+def test_draws_are_a_function_of_seed_epoch_step_rank():
+    x = torch.from_numpy(natural_images(8, seed=6)).permute(0, 3, 1, 2).contiguous()
+    kw = dict(mean=MEAN, std=(0.229, 0.224, 0.225), auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.5, seed=3)
+    run = DeviceAugment(**kw)
+    first = [run(x, epoch=e, step=s) for e in (0, 1) for s in (0, 1, 2)]
+    resumed = DeviceAugment(**kw)  # a fresh process resuming at epoch 1, step 1
+    torch.testing.assert_close(resumed(x, epoch=1, step=1), first[4], rtol=0, atol=0)
+    distinct = {tuple(t.flatten()[::97].tolist()) for t in first}
+    assert len(distinct) == len(first)  # every (epoch, step) draws anew
+    assert not torch.equal(DeviceAugment(**{**kw, "seed": 4})(x, epoch=1, step=1), first[4])

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from impulsevit import ImageClassifier
 from impulsevit.callbacks import NonFiniteLossGuard
 from impulsevit.data.synthetic import SyntheticDataModule
-from impulsevit.strategies import FSDP2Strategy, default_precision, resolve_strategy
+from impulsevit.strategies import FSDP2Strategy, check_strategy, default_precision
 
 VIT = dict(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=2, weight_init="skip")
 
@@ -237,11 +237,31 @@ def test_nonfinite_loss_saves_last_good_state_and_stops(tmp_path: Path) -> None:
     assert guard.saved_path == ckdir / "last_good.ckpt"
 
 
+@pytest.mark.parametrize("bad_batch", [2, 7])  # 7: the last batch of the fit, caught at on_train_end
+def test_nonfinite_loss_next_step_mode_names_the_bad_step_one_step_later(tmp_path: Path, bad_batch: int) -> None:
+    m = tiny(optimizer={"lr": 1e-3})
+    snap = Snapshot()
+    t = trainer(tmp_path, max_steps=8, callbacks=[snap, NonFiniteLossGuard(check="next_step")])
+    with pytest.raises(FloatingPointError, match=rf"non-finite training loss at optimizer step {bad_batch} "
+                                                 rf"\(epoch 0, batch {bad_batch}\).*found one step later"):
+        t.fit(m, NaNAtBatch(bad_batch, num_classes=10, image_size=32, num_train=64, num_val=16, batch_size=8))
+    assert snap.step == bad_batch + 1  # the bad step ran (its update applied); the error came at the next one
+    assert not (tmp_path / "run" / "checkpoints" / "last_good.ckpt").exists()
+
+
 def test_strategy_names_and_precision() -> None:
-    for name in ("fsdp2", "fsdp"):
-        t = L.Trainer(strategy=resolve_strategy(name), accelerator="cpu", devices=1, logger=False)
-        assert isinstance(t.strategy, FSDP2Strategy) and t.strategy._tensor_parallel_size == 1
-    assert resolve_strategy("ddp") == "ddp"
+    t = L.Trainer(strategy="fsdp2", accelerator="cpu", devices=1, logger=False)
+    assert isinstance(t.strategy, FSDP2Strategy) and t.strategy._tensor_parallel_size == 1
+    from lightning.pytorch.strategies import FSDPStrategy, StrategyRegistry
+
+    assert StrategyRegistry["fsdp"]["strategy"] is FSDPStrategy  # Lightning's own name is left alone
+    from impulsevit.strategies import BF16DDPStrategy
+
+    t = L.Trainer(strategy="ddp_bf16", accelerator="cpu", devices=1, logger=False)
+    assert isinstance(t.strategy, BF16DDPStrategy) and t.strategy._ddp_comm_hook.__name__ == "bf16_compress_hook"
+    with pytest.raises(ValueError, match="use trainer.strategy: fsdp2"):
+        check_strategy("fsdp")
+    check_strategy("ddp")
     assert default_precision("cpu") == "32-true" and default_precision("gpu") == "bf16-mixed"
 
 

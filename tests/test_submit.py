@@ -23,7 +23,7 @@ TINY_RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "tiny_synthetic.
 
 JOB = FitJob(recipe="/scratch/impulsevit/recipes/deit_base_in1k.yaml", run_name="deit_base_in1k",
              runs_dir=Path("/scratch/runs"), workdir=Path("/scratch/impulsevit"),
-             fit_overrides=("--trainer.max_epochs=300",), launcher="impulsevit")
+             fit_overrides=("--trainer.max_epochs=300",), launcher="impulsevit", data_workers=10)
 LAYOUTS = {
     "1x8": SlurmOptions(nodes=1, gpus_per_node=8, cpus_per_task=12, mem="0", time="2-00:00:00", partition="gpu",
                         account="proj", exclusive=True, signal_lead_s=300),
@@ -221,3 +221,57 @@ def test_events_roundtrip(tmp_path, monkeypatch):
     append_event(events_path(tmp_path), event="start")
     append_event(events_path(tmp_path), event="exit", rc=1)
     assert job_state(tmp_path) == "failed"
+
+
+def test_gpu_jobs_get_data_workers_plus_two_cpus_and_matching_omp_threads(tmp_path, capsys):
+    recipe = str(Path(__file__).resolve().parents[1] / "recipes" / "deit_base_in1k.yaml")  # num_workers: 10
+    assert main(["--recipe", recipe, "--nodes", "2", "--gpus-per-node", "8", "--runs-dir", str(tmp_path),
+                 "--slurm-config", str(tmp_path / "none.yaml"), "--dry-run"]) == 0
+    script = capsys.readouterr().out
+    assert "#SBATCH --cpus-per-task=12" in sbatch_lines(script)
+    assert "export OMP_NUM_THREADS=2" in script.splitlines()
+    assert "# cpus-per-task = 10 data workers (recipe) + 2 (training process)" in script
+    # a fit override of the workers counts; the site's / flag's value wins and the script says so
+    assert main(["--recipe", recipe, "--gpus-per-node", "4", "--runs-dir", str(tmp_path), "--slurm-config",
+                 str(tmp_path / "none.yaml"), "--dry-run", "--data.init_args.num_workers=4"]) == 0
+    script = capsys.readouterr().out
+    assert "#SBATCH --cpus-per-task=6" in sbatch_lines(script) and "export OMP_NUM_THREADS=2" in script
+    assert main(["--recipe", recipe, "--gpus-per-node", "4", "--cpus-per-task", "16", "--runs-dir", str(tmp_path),
+                 "--slurm-config", str(tmp_path / "none.yaml"), "--dry-run"]) == 0
+    script = capsys.readouterr().out
+    assert "#SBATCH --cpus-per-task=16" in sbatch_lines(script) and "export OMP_NUM_THREADS=6" in script
+    assert "from the site's settings / --cpus-per-task" in script
+    # CPU jobs: no default; torch uses whatever SLURM gives the task
+    assert main(["--recipe", recipe, "--gpus-per-node", "0", "--runs-dir", str(tmp_path), "--slurm-config",
+                 str(tmp_path / "none.yaml"), "--dry-run"]) == 0
+    script = capsys.readouterr().out
+    assert not any("--cpus-per-task" in ln for ln in sbatch_lines(script))
+    assert 'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"' in script
+
+
+def test_stage_to_copies_betons_once_per_node_and_fit_reads_the_copies(tmp_path, capsys):
+    shared, local = tmp_path / "shared", tmp_path / "local"
+    shared.mkdir()
+    (shared / "train.beton").write_bytes(b"t" * 1000)
+    (shared / "val.beton").write_bytes(b"v" * 10)
+    args = ["--recipe", "vit_base_in21k", "--nodes", "2", "--gpus-per-node", "8", "--runs-dir", str(tmp_path),
+            "--slurm-config", str(tmp_path / "none.yaml"), "--dry-run", "--stage-to", str(local)]
+    assert main([*args, f"--data.init_args.train_beton={shared / 'train.beton'}",
+                 f"--data.init_args.val_beton={shared / 'val.beton'}"]) == 0
+    script = capsys.readouterr().out
+    (srun,) = [ln for ln in script.splitlines() if ln.startswith("srun --kill-on-bad-exit=1 ")]
+    assert f"--data.init_args.train_beton={local / 'train.beton'}" in srun
+    assert f"--data.init_args.val_beton={local / 'val.beton'}" in srun and str(shared) not in srun
+    (stage,) = [ln for ln in script.splitlines() if ln.startswith("srun --ntasks-per-node=1")]
+    body = re.search(r"bash -c ('.*') \|\|", stage).group(1)
+    # run the node prologue's shell code for real: copies, then keeps a same-size copy, replaces a stale one
+    subprocess.run(["bash", "-c", f"bash -c {body}"], check=True)
+    assert (local / "train.beton").read_bytes() == b"t" * 1000 and (local / "val.beton").read_bytes() == b"v" * 10
+    before = (local / "train.beton").stat().st_mtime_ns
+    (local / "val.beton").write_bytes(b"old")
+    subprocess.run(["bash", "-c", f"bash -c {body}"], check=True)
+    assert (local / "train.beton").stat().st_mtime_ns == before and (local / "val.beton").read_bytes() == b"v" * 10
+    assert not list(local.glob("*.partial.*"))
+    # without beton overrides there is nothing to stage: a clear error before anything is written
+    assert main(args) == 2
+    assert "needs the .beton files as fit overrides" in capsys.readouterr().err

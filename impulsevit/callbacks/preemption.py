@@ -16,9 +16,11 @@ What it does:
   (stop) that only set a flag (async-signal-safe: no I/O, no locks); warns once when running under SLURM without
   ``scontrol`` on PATH (common inside containers, Lightning#21404): the checkpoint is still written, the job is not
   requeued.
-- ``on_train_batch_end`` — the step boundary where Lightning's own ``ModelCheckpoint(every_n_train_steps)`` saves: the
-  flag is max-reduced over ranks (one scalar collective per step, so every rank takes the same decision at the same
-  step even if the signal reached only some ranks), then all ranks save ``<checkpoints>/preempted.ckpt`` through
+- ``on_train_batch_end`` — the step boundary where Lightning's own ``ModelCheckpoint(every_n_train_steps)`` saves: on
+  one rank the flag is a Python int (nothing to read from the device); on several ranks it is max-reduced over ranks
+  every ``check_every_n_steps`` optimizer steps (default: ``trainer.log_every_n_steps``, the steps that read the
+  device for logging anyway; a scalar collective and a host read, kept off the other steps; every
+  rank takes the same decision at the same step even if the signal reached only some ranks), then all ranks save ``<checkpoints>/preempted.ckpt`` through
   ``trainer.save_checkpoint`` into a temp name that rank 0 renames into place (atomic for files and for FSDP2
   distributed-checkpoint folders).
 - USR1: rank 0 runs ``scontrol requeue $SLURM_JOB_ID`` (``<array job>_<task>`` for arrays); after a successful
@@ -84,11 +86,18 @@ class SlurmRequeue(Callback):
         filename: checkpoint file name inside the ``ModelCheckpoint`` directory (``<default_root_dir>/checkpoints``
             without one); overwritten at each preemption, picked up by ``--resume auto`` as the newest checkpoint.
         requeue: run ``scontrol requeue`` on SIGUSR1 (False: only checkpoint and stop).
+        check_every_n_steps: with several ranks, agree on the flag every this many optimizer steps (each agreement
+            is a collective and a host read); a signal is acted on within that many steps of its arrival. ``None``:
+            ``trainer.log_every_n_steps``.
     """
 
-    def __init__(self, filename: str = "preempted.ckpt", requeue: bool = True) -> None:
+    def __init__(self, filename: str = "preempted.ckpt", requeue: bool = True,
+                 check_every_n_steps: int | None = None) -> None:
+        if check_every_n_steps is not None and check_every_n_steps < 1:
+            raise ValueError(f"SlurmRequeue check_every_n_steps must be >= 1, got {check_every_n_steps}")
         self.filename = filename
         self.requeue = requeue
+        self.check_every_n_steps = check_every_n_steps
         self._pending = _NONE
         self._exit_code: int | None = None
         self._saved_step: int | None = None
@@ -218,8 +227,13 @@ class SlurmRequeue(Callback):
                            batch_idx: int) -> None:
         if not self._active:
             return
-        flag = torch.tensor(self._pending, dtype=torch.int32, device=trainer.strategy.root_device)
-        decision = int(trainer.strategy.reduce(flag, reduce_op="max").item()) if trainer.world_size > 1 else int(flag)
+        if trainer.world_size > 1:
+            if trainer.global_step % (self.check_every_n_steps or trainer.log_every_n_steps or 1):
+                return
+            flag = torch.tensor(self._pending, dtype=torch.int32, device=trainer.strategy.root_device)
+            decision = int(trainer.strategy.reduce(flag, reduce_op="max").item())
+        else:
+            decision = self._pending
         if decision == _NONE:
             return
         self._pending = _NONE

@@ -2,14 +2,22 @@
 
 ``ThroughputLogger`` is Lightning's ``ThroughputMonitor`` (which logs ``train/device/samples_per_sec``,
 ``train/samples_per_sec``, ``train/device/flops_per_sec`` and, when the device's peak is known, ``train/device/mfu``
-every ``log_every_n_steps`` once its window is full) plus:
+every ``log_every_n_steps`` once its window is full) with one change and some additions:
+
+- training is timed at log steps only: Lightning's monitor calls ``torch.cuda.synchronize()`` after every batch
+  (for an exact clock), which stalls the host each step and, on rank 0 only, makes rank 0 the straggler of every
+  gradient all-reduce. Here the samples and batches are counted every batch on the host, and the clock is read
+  (after a synchronize) only at the steps that log; ``window_size`` counts log intervals (rates are averaged over
+  the last ``window_size - 1`` intervals). Validation keeps Lightning's per-batch timing;
 
 - ``flops_per_batch`` measured once per fit with ``torch.utils.flop_counter`` on a meta-device copy of the backbone
   (forward + backward of one training batch; no memory, no compute), when the module offers ``build_backbone()``;
 - peak FLOP/s for chips Lightning's table misses or cannot match by name: ``torch.cuda.get_device_name`` says
   ``NVIDIA H200`` for the SXM part, which Lightning 2.6 does not map (Lightning#20660). Values here are **dense**
   (no 2:4 sparsity) datasheet numbers, the convention MFU uses;
-- a smoothed global images/s shown on the progress bar (``img/s``; host-side timing between batch ends).
+- a smoothed global images/s shown on the progress bar (``img/s``; host-side timing between batch ends, no
+  synchronisation: on a GPU it follows the rate at which the host enqueues steps, which equals the device's rate once
+  the queue is full).
 
 Not supported: MFU on CPU (no peak known); variable batch sizes (the ``ThroughputMonitor`` assumption).
 """
@@ -58,14 +66,15 @@ class ThroughputLogger(ThroughputMonitor):
     """Lightning's ``ThroughputMonitor`` for ``(images, labels)`` batches, with FLOPs, H200 peaks and ``img/s``.
 
     Args:
-        window_size: batches averaged by ``Throughput`` (metrics appear once the window is full).
+        window_size: log intervals in the ``Throughput`` window (metrics appear once it is full: after
+            ``window_size`` log steps; 2 = the rate over the last interval).
         smoothing: EMA factor of the progress-bar ``img/s``.
         batch_size_fn: samples in a batch (default: ``batch[0].shape[0]``).
     """
 
     def __init__(
         self,
-        window_size: int = 20,
+        window_size: int = 2,
         smoothing: float = 0.9,
         batch_size_fn: Callable[[Any], int] | None = None,
     ) -> None:
@@ -109,6 +118,19 @@ class ThroughputLogger(ThroughputMonitor):
         except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError):
             return None  # an op without a meta kernel / FLOP formula: log throughput without FLOPs
 
+    def _update(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, iter_num: int) -> None:
+        from lightning.pytorch.trainer.states import RunningStage
+
+        stage = trainer.state.stage
+        if stage == RunningStage.TRAINING and not trainer._logger_connector.should_update_logs:
+            # count on the host only; the clock (and its device synchronize) waits for the next log step
+            if self.length_fn is not None:
+                self._lengths[stage] += self.length_fn(batch)
+            self._samples[stage] += self.batch_size_fn(batch)
+            self._batches[stage] += 1
+            return
+        super()._update(trainer, pl_module, batch, iter_num)
+
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -118,7 +140,10 @@ class ThroughputLogger(ThroughputMonitor):
             rate = self.batch_size_fn(batch) * trainer.world_size / (now - self._last)
             s = self.smoothing
             self.images_per_sec = rate if self.images_per_sec is None else s * self.images_per_sec + (1 - s) * rate
-            pl_module.log("img/s", self.images_per_sec, prog_bar=True, logger=False, on_step=True, on_epoch=False)
+            # a float given to self.log becomes a device tensor read back after every batch: write the progress
+            # bar's dict directly (a Python float), at log steps
+            if trainer._logger_connector.should_update_logs:
+                trainer.progress_bar_metrics["img/s"] = round(self.images_per_sec, 1)
         self._last = now
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -18,6 +18,17 @@ Containers: ``container_image`` adds pyxis/enroot's ``srun --container-image=IMG
 directories mounted at the same paths. Sites that use Apptainer instead put ``apptainer exec --nv IMG`` in
 ``launcher`` (see ``docker/README.md``).
 
+CPUs: a GPU job without ``cpus_per_task`` (flag or ``slurm.yaml``) asks for the recipe's data workers + 2 per task
+(the FFCV decode threads, plus the training thread and Lightning's own), and every job exports ``OMP_NUM_THREADS``
+= the task's CPUs not taken by data workers (all of them for CPU jobs), so torch's intra-op threads do not compete
+with the decoders; the script says where the number came from.
+
+Node-local staging (``stage_to``, ``impulsevit submit --stage-to DIR``): the ``.beton`` files named by the fit
+overrides ``--data.init_args.train_beton=…`` / ``val_beton=…`` are copied to ``DIR`` on every node before training
+(one copy per node, skipped when a file of the same size is already there, written under a temporary name first), and
+the fit reads the local copies. For IN-21K-sized files (≈1.1 TB) that do not fit the page cache: random reads from
+node-local NVMe instead of the shared file system.
+
 Not supported: heterogeneous jobs, per-node GPU counts that differ, GPU types (use ``constraint`` or ``extra_sbatch``).
 """
 
@@ -57,6 +68,7 @@ class SlurmOptions:
     array: str | None = None
     signal_lead_s: int = 120
     container_image: str | None = None
+    stage_to: str | None = None
     setup: tuple[str, ...] = ()
     extra_sbatch: tuple[str, ...] = ()
 
@@ -111,6 +123,7 @@ class FitJob:
     workdir: Path
     fit_overrides: tuple[str, ...] = ()
     launcher: str = "impulsevit"
+    data_workers: int | None = None  # the recipe's loader workers (with overrides): sizes --cpus-per-task
 
     @property
     def run_dir(self) -> Path:
@@ -168,16 +181,98 @@ def _word(arg: str, array: bool) -> str:
     return '"${SLURM_ARRAY_TASK_ID}"'.join(parts)
 
 
+_WORKER_KEYS = ("--data.init_args.num_workers", "--data.num_workers")
+_BETON_KEYS = ("--data.init_args.train_beton", "--data.init_args.val_beton", "--data.train_beton", "--data.val_beton")
+DEFAULT_DATA_WORKERS = 2  # ImageDataModule's num_workers default
+
+
+def recipe_data_workers(recipe: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> int | None:
+    """Loader workers per task of ``recipe`` after ``overrides`` (``--data.init_args.num_workers=N``): the recipe's
+    ``data.init_args.num_workers``, else ImageDataModule's default; ``None`` when the recipe has no data section."""
+    import yaml
+
+    value: int | None = None
+    try:
+        cfg = yaml.safe_load(Path(recipe).read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        cfg = {}
+    data = cfg.get("data") if isinstance(cfg, dict) else None
+    if isinstance(data, dict):
+        args = data.get("init_args", data)
+        value = int(args.get("num_workers", DEFAULT_DATA_WORKERS)) if isinstance(args, dict) else None
+    for o in overrides:
+        key, _, v = o.partition("=")
+        if key in _WORKER_KEYS and v.strip().isdigit():
+            value = int(v)
+    return value
+
+
+def task_cpus(job: FitJob, opts: SlurmOptions) -> tuple[int | None, int | None, str]:
+    """``(cpus per task, OMP threads, why)``: the given ``cpus_per_task``, else for GPU jobs the data workers + 2;
+    OMP threads = CPUs not taken by data workers (``None``: leave it to ``$SLURM_CPUS_PER_TASK``)."""
+    workers = job.data_workers if opts.gpus_per_node > 0 else None
+    if opts.cpus_per_task is not None:
+        cpus, why = opts.cpus_per_task, "cpus-per-task from the site's settings / --cpus-per-task"
+    elif workers is not None:
+        cpus, why = workers + 2, f"cpus-per-task = {workers} data workers (recipe) + 2 (training process)"
+    else:
+        return None, None, "cpus-per-task: the site's default"
+    omp = max(1, cpus - workers) if workers is not None else None
+    if omp is not None:
+        why += f"; OMP_NUM_THREADS = {cpus} - {workers} data workers" if cpus - workers >= 1 else \
+            f"; OMP_NUM_THREADS = 1 (fewer CPUs than data workers + 1)"
+    return cpus, omp, why
+
+
+def staged(job: FitJob, opts: SlurmOptions) -> list[tuple[str, str]]:
+    """``(shared path, node-local path)`` of every ``.beton`` override when ``opts.stage_to`` is set.
+
+    Raises ``ValueError`` when ``stage_to`` is set without any ``--data.init_args.{train,val}_beton=`` override."""
+    if not opts.stage_to:
+        return []
+    pairs = []
+    for o in job.fit_overrides:
+        key, _, v = o.partition("=")
+        if key in _BETON_KEYS and v:
+            pairs.append((v, f"{opts.stage_to.rstrip('/')}/{Path(v).name}"))
+    if not pairs:
+        raise ValueError(f"stage_to={opts.stage_to!r} needs the .beton files as fit overrides: "
+                         "--data.init_args.train_beton=PATH --data.init_args.val_beton=PATH")
+    if len({d for _, d in pairs}) != len(pairs):
+        raise ValueError(f"stage_to: the .beton files {[s for s, _ in pairs]} have the same file name")
+    return pairs
+
+
 def fit_command(job: FitJob, opts: SlurmOptions) -> list[str]:
     """The ``impulsevit fit`` argv (without the launcher) the job runs, with ``num_nodes``/``devices`` from ``opts``."""
     array = opts.array is not None
     runs_dir = str(job.run_dir) if array else str(job.runs_dir)
     name = "task%a" if array else job.run_name
+    local = dict(staged(job, opts))
+    overrides = [f"{o.partition('=')[0]}={local[o.partition('=')[2]]}"
+                 if o.partition("=")[0] in _BETON_KEYS and o.partition("=")[2] in local else o
+                 for o in job.fit_overrides]
     return [
         "fit", "--recipe", job.recipe, "--name", name, "--runs-dir", runs_dir, "--resume", "auto",
         f"--trainer.accelerator={'gpu' if opts.gpus_per_node > 0 else 'cpu'}",
         f"--trainer.devices={opts.ntasks_per_node}", f"--trainer.num_nodes={opts.nodes}",
-        f"--trainer.callbacks+={REQUEUE_CALLBACK}", *job.fit_overrides,
+        f"--trainer.callbacks+={REQUEUE_CALLBACK}", *overrides,
+    ]
+
+
+def _stage_lines(pairs: list[tuple[str, str]]) -> list[str]:
+    """Prologue copying each shared ``.beton`` to its node-local path on every node (once per node)."""
+    if not pairs:
+        return []
+    body = ("stage() { mkdir -p \"$(dirname \"$2\")\" && if [ \"$(stat -c %s \"$1\")\" != \"$(stat -c %s \"$2\" "
+            "2>/dev/null)\" ]; then cp \"$1\" \"$2.partial.$$\" && mv \"$2.partial.$$\" \"$2\"; fi; }; "
+            + "; ".join(f"stage {shlex.quote(src)} {shlex.quote(dst)}" for src, dst in pairs))
+    return [
+        "# stage the .beton files on node-local disk (one copy per node; kept when already there with the same size)",
+        'log_event event=stage-start',
+        f'srun --ntasks-per-node=1 --ntasks="${{SLURM_NNODES}}" --kill-on-bad-exit=1 bash -c {shlex.quote(body)} '
+        '|| { rc=$?; log_event event=exit rc="${rc}" reason=stage-failed; exit "${rc}"; }',
+        'log_event event=stage-done',
     ]
 
 
@@ -190,7 +285,10 @@ def render_sbatch(job: FitJob, opts: SlurmOptions) -> str:
     sb: list[str] = [f"--job-name={job.run_name}", f"--nodes={opts.nodes}", f"--ntasks-per-node={opts.ntasks_per_node}"]
     if opts.gpus_per_node > 0:
         sb.append(f"--gpus-per-node={opts.gpus_per_node}")
-    for key in ("cpus_per_task", "mem", "time", "partition", "account", "qos", "constraint", "array"):
+    cpus, omp, cpus_why = task_cpus(job, opts)
+    if cpus is not None:
+        sb.append(f"--cpus-per-task={cpus}")
+    for key in ("mem", "time", "partition", "account", "qos", "constraint", "array"):
         value = getattr(opts, key)
         if value is not None:
             sb.append(f"--{key.replace('_', '-')}={value}")
@@ -223,10 +321,12 @@ def render_sbatch(job: FitJob, opts: SlurmOptions) -> str:
         "trap 'log_event event=signal signal=TERM' TERM",
         'log_event event=start host="$(hostname)" nodes="${SLURM_JOB_NODELIST}" ntasks="${SLURM_NTASKS}"',
         f"export IMPULSEVIT_EVENTS_LOG={events}",
-        'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"',
+        f"# {cpus_why}",
+        f"export OMP_NUM_THREADS={omp}" if omp is not None else 'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"',
         # since Slurm 22.05 srun no longer inherits sbatch's --cpus-per-task
-        *(['export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK}"'] if opts.cpus_per_task else []),
+        *(['export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK}"'] if cpus is not None else []),
         *opts.setup,
+        *_stage_lines(staged(job, opts)),
         command,
         "rc=$?",
         'log_event event=exit rc="${rc}"',

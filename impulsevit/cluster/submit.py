@@ -24,7 +24,7 @@ from pathlib import Path
 
 from impulsevit import recipes
 from impulsevit.cluster.events import events_path, job_state
-from impulsevit.cluster.sbatch import FitJob, SlurmOptions, fit_command, render_sbatch
+from impulsevit.cluster.sbatch import FitJob, SlurmOptions, fit_command, recipe_data_workers, render_sbatch
 from impulsevit.cluster.slurm_config import config_path, load_defaults
 from impulsevit.io import atomic_write_text
 
@@ -53,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--signal-lead", type=int, dest="signal_lead_s",
                    help="seconds before the time limit at which SLURM sends USR1 (default 120); the job "
                         "checkpoints at the next training step, so make it longer than one validation pass")
+    p.add_argument("--stage-to", dest="stage_to",
+                   help="node-local directory (e.g. /local/scratch) to copy the --data.init_args.train_beton / "
+                        "val_beton files to before training; the fit reads the copies (for datasets that do not "
+                        "fit the page cache, e.g. IN-21K)")
     p.add_argument("--launcher", help="command that starts the CLI inside the job (default: this environment's "
                                       "impulsevit; e.g. 'apptainer exec --nv img.sif impulsevit')")
     p.add_argument("--slurm-config", help=f"defaults file (default {config_path()})")
@@ -96,7 +100,8 @@ def build(argv: list[str]) -> tuple[FitJob, SlurmOptions, argparse.Namespace]:
     if launcher is None:
         launcher = "impulsevit" if opts.container_image else default_launcher()
     job = FitJob(recipe=recipe, run_name=args.name or Path(recipe).stem, runs_dir=Path(args.runs_dir).resolve(),
-                 workdir=Path.cwd(), fit_overrides=tuple(overrides), launcher=launcher)
+                 workdir=Path.cwd(), fit_overrides=tuple(overrides), launcher=launcher,
+                 data_workers=recipe_data_workers(recipe, overrides))
     return job, opts, args
 
 

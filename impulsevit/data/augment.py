@@ -15,8 +15,20 @@ timm's ``Mixup``.
 - :class:`BatchColorJitter` is torchvision's ``ColorJitter(b, c, s)`` (what timm builds from ``color_jitter``): random
   factor order per image, factors uniform in ``[max(0, 1 - x), 1 + x]``.
 - :func:`normalize` converts 0–255 images to float and normalises them.
+- :class:`BatchRandomErasing` is timm's ``RandomErasing`` (same box distribution: 10 area / aspect attempts, the first
+  that fits wins; ``pixel`` / ``rand`` / ``const`` fill), vectorised over the batch.
 - :class:`DeviceAugment` chains them as timm's train transform does (RandAugment, else colour jitter unless forced;
-  normalise; timm's ``RandomErasing`` in ``pixel`` mode on the normalised batch) with a private per-rank RNG.
+  normalise; random erasing on the normalised batch). Its draws come from a ``torch.Generator`` on the batch's device
+  seeded from ``(seed, epoch, step, rank)``: reproducible, different on every rank, and a resumed run draws what the
+  uninterrupted one drew at the same step.
+
+Sync-free on CUDA: every op runs on the whole batch and is selected per image with ``torch.where`` (no
+data-dependent shapes: no ``nonzero``, boolean indexing or ``.any()`` reads), every random draw happens on the device,
+constants (mean/std, fill colour, op weights) are built on the device once, and affine maps are inverted in closed form
+(no ``linalg.inv`` and its error check). The price is compute: each layer evaluates every pointwise op on the whole
+batch (10 for ``rand-m9-mstd0.5-inc1``, plus one batched ``grid_sample``) instead of each image's one op (GPU cost
+not measured here: no GPU was available; ``benchmarks/gpu_check.sh`` is the place to measure it).
+``tests/test_sync_free.py`` counts the host-synchronising ops of a training step.
 
 Not supported: AutoAugment policies (``original``/``v0``) and AugMix (raise ``ValueError``); RandAugment's weighted
 op choice (``-tweights``) is supported, ``3a`` op sets are not.
@@ -24,13 +36,15 @@ op choice (``-tweights``) is supported, ``3a`` op sets are not.
 
 from __future__ import annotations
 
+import functools
 import math
-import random
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["BatchColorJitter", "BatchRandAugment", "DeviceAugment", "fix_timm_posterize", "normalize"]
+__all__ = ["BatchColorJitter", "BatchRandAugment", "BatchRandomErasing", "DeviceAugment", "augment_seed",
+           "fix_timm_posterize", "normalize"]
 
 _GEOMETRIC = ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
 _SUPPORTED = {
@@ -67,15 +81,24 @@ def normalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, .
     One allocation and in-place arithmetic (bit-identical to ``(x.float() - m) / s``): on CPU at 224 px this is 2.5×
     faster than the three-temporary form, and converting a channels-last input to the contiguous layout first avoids
     the slow broadcast over an innermost size-3 dimension."""
-    m = torch.tensor(mean, device=images.device, dtype=torch.float32).view(1, -1, 1, 1) * 255.0
-    s = torch.tensor(std, device=images.device, dtype=torch.float32).view(1, -1, 1, 1) * 255.0
+    m, s = _scaled_mean_std(tuple(mean), tuple(std), images.device)
     out = torch.empty(images.shape, device=images.device, dtype=torch.float32)
     return out.copy_(images).sub_(m).div_(s)
 
 
+@functools.lru_cache(maxsize=16)
+def _scaled_mean_std(mean: tuple[float, ...], std: tuple[float, ...],
+                     device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``255 mean`` and ``255 std`` as ``(1, C, 1, 1)`` float32 tensors on ``device``, built once per device (a host
+    tensor copied to a GPU on every call would cost a synchronising transfer per batch)."""
+    m = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1).to(device) * 255.0
+    s = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1).to(device) * 255.0
+    return m, s
+
+
 def _gray(x: torch.Tensor) -> torch.Tensor:
-    w = torch.tensor(_GRAY, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
-    return (x * w).sum(1, keepdim=True)
+    """PIL's L channel, ``(B, 1, H, W)`` (weights as Python scalars: no host tensor)."""
+    return x[:, 0:1] * _GRAY[0] + x[:, 1:2] * _GRAY[1] + x[:, 2:3] * _GRAY[2]
 
 
 def _blend(degenerate: torch.Tensor, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
@@ -97,10 +120,16 @@ def _brightness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     return _blend(torch.zeros_like(x), x, factor)
 
 
-def _sharpness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    kernel = torch.ones(3, 3, device=x.device, dtype=x.dtype)
+@functools.lru_cache(maxsize=16)
+def _smooth_kernel(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """PIL's SMOOTH filter (1 1 1 / 1 5 1 / 1 1 1, / 13) as a ``(3, 1, 3, 3)`` depthwise kernel, built once per device."""
+    kernel = torch.ones(3, 3)
     kernel[1, 1] = 5.0
-    kernel = (kernel / 13.0).expand(3, 1, 3, 3)
+    return (kernel / 13.0).expand(3, 1, 3, 3).to(device=device, dtype=dtype)
+
+
+def _sharpness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    kernel = _smooth_kernel(x.device, x.dtype)
     smooth = F.conv2d(x, kernel, groups=3).round()
     degenerate = x.clone()
     degenerate[:, :, 1:-1, 1:-1] = smooth  # PIL's SMOOTH filter leaves the 1-pixel border as it was
@@ -148,13 +177,23 @@ def _affine(x: torch.Tensor, matrices: torch.Tensor, fill: torch.Tensor) -> torc
     ``Image.transform(AFFINE)`` convention, continuous coordinates with pixel centres at ``i + 0.5``); uncovered
     pixels get ``fill`` (0–255 per channel), edges blended bilinearly."""
     b, _, h, w = x.shape
-    norm = torch.tensor([[2.0 / w, 0, -1], [0, 2.0 / h, -1], [0, 0, 1]], device=x.device, dtype=x.dtype)
-    theta = (norm @ matrices @ torch.linalg.inv(norm))[:, :2]
+    theta = _normalized_theta(matrices.to(x.dtype), h, w)
     grid = F.affine_grid(theta, [b, 4, h, w], align_corners=False)
     ones = torch.ones(b, 1, h, w, device=x.device, dtype=x.dtype)
     out = F.grid_sample(torch.cat([x, ones], 1), grid, mode="bilinear", padding_mode="zeros", align_corners=False)
     img, mask = out[:, :3], out[:, 3:]
     return (img + (1 - mask) * fill.view(1, 3, 1, 1)).round().clamp(0, 255)
+
+
+def _normalized_theta(m: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """``(B, 3, 3)`` pixel-space maps → ``(B, 2, 3)`` ``affine_grid`` thetas: ``N M N⁻¹`` with ``N`` the pixel → [-1, 1]
+    map (``x' = 2x/w - 1``), written out in closed form (``N⁻¹`` is known: no ``linalg.inv``, whose error check reads
+    the device)."""
+    a, b, c = m[:, 0, 0], m[:, 0, 1], m[:, 0, 2]
+    d, e, f = m[:, 1, 0], m[:, 1, 1], m[:, 1, 2]
+    row0 = torch.stack([a, b * (h / w), (a * (w / 2) + b * (h / 2) + c) * (2.0 / w) - 1.0], dim=1)
+    row1 = torch.stack([d * (w / h), e, (d * (w / 2) + e * (h / 2) + f) * (2.0 / h) - 1.0], dim=1)
+    return torch.stack([row0, row1], dim=1)
 
 
 class BatchRandAugment(torch.nn.Module):
@@ -189,6 +228,7 @@ class BatchRandAugment(torch.nn.Module):
         self.magnitude_max = float(op0.magnitude_max or 10.0)
         self.translate_pct = translate_pct
         self.fill = tuple(min(255.0, round(255 * m)) for m in img_mean)
+        self._device_constants: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
 
     def extra_repr(self) -> str:
         return f"config={self.config!r}, ops={len(self.names)}, layers={self.num_layers}"
@@ -201,32 +241,44 @@ class BatchRandAugment(torch.nn.Module):
             m = m + self.magnitude_std * torch.randn(n, device=device, generator=generator)
         return m.clamp(0.0, self.magnitude_max)
 
+    def _constants(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The fill colour ``(3,)`` and the op weights on ``device``, built once per device."""
+        key = str(device)
+        if key not in self._device_constants:
+            fill = torch.tensor(self.fill, dtype=torch.float32).to(device)
+            weights = None if self.choice_weights is None else self.choice_weights.to(device)
+            self._device_constants[key] = (fill, weights)
+        return self._device_constants[key]
+
     def forward(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Without data-dependent shapes: every op of a layer runs on the whole batch and ``torch.where`` keeps it for
+        the images that drew it (one op per image per layer, so the order of the ops within a layer is irrelevant);
+        the geometric ops share one ``grid_sample`` with per-image matrices (identity for the others)."""
         x = x.float()
         b, dev = x.shape[0], x.device
-        fill = torch.tensor(self.fill, device=dev)
+        h, w = x.shape[-2], x.shape[-1]
+        fill, weights = self._constants(dev)
+        geo = [k for k, n in enumerate(self.names) if n in _GEOMETRIC]
         for _ in range(self.num_layers):
-            if self.choice_weights is None:
+            if weights is None:
                 ops = torch.randint(len(self.names), (b,), device=dev, generator=generator)
             else:
-                ops = torch.multinomial(self.choice_weights.to(dev).expand(b, -1), 1, generator=generator).view(-1)
+                ops = torch.multinomial(weights.expand(b, -1), 1, generator=generator).view(-1)
             apply = torch.rand(b, device=dev, generator=generator) <= self.prob
             level = self._magnitudes(b, dev, generator) / 10.0
             sign = torch.where(torch.rand(b, device=dev, generator=generator) > 0.5, -1.0, 1.0)
-            geo_idx, geo_mats = [], []
+            chosen = apply.view(-1, 1, 1, 1)
             for k, name in enumerate(self.names):
-                idx = torch.nonzero(apply & (ops == k)).view(-1)
-                if idx.numel() == 0:
-                    continue
-                lv, sg = level[idx], sign[idx]
-                if name in _GEOMETRIC:
-                    geo_idx.append(idx)
-                    geo_mats.append(self._matrix(name, lv, sg, x.shape[-2], x.shape[-1]))
-                    continue
-                x[idx] = self._pointwise(name, x[idx], lv, sg)
-            if geo_idx:
-                idx = torch.cat(geo_idx)
-                x[idx] = _affine(x[idx], torch.cat(geo_mats), fill)
+                if k not in geo:
+                    x = torch.where(chosen & (ops == k).view(-1, 1, 1, 1), self._pointwise(name, x, level, sign), x)
+            if geo:
+                mats = torch.eye(3, device=dev).expand(b, 3, 3)
+                is_geo = torch.zeros(b, dtype=torch.bool, device=dev)
+                for k in geo:
+                    sel = ops == k
+                    mats = torch.where(sel.view(-1, 1, 1), self._matrix(self.names[k], level, sign, h, w), mats)
+                    is_geo = is_geo | sel
+                x = torch.where(chosen & is_geo.view(-1, 1, 1, 1), _affine(x, mats, fill), x)
         return x
 
     def _pointwise(self, name: str, x: torch.Tensor, lv: torch.Tensor, sg: torch.Tensor) -> torch.Tensor:
@@ -298,24 +350,94 @@ class BatchColorJitter(torch.nn.Module):
         for j in self.jitter:
             lo, hi = max(0.0, 1.0 - j), 1.0 + j
             factors.append(lo + (hi - lo) * torch.rand(b, device=dev, generator=generator))
-        for pos in range(3):
-            for k, fn in enumerate(fns):
+        for pos in range(3):  # every factor on the whole batch, kept where it is this image's pos-th (no shapes
+            for k, fn in enumerate(fns):  # that depend on the draws)
                 if self.jitter[k] == 0:
                     continue
-                sel = order[:, pos] == k
-                if sel.any():
-                    x[sel] = fn(x[sel], factors[k][sel])
+                x = torch.where((order[:, pos] == k).view(-1, 1, 1, 1), fn(x, factors[k]), x)
         return x
+
+
+class BatchRandomErasing(torch.nn.Module):
+    """timm's ``RandomErasing(probability, mode, max_count)`` on a normalised ``(B, C, H, W)`` float batch, vectorised.
+
+    Per image, as timm: erase with probability ``probability``; ``count`` boxes (``max_count`` when ``min_count ==
+    max_count``, else uniform in ``[min_count, max_count]``); per box up to 10 attempts of area ``U(min_area,
+    max_area) · H·W / count`` and log-uniform aspect ``[min_aspect, 1/min_aspect]``, height / width rounded, the
+    first attempt that fits strictly inside the image is placed at a uniform position and filled with per-pixel
+    (``pixel``), per-channel (``rand``) normal noise or zeros (``const``). All attempts are drawn at once on the device
+    and the first fitting one is selected with ``argmax``: same distribution as timm, no host reads. Returns a new
+    tensor. Not supported: ``num_splits`` (timm's AugMix split batches)."""
+
+    def __init__(self, probability: float = 0.5, mode: str = "pixel", min_count: int = 1, max_count: int = 1,
+                 min_area: float = 0.02, max_area: float = 1 / 3, min_aspect: float = 0.3,
+                 max_aspect: float | None = None) -> None:
+        super().__init__()
+        if mode not in ("pixel", "rand", "const"):
+            raise ValueError(f"re_mode must be 'pixel', 'rand' or 'const', got {mode!r}")
+        if not 1 <= min_count <= max_count:
+            raise ValueError(f"random erasing needs 1 <= min_count <= max_count, got {min_count}, {max_count}")
+        self.probability, self.mode = float(probability), mode
+        self.min_count, self.max_count = int(min_count), int(max_count)
+        self.min_area, self.max_area = float(min_area), float(max_area)
+        max_aspect = max_aspect or 1 / min_aspect
+        self.log_aspect = (math.log(min_aspect), math.log(max_aspect))
+
+    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        b, c, h, w = x.shape
+        dev = x.device
+
+        def uniform(*shape: int, lo: float = 0.0, hi: float = 1.0) -> torch.Tensor:
+            return lo + (hi - lo) * torch.rand(*shape, device=dev, generator=generator)
+
+        erase = uniform(b) <= self.probability
+        if self.min_count == self.max_count:
+            count = torch.full((b,), float(self.min_count), device=dev)
+        else:
+            count = torch.randint(self.min_count, self.max_count + 1, (b,), device=dev, generator=generator).float()
+        rows = torch.arange(h, device=dev).view(1, h, 1)
+        cols = torch.arange(w, device=dev).view(1, 1, w)
+        for box in range(self.max_count):
+            area = uniform(b, 10, lo=self.min_area, hi=self.max_area) * (h * w) / count[:, None]
+            aspect = torch.exp(uniform(b, 10, lo=self.log_aspect[0], hi=self.log_aspect[1]))
+            bh = torch.round(torch.sqrt(area * aspect))
+            bw = torch.round(torch.sqrt(area / aspect))
+            fits = (bw < w) & (bh < h)
+            first = torch.argmax(fits.int(), dim=1, keepdim=True)  # first fitting attempt (0 when none fits)
+            bh, bw = bh.gather(1, first).view(b), bw.gather(1, first).view(b)
+            top = torch.floor(uniform(b) * (h - bh + 1))  # timm: random.randint(0, h - bh)
+            left = torch.floor(uniform(b) * (w - bw + 1))
+            active = erase & fits.any(dim=1) & (box < count)
+            inside = ((rows >= top.view(b, 1, 1)) & (rows < (top + bh).view(b, 1, 1))
+                      & (cols >= left.view(b, 1, 1)) & (cols < (left + bw).view(b, 1, 1)))
+            mask = (inside & active.view(b, 1, 1)).unsqueeze(1)
+            if self.mode == "pixel":
+                noise = torch.randn(b, c, h, w, device=dev, generator=generator, dtype=x.dtype)
+            elif self.mode == "rand":
+                noise = torch.randn(b, c, 1, 1, device=dev, generator=generator, dtype=x.dtype)
+            else:
+                noise = torch.zeros((), device=dev, dtype=x.dtype)
+            x = torch.where(mask, noise, x)
+        return x
+
+
+def augment_seed(seed: int, epoch: int, step: int, rank: int) -> int:
+    """The 64-bit generator seed of one training batch: a hash (NumPy ``SeedSequence``) of ``(seed, epoch, step,
+    rank)`` — a function of where the batch is in the run only, so a resumed run redraws the uninterrupted one's
+    augmentations and ranks draw independent streams."""
+    words = [int(v) % 2**64 for v in (seed, epoch, step, rank)]
+    return int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0])
 
 
 class DeviceAugment(torch.nn.Module):
     """The train-time chain after decode/crop/flip: RandAugment (or colour jitter), normalise, random erasing.
 
-    ``forward(images)`` takes uint8 ``(B, 3, H, W)`` and returns normalised float32. Colour jitter is skipped when
-    RandAugment is on unless ``force_color_jitter`` (timm's rule). ``seed`` and ``rank`` seed a private generator
-    (per device) so replicas draw different augmentations; random erasing (timm's ``RandomErasing``, which draws from
-    Python's ``random``) runs on a private ``random.Random`` state. The RNG states are not checkpointed: a resumed run
-    draws different augmentations than an uninterrupted one.
+    ``forward(images, epoch, step)`` takes uint8 ``(B, 3, H, W)`` and returns normalised float32. Colour jitter is
+    skipped when RandAugment is on unless ``force_color_jitter`` (timm's rule). Every draw comes from one
+    ``torch.Generator`` on the images' device, re-seeded per batch with :func:`augment_seed` ``(seed, epoch, step,
+    rank)``: replicas draw differently, and a run resumed at any step redraws exactly what the uninterrupted run drew
+    (nothing to checkpoint). ``epoch`` / ``step`` default to 0 / the number of earlier calls. Seeding is a host-side
+    operation: no device synchronisation.
     """
 
     def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], auto_augment: str | None = None,
@@ -327,33 +449,30 @@ class DeviceAugment(torch.nn.Module):
         use_jitter = color_jitter is not None and color_jitter != 0 and (not auto_augment or force_color_jitter)
         self.color_jitter = BatchColorJitter(color_jitter) if use_jitter else None
         self.re_prob, self.re_mode, self.re_count = float(re_prob), re_mode, int(re_count)
+        self.erasing = (BatchRandomErasing(self.re_prob, mode=re_mode, max_count=self.re_count)
+                        if self.re_prob > 0 else None)
         self.seed, self.rank = int(seed), int(rank)
         self._generators: dict[str, torch.Generator] = {}
-        self._py_random = random.Random(self.seed * 7919 + self.rank)
+        self._calls = 0
 
-    def _generator(self, device: torch.device) -> torch.Generator:
+    def generator(self, device: torch.device, epoch: int, step: int) -> torch.Generator:
+        """This process's generator on ``device``, seeded for batch ``(epoch, step)``."""
         key = str(device)
         if key not in self._generators:
-            self._generators[key] = torch.Generator(device=device).manual_seed(self.seed * 1_000_003 + self.rank)
-        return self._generators[key]
+            self._generators[key] = torch.Generator(device=device)
+        return self._generators[key].manual_seed(augment_seed(self.seed, epoch, step, self.rank))
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        g = self._generator(images.device)
+    def forward(self, images: torch.Tensor, epoch: int | None = None, step: int | None = None) -> torch.Tensor:
+        if step is None:
+            step = self._calls
+        self._calls += 1
+        g = self.generator(images.device, 0 if epoch is None else epoch, step)
         x = images
         if self.rand_augment is not None:
             x = self.rand_augment(x, generator=g)
         if self.color_jitter is not None:
             x = self.color_jitter(x, generator=g)
         x = normalize(x, self.mean, self.std)
-        if self.re_prob > 0:
-            from timm.data.random_erasing import RandomErasing
-
-            eraser = RandomErasing(self.re_prob, mode=self.re_mode, max_count=self.re_count, device=x.device)
-            saved = random.getstate()
-            random.setstate(self._py_random.getstate())
-            try:
-                x = eraser(x)
-            finally:
-                self._py_random.setstate(random.getstate())
-                random.setstate(saved)
+        if self.erasing is not None:
+            x = self.erasing(x, generator=g)
         return x

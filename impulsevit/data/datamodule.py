@@ -21,7 +21,8 @@ leaves it alone) and the torchvision loader already carries a ``DistributedSampl
 False anyway. Repeated augmentation (``repeated_aug > 1``) follows DeiT's RASampler on both backends.
 
 Not supported: mid-epoch resume (FFCV has no loader state; a resumed run restarts the interrupted epoch with that
-epoch's order), augmentation RNG state in checkpoints, AutoAugment/AugMix on the ffcv backend.
+epoch's order), AutoAugment/AugMix on the ffcv backend. (The device-side augmentation needs no RNG state in
+checkpoints: its draws are seeded from (seed, epoch, batch index in the epoch, rank).)
 """
 
 from __future__ import annotations
@@ -313,8 +314,14 @@ class ImageDataModule(BaseImageDataModule):
         return self._device_augment
 
     def batch_augment(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """uint8 training batch → augmented, normalised float32 (labels unchanged: mixup is the module's)."""
-        return self.device_augment()(images), labels
+        """uint8 training batch → augmented, normalised float32 (labels unchanged: mixup is the module's). The draws
+        are keyed by (epoch, index of the batch in the epoch), Lightning's restored loop counters on a resumed run."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return self.device_augment()(images), labels
+        # batch_to_device runs before the loop counts the batch as ready: `ready` is this batch's index in the epoch
+        step = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        return self.device_augment()(images, epoch=trainer.current_epoch, step=step), labels
 
     def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):  # noqa: ANN001, ANN201
         """Batches the FFCV pipeline already put on ``device`` (its ``ToDevice`` stage on GPU runs) pass through

@@ -239,7 +239,10 @@ def read_full(t: torch.Tensor) -> torch.Tensor:
 def write_full_(t: torch.Tensor, value: torch.Tensor) -> None:
     """Copy the full ``value`` into parameter ``t`` in place; for a ``DTensor`` each rank writes its own shard.
 
-    ``value`` must have ``t``'s full (global) shape; it is cast to ``t``'s dtype and device.
+    ``value`` must have ``t``'s full (global) shape; it is cast to ``t``'s dtype and device. Every rank must pass the
+    same ``value`` (the handlers compute it from the same generator): each rank then takes its own chunk of it locally
+    (``distribute_tensor(..., src_data_rank=None)``, ``torch.chunk`` semantics as FSDP2 shards), with no collective —
+    so writes may be issued from worker threads, in any order, on any number of ranks.
     """
     data = t.data if isinstance(t, nn.Parameter) else t
     if tuple(value.shape) != tuple(data.shape):
@@ -247,10 +250,11 @@ def write_full_(t: torch.Tensor, value: torch.Tensor) -> None:
     if hasattr(data, "device_mesh") and hasattr(data, "placements"):
         from torch.distributed.tensor import distribute_tensor
 
+        target = data.to_local()
         local = distribute_tensor(
-            value.to(device=data.to_local().device, dtype=data.dtype), data.device_mesh, data.placements
+            value.to(device=target.device, dtype=data.dtype), data.device_mesh, data.placements, src_data_rank=None
         ).to_local()
-        data.to_local().copy_(local)
+        target.copy_(local)
     else:
         data.copy_(value.to(device=data.device, dtype=data.dtype))
 

@@ -261,7 +261,10 @@ class _Solver:
 
     def __enter__(self) -> _Solver:
         self._threads = torch.get_num_threads()
-        self._pool = ThreadPoolExecutor(self._threads) if self._threads > 1 else None
+        # each worker sets its own intra-op count (OpenMP's is per thread: left at the default, every worker ran
+        # BLAS/LAPACK on all cores and the impulse solve differed from run to run by ~1e-5)
+        self._pool = (ThreadPoolExecutor(self._threads, initializer=torch.set_num_threads, initargs=(1,))
+                      if self._threads > 1 else None)
         if self._pool is not None:
             torch.set_num_threads(1)
         return self

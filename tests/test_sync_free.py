@@ -1,0 +1,169 @@
+"""A steady-state training step reads nothing back from the device: the DeiT-B recipe (ViT-Ti backbone, small images,
+its FFCV data path with RandAugment / random erasing / mixup / repeated augmentation) is trained on CPU through the
+real CLI while a ``TorchDispatchMode`` counts the ops that synchronise the host with a CUDA device:
+
+- scalar reads (``.item()``, ``bool()``, ``int()``, ``torch.equal`` ...: ``aten._local_scalar_dense`` / ``is_nonzero``
+  / ``equal``);
+- ops whose output shape depends on the data (``nonzero``, boolean indexing, ``masked_select``, ``unique``,
+  ``repeat_interleave`` without ``output_size``) and CUDA kernels that read their input on the host (``bincount``);
+- host tensors lifted per call (``torch.tensor(list, device=...)`` is ``lift_fresh`` + a host → device copy);
+- linalg error checks (``_linalg_check_errors``).
+
+CPU cannot show device → host copies themselves (``.cpu()``): those are caught by the scalar-read rule only when
+followed by a read. The optimizer's own step is excluded (torch's non-fused Adam reads its step count; the fused CUDA
+kernel used on GPUs does not); the closure it calls (forward, backward, hooks) is counted.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections import Counter
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from _cli_helpers import REPO, run_cli
+from torch.utils._python_dispatch import TorchDispatchMode
+
+aten = torch.ops.aten
+SCALAR_READS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default, aten.allclose.default}
+DATA_SHAPED = {aten.nonzero.default, aten.masked_select.default, aten.bincount.default, aten._unique2.default,
+               aten.unique_dim.default, aten.unique_consecutive.default, aten.repeat_interleave.Tensor}
+LIFTS = {aten.lift_fresh.default, aten.lift_fresh_copy.default}
+LINALG_CHECKS = {aten._linalg_check_errors.default}
+
+
+def _is_sync(func: Any, args: tuple, kwargs: dict) -> bool:
+    if func in SCALAR_READS or func in DATA_SHAPED or func in LIFTS or func in LINALG_CHECKS:
+        return True
+    if func is aten.repeat_interleave.self_Tensor and kwargs.get("output_size") is None:
+        return True
+    if func in (aten.index.Tensor, aten.index_put_.default, aten.index_put.default):  # boolean-mask indexing
+        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ()))
+    return False
+
+
+class SyncCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.paused = False
+        self.ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        if not self.paused and _is_sync(func, args, kwargs):
+            self.ops[str(func)] += 1
+            if os.environ.get("SYNC_TRACE"):  # where each counted op comes from
+                print(f"--- {func}\n" + "".join(traceback.format_stack(limit=12)[:-1]), file=sys.stderr)
+        return func(*args, **kwargs)
+
+
+class CountSteps(L.Callback):
+    """Counts per training batch, from the fetch through every hook of the step (callbacks, logging), in a
+    ``TorchDispatchMode``; the optimizer's update (not its closure) is excluded."""
+
+    def __init__(self) -> None:
+        self.per_step: list[Counter[str]] = []
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        loop = trainer.fit_loop.epoch_loop
+        counter = SyncCounter()
+        self.counter = counter
+
+        def counted(fn):  # noqa: ANN001, ANN202
+            def run(*args: Any, **kwargs: Any) -> Any:
+                with counter:
+                    return fn(*args, **kwargs)
+            return run
+
+        advance, advance_end = loop.advance, loop.on_advance_end
+
+        def step_advance(*args: Any, **kwargs: Any) -> Any:
+            counter.ops = Counter()
+            self.per_step.append(counter.ops)
+            return counted(advance)(*args, **kwargs)
+
+        loop.advance, loop.on_advance_end = step_advance, counted(advance_end)
+        for opt in trainer.optimizers:
+            update = opt.step
+
+            def step(closure=None, _update=update, **kw):  # noqa: ANN001, ANN202
+                def in_closure() -> Any:
+                    counter.paused = False
+                    try:
+                        return closure()
+                    finally:
+                        counter.paused = True
+                counter.paused = True
+                try:
+                    return _update(closure=in_closure if closure is not None else None, **kw)
+                finally:
+                    counter.paused = False
+
+            opt.step = step
+
+
+DEIT_B_ON_CPU = [
+    "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.strategy=auto",
+    "--trainer.precision=32-true", "--trainer.max_steps=8", "--trainer.log_every_n_steps=5", "--trainer.limit_val_batches=0",
+    "--trainer.enable_progress_bar=true", "--trainer.enable_model_summary=false",
+    "--model.backbone=vit_tiny_patch16_224",
+    "--model.backbone_kwargs={img_size: 32, patch_size: 8, drop_path_rate: 0.1, weight_init: skip}",
+    "--model.log_attention=false",
+    "--data.init_args.dataset=digits", "--data.init_args.root=null", "--data.init_args.image_size=32",
+    "--data.init_args.batch_size=16", "--data.init_args.num_workers=1",
+]
+
+
+@pytest.mark.ffcv
+@pytest.mark.slow  # ~25 s alone (FFCV conversion of digits, 8 ViT-Ti steps), ~60 s on a loaded machine
+def test_deit_b_recipe_steady_state_step_has_at_most_one_host_sync(tmp_path, monkeypatch):
+    monkeypatch.setenv("IMPULSEVIT_CACHE", str(tmp_path / "cache"))
+    cli = run_cli("fit", "--recipe", str(REPO / "recipes" / "deit_base_in1k.yaml"), f"--runs_dir={tmp_path}",
+                  "--name=deit_b", *DEIT_B_ON_CPU,
+                  # the guard as a GPU run configures it ("auto" picks next_step on CUDA), and the counter
+                  "--trainer.callbacks+=impulsevit.callbacks.NonFiniteLossGuard",
+                  "--trainer.callbacks.check=next_step",
+                  "--trainer.callbacks+=test_sync_free.CountSteps")
+    counter = next(c for c in cli.trainer.callbacks if type(c).__name__ == "CountSteps")
+    assert len(counter.per_step) == 8
+    # after the first steps' one-off setup (device constants, FFCV buffers, Lightning's result slots); step 5 logs
+    steady = [counter.per_step[i] for i in (2, 3, 5, 6, 7)]
+    assert all(sum(c.values()) <= 1 for c in steady), steady
+    log_step = counter.per_step[4]
+    assert log_step[str(aten._local_scalar_dense.default)] > 0, log_step  # the counter sees the log step's reads
+
+
+class SyncDebugSteadySteps(L.Callback):
+    """Turns on ``torch.cuda.set_sync_debug_mode("error")`` for the steady-state batches (not the first two, not log
+    steps): any host synchronisation PyTorch performs there raises."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        loop = trainer.fit_loop.epoch_loop
+        advance, self.checked = loop.advance, 0
+
+        def checked_advance(*args: Any, **kwargs: Any) -> Any:
+            steady = loop.batch_progress.total.ready >= 2 and not trainer._logger_connector.should_update_logs
+            torch.cuda.set_sync_debug_mode("error" if steady else "default")
+            try:
+                return advance(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+                self.checked += steady
+
+        loop.advance = checked_advance
+
+
+@pytest.mark.gpu
+@pytest.mark.ffcv
+def test_deit_b_recipe_steady_state_step_does_not_synchronize_on_cuda(tmp_path, monkeypatch):
+    monkeypatch.setenv("IMPULSEVIT_CACHE", str(tmp_path / "cache"))
+    args = [a for a in DEIT_B_ON_CPU if not a.startswith(("--trainer.accelerator", "--trainer.precision"))]
+    cli = run_cli("fit", "--recipe", str(REPO / "recipes" / "deit_base_in1k.yaml"), f"--runs_dir={tmp_path}",
+                  "--name=deit_b_cuda", *args, "--trainer.accelerator=gpu", "--trainer.precision=bf16-mixed",
+                  "--trainer.callbacks+=test_sync_free.SyncDebugSteadySteps")
+    check = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SyncDebugSteadySteps")
+    assert check.checked >= 4
