@@ -16,7 +16,8 @@ from _cli_helpers import REPO, run_cli, state_dict
 def test_compiled_backbone_trains_the_quickstart_recipe(tmp_path, monkeypatch):
     monkeypatch.setenv("IMPULSEVIT_CACHE", str(tmp_path / "cache"))
     cli = run_cli("fit", "--recipe", str(REPO / "recipes" / "quickstart.yaml"), f"--runs_dir={tmp_path}", "--name=c",
-                  "--model.compile=true", "--trainer.max_steps=2", "--trainer.limit_val_batches=1",
+                  "--model.compile=true", "--trainer.max_steps=2", "--trainer.limit_val_batches=0",
+                  "--trainer.num_sanity_val_steps=0", "--model.backbone_kwargs.depth=1",
                   "--trainer.enable_progress_bar=false", "--model.log_attention=false",
                   "--data.init_args.train_subset=384", "--data.init_args.val_subset=128")
     model = cli.model
