@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -38,6 +39,31 @@ class StopAfterStep(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
         if trainer.global_step >= self.step:
             trainer.should_stop = True
+
+
+class SlowSteps(L.Callback):
+    """Sleeps ``seconds`` after every training step (so a signal or ``max_time`` lands mid-training); writes the file
+    ``marker`` once ``after`` steps are done."""
+
+    def __init__(self, seconds: float = 0.1, marker: str | None = None, after: int = 0) -> None:
+        self.seconds, self.marker, self.after = seconds, marker, after
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        time.sleep(self.seconds)
+        if self.marker and trainer.global_step >= self.after and not os.path.exists(self.marker):
+            Path(self.marker).write_text(str(trainer.global_step))
+
+
+class SignalAtStep(L.Callback):
+    """Sends signal ``signum`` to this process at the start of the training batch after ``step`` optimizer steps."""
+
+    def __init__(self, step: int = 1, signum: int = 15) -> None:
+        self.step, self.signum, self.sent = step, signum, False
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: object) -> None:
+        if trainer.global_step == self.step and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), self.signum)
 
 
 def run_cli(*args: str) -> ImpulseCLI:

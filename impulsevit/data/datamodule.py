@@ -20,29 +20,40 @@ Neither backend depends on Lightning's ``use_distributed_sampler``: the FFCV loa
 leaves it alone) and the torchvision loader already carries a ``DistributedSampler``; the recipes set the flag to
 False anyway. Repeated augmentation (``repeated_aug > 1``) follows DeiT's RASampler on both backends.
 
-Not supported: mid-epoch resume (FFCV has no loader state; a resumed run restarts the interrupted epoch with that
-epoch's order), augmentation RNG state in checkpoints, AutoAugment/AugMix on the ffcv backend.
+Determinism and resume: the training order of both backends is :func:`impulsevit.data.sampling.epoch_sequence`, a
+function of (seed, epoch, rank, world size); the torchvision workers' augmentation draws are seeded per sample from
+(seed, epoch, position in the epoch) (:class:`SourceDataset`), independent of the worker count. The training loaders
+are stateful (epoch and batches consumed on this rank): the datamodule's ``state_dict`` puts that state in every
+checkpoint (the position is Lightning's training progress at the save), and a resumed run continues the interrupted
+epoch after the batches it had trained on — no sample repeated, none skipped; on a different world size the
+remaining samples are re-sharded (:mod:`impulsevit.data.sampling`).
+
+Not supported: AutoAugment/AugMix on the ffcv backend.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import random
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from impulsevit.data.augment import DeviceAugment, fix_timm_posterize, normalize
 from impulsevit.data.base import BaseImageDataModule, dist_info
 from impulsevit.data.convert import PRESETS, beton_num_classes, convert_split, subset_indices
-from impulsevit.data.ffcv_loader import build_ffcv_loader, ffcv_available
+from impulsevit.data.ffcv_loader import FFCVLoader, build_ffcv_loader, ffcv_available
 from impulsevit.data.registry import DatasetInfo, Verify, get_dataset
-from impulsevit.data.sampling import RepeatedAugSampler
+from impulsevit.data.sampling import EpochSampler, LoaderState, SampleKey, sample_seed, trainer_position
 from impulsevit.data.sources import ImageSource, image_folder_source
 
-__all__ = ["ImageDataModule", "SourceDataset", "default_cache_dir"]
+__all__ = ["ImageDataModule", "ResumableDataLoader", "SourceDataset", "default_cache_dir", "seeded_global_rngs"]
 
 Backend = Literal["ffcv", "torchvision"]
 
@@ -52,20 +63,96 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("IMPULSEVIT_CACHE", Path.home() / ".cache" / "impulsevit"))
 
 
-class SourceDataset(Dataset):
-    """A torch ``Dataset`` over an :class:`ImageSource`: ``(transform(PIL RGB image), label int)``."""
+@contextlib.contextmanager
+def seeded_global_rngs(words: np.ndarray) -> Iterator[None]:
+    """Seed Python's ``random``, numpy's global RNG and torch's CPU generator from four uint32 ``words`` for the block
+    (timm's and torchvision's transforms draw from these); in the main process (``num_workers=0``) their previous
+    states are restored afterwards, in a worker process they are the worker's own."""
+    main = torch.utils.data.get_worker_info() is None
+    saved = (random.getstate(), np.random.get_state(), torch.get_rng_state()) if main else None
+    random.seed((int(words[0]) << 32) | int(words[1]))
+    np.random.seed(words)
+    torch.default_generator.manual_seed((int(words[2]) << 32) | int(words[3]))
+    try:
+        yield
+    finally:
+        if saved is not None:
+            random.setstate(saved[0])
+            np.random.set_state(saved[1])
+            torch.set_rng_state(saved[2])
 
-    def __init__(self, source: ImageSource, transform=None) -> None:  # noqa: ANN001 - any callable
-        self.source, self.transform = source, transform
+
+class SourceDataset(Dataset):
+    """A torch ``Dataset`` over an :class:`ImageSource`: ``(transform(PIL RGB image), label int)``.
+
+    Indexed by an int, or by a :class:`~impulsevit.data.sampling.SampleKey` (what the training sampler yields): the
+    transform's random draws are then seeded by :func:`~impulsevit.data.sampling.sample_seed` ``(seed, epoch,
+    position)``, so they do not depend on the worker process, the number of workers or a resume."""
+
+    def __init__(self, source: ImageSource, transform=None, seed: int = 0) -> None:  # noqa: ANN001 - any callable
+        self.source, self.transform, self.seed = source, transform, int(seed)
 
     def __len__(self) -> int:
         return len(self.source)
 
-    def __getitem__(self, i: int):  # noqa: ANN204
+    def __getitem__(self, key: int | SampleKey):  # noqa: ANN204
         from PIL import Image
 
+        i = key.index if isinstance(key, SampleKey) else int(key)
         img = Image.fromarray(self.source.load(i))
-        return (self.transform(img) if self.transform is not None else img), int(self.source.labels[i])
+        if self.transform is None:
+            return img, int(self.source.labels[i])
+        if isinstance(key, SampleKey):
+            with seeded_global_rngs(sample_seed(self.seed, key.epoch, key.position)):
+                return self.transform(img), int(self.source.labels[i])
+        return self.transform(img), int(self.source.labels[i])
+
+
+class ResumableDataLoader(DataLoader):
+    """The torchvision backend's training ``DataLoader`` over an :class:`~impulsevit.data.sampling.EpochSampler`,
+    stateful like :class:`~impulsevit.data.ffcv_loader.FFCVLoader`: ``state_dict()`` is the
+    :class:`~impulsevit.data.sampling.LoaderState` (epoch, batches consumed on this rank — from ``progress()`` when
+    bound to Lightning's training progress, else the batches yielded), ``load_state_dict()`` makes the sampler
+    continue that epoch after them."""
+
+    progress: Callable[[], tuple[int, int] | None] | None = None
+    _position: tuple[int, int] = (0, 0)
+
+    def __iter__(self):  # noqa: ANN204
+        sampler = self.sampler
+        r = sampler._resume
+        done = r.batches if r is not None and r.epoch == sampler.epoch else 0
+        self._position = (sampler.epoch, done)
+        return self._count(super().__iter__(), sampler.epoch, done)
+
+    def _count(self, it: Iterator, epoch: int, done: int) -> Iterator:
+        for batch in it:
+            done += 1
+            self._position = (epoch, done)
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        s = self.sampler
+        pos = self.progress() if self.progress is not None else None
+        epoch, batches = pos if pos is not None else self._position
+        if pos is None and batches >= len(self):  # a finished epoch: the next one starts from its beginning
+            epoch, batches = epoch + 1, 0
+        return LoaderState(epoch=int(epoch), batches=int(batches), batch_size=int(self.batch_size),
+                           world_size=s.num_replicas, num_samples=len(self.dataset), seed=s.seed, repeats=s.repeats,
+                           order="repeated" if s.repeats > 1 else "random").to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue epoch ``state['epoch']`` after its first ``state['batches']`` batches.
+
+        Raises:
+            ValueError: the state belongs to another order (batch size, sample count, seed or repeats differ).
+        """
+        st = LoaderState.from_dict(state)
+        s = self.sampler
+        st.check(batch_size=self.batch_size, num_samples=len(self.dataset), seed=s.seed, repeats=s.repeats)
+        s.set_epoch(st.epoch)
+        s.resume(st if st.batches > 0 else None)
+        self._position = (st.epoch, st.batches)
 
 
 class ImageDataModule(BaseImageDataModule):
@@ -173,6 +260,8 @@ class ImageDataModule(BaseImageDataModule):
         self.betons = {self.train_split: Path(train_beton), self.val_split: Path(val_beton)} if train_beton else {}
         self._device_augment: DeviceAugment | None = None
         self._sets: dict[str, SourceDataset] = {}
+        self._train_loader: FFCVLoader | ResumableDataLoader | None = None
+        self._loader_state: dict[str, Any] | None = None  # from a checkpoint, applied to the next train loader
 
     # ------------------------------------------------------------------ sources and cached files
     def load_source(self, split: str) -> ImageSource:
@@ -213,7 +302,7 @@ class ImageDataModule(BaseImageDataModule):
             return
         train_tf, eval_tf = self._timm_transforms()
         if stage in (None, "fit"):
-            self._sets["train"] = SourceDataset(self.load_source(self.train_split), train_tf)
+            self._sets["train"] = SourceDataset(self.load_source(self.train_split), train_tf, seed=self.seed)
         self._sets["val"] = SourceDataset(self.load_source(self.val_split), eval_tf)
 
     def _timm_transforms(self):  # noqa: ANN202
@@ -239,7 +328,7 @@ class ImageDataModule(BaseImageDataModule):
                                    ratio=self.ratio, hflip=self.hflip, crop_pct=self.crop_pct, seed=self.seed,
                                    in_memory=self.in_memory, repeated_aug=self.repeated_aug if train else 1)
         loader.sampler.set_epoch(epoch)
-        return loader
+        return self._stateful(loader) if train else loader
 
     def _torch_loader(self, train: bool) -> DataLoader:
         key = "train" if train else "val"
@@ -247,20 +336,46 @@ class ImageDataModule(BaseImageDataModule):
             self.setup("fit" if train else "validate")
         ds = self._sets[key]
         rank, world = dist_info()
-        sampler: DistributedSampler | None = None
+        # Explicit generators: a DataLoader without one draws its worker base seed from torch's global RNG at every
+        # iter(), which would shift the training stream (drop path, mixup) between fresh and resumed runs.
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + rank)
+        common = dict(batch_size=self.batch_size, num_workers=self.num_workers, generator=generator,
+                      persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available())
         if train:
             # The order is a function of (seed, epoch) and the epoch is set here: on a resumed run Lightning fetches
-            # the first batch before its own set_epoch call, so a resumed epoch replays the uninterrupted order.
-            sampler = (RepeatedAugSampler(ds, self.repeated_aug, num_replicas=world, rank=rank, seed=self.seed)
-                       if self.repeated_aug > 1 else
-                       DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=self.seed))
+            # the first batch before its own set_epoch call.
+            sampler = EpochSampler(ds, num_replicas=world, rank=rank, seed=self.seed, repeats=self.repeated_aug,
+                                   batch_size=self.batch_size)
             trainer = getattr(self, "trainer", None)
             sampler.set_epoch(trainer.current_epoch if trainer is not None else 0)
-        elif world > 1:
-            sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False, seed=self.seed)
-        return DataLoader(ds, batch_size=self.batch_size, sampler=sampler,
-                          num_workers=self.num_workers, drop_last=train,
-                          persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available())
+            return self._stateful(ResumableDataLoader(ds, sampler=sampler, drop_last=True, **common))
+        sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False, seed=self.seed) \
+            if world > 1 else None
+        return DataLoader(ds, sampler=sampler, drop_last=False, **common)
+
+    # ------------------------------------------------------------------ loader state in checkpoints
+    def _stateful(self, loader):  # noqa: ANN001, ANN202 - FFCVLoader | ResumableDataLoader
+        """Bind the training loader's position to Lightning's progress and apply a state loaded from a checkpoint."""
+        loader.progress = self._progress
+        if self._loader_state is not None:
+            loader.load_state_dict(self._loader_state)
+            self._loader_state = None
+        self._train_loader = loader
+        return loader
+
+    def _progress(self) -> tuple[int, int] | None:
+        return trainer_position(getattr(self, "trainer", None))
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"train_loader": LoaderState dict}`` once a training loader exists (Lightning stores it in every
+        checkpoint); the epoch and batches are Lightning's training progress at the save."""
+        if self._train_loader is None:
+            return {}
+        return {"train_loader": self._train_loader.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the checkpoint's loader state for the training loader (built later, in ``train_dataloader``)."""
+        self._loader_state = state_dict.get("train_loader")
 
     def train_dataloader(self):  # noqa: ANN201 - FFCVLoader or DataLoader
         return self._ffcv(True) if self.backend == "ffcv" else self._torch_loader(True)
