@@ -66,6 +66,44 @@ class SignalAtStep(L.Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class DrawProbe(L.Callback):
+    """Records, per training step, the mixup / CutMix draw (timm ``Mixup``'s λ and kind) and the drop-path keep masks
+    of every ``DropPath`` module, plus the torch RNG state at ``on_train_start`` (after a resume restored it); writes
+    ``<out>/rank<R>.pt`` at the end of fitting."""
+
+    def __init__(self, out: str) -> None:
+        self.out = Path(out)
+        self.record: dict = {"lam": {}, "masks": {}}
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        from timm.layers import DropPath
+
+        mix = pl_module.mixup_fn
+        draw = mix._params_per_batch
+
+        def recorded():  # noqa: ANN202
+            lam, cutmix = draw()
+            self.record["lam"][trainer.global_step] = (float(lam), bool(cutmix))
+            return lam, cutmix
+
+        mix._params_per_batch = recorded
+        for name, module in pl_module.named_modules():
+            if isinstance(module, DropPath):
+                def hook(mod, inputs, output, name=name):  # noqa: ANN001, ANN202
+                    if mod.training:
+                        kept = output.flatten(1).abs().sum(1).ne(0)
+                        self.record["masks"].setdefault(trainer.global_step, {})[name] = kept.tolist()
+                module.register_forward_hook(hook)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.record["rng_at_start"] = torch.get_rng_state()
+        self.record["start_step"] = trainer.global_step
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        torch.save(self.record, self.out / f"rank{trainer.global_rank}.pt")
+
+
 def run_cli(*args: str) -> ImpulseCLI:
     """``impulsevit <args>`` in this process (argv normalised as the console script does); returns the CLI object.
 

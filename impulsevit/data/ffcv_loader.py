@@ -77,9 +77,11 @@ class FFCVLoader:
     report their position but cannot be resumed.
     """
 
-    def __init__(self, loader, order=None) -> None:  # noqa: ANN001 - ffcv.loader.Loader, its _TrainOrder
-        self.loader = loader
-        self.order = order
+    def __init__(self, loader, order=None, epoch_state: np.ndarray | None = None) -> None:  # noqa: ANN001
+        self.loader = loader  # an ffcv.loader.Loader
+        self.order = order  # its training order (see _train_order_factory), None for evaluation
+        # read by a compiled decoder whose augmentation draws are keyed by the epoch (set before each epoch)
+        self.epoch_state = epoch_state
         self.sampler = _EpochSetter(self)
         self.batch_sampler = None  # Lightning's loops probe DataLoader attributes; batching happens inside FFCV
         self.progress: Callable[[], tuple[int, int] | None] | None = None
@@ -115,6 +117,8 @@ class FFCVLoader:
         done = r.batches if r is not None and r.epoch == epoch else 0
         self._position = (epoch, done)
         self.loader.next_epoch = epoch
+        if self.epoch_state is not None:
+            self.epoch_state[0] = epoch
         with _KeepTorchThreads():
             it = iter(self.loader)
         for batch in it:
