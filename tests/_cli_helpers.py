@@ -68,7 +68,7 @@ class SignalAtStep(L.Callback):
 
 class DrawProbe(L.Callback):
     """Records, per training step, the mixup / CutMix draw (timm ``Mixup``'s λ and kind) and the drop-path keep masks
-    of every ``DropPath`` module, plus the torch RNG state at ``on_train_start`` (after a resume restored it); writes
+    of every ``DropPath`` module, plus the torch RNG state at ``on_fit_start`` (after a resume restored it); writes
     ``<out>/rank<R>.pt`` at the end of fitting."""
 
     def __init__(self, out: str) -> None:
@@ -95,7 +95,8 @@ class DrawProbe(L.Callback):
                         self.record["masks"].setdefault(trainer.global_step, {})[name] = kept.tolist()
                 module.register_forward_hook(hook)
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # after Lightning restored the checkpoint (callbacks' states included), before the loaders are built
         self.record["rng_at_start"] = torch.get_rng_state()
         self.record["start_step"] = trainer.global_step
 

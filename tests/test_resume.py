@@ -1,14 +1,14 @@
-"""Resuming: bit-exact after an epoch boundary, step-exact mid-epoch, and safe after SIGKILL during a checkpoint write.
+"""Resuming: bit-exact after an epoch boundary and mid-epoch, and safe after SIGKILL during a checkpoint write.
 
 Data order on resume (documented behaviour, checked here where it is observable):
 
 - At an epoch boundary the resumed run is bit-exact: the datamodule's order is a function of (seed, epoch) and the
-  global RNG states (mixup, drop path) come back from the checkpoint (``RNGStateCheckpoint``).
+  global RNG streams (mixup, drop path) are per rank and per batch, and their states come back from the checkpoint
+  (``RNGStateCheckpoint``).
 - Mid-epoch, after ``k`` of an epoch's ``N`` steps: Lightning restores the step / scheduler / optimizer counters, so
   the run performs exactly the remaining ``N - k`` optimizer steps with the lr schedule where it stopped (no step is
-  repeated or skipped). The synthetic datamodule used here has no loader state, so its interrupted epoch's
-  (seed, epoch) order restarts from its beginning (weights not bit-exact); the real datamodule's loaders are stateful
-  and resume exactly mid-epoch (``tests/test_exact_resume.py``).
+  repeated or skipped), and the stateful training loader continues the interrupted epoch after the batches it had
+  consumed, so the weights are bit-exact too (the real datamodule on both backends: ``tests/test_exact_resume.py``).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_resume_at_epoch_boundary_is_bit_exact_and_does_not_reinitialize(tmp_pat
     assert scalars(tmp_path / "split", "lr") == scalars(tmp_path / "straight", "lr")
 
 
-def test_mid_epoch_resume_neither_repeats_nor_skips_optimizer_steps(tmp_path):
+def test_mid_epoch_resume_neither_repeats_nor_skips_steps_and_is_bit_exact(tmp_path):
     every2 = ["--checkpoint.every_n_train_steps=2", "--checkpoint.save_top_k=-1", "--checkpoint.monitor=null",
               "--checkpoint.filename=step{step}", "--checkpoint.auto_insert_metric_name=false"]
     run_cli(*tiny(tmp_path, "ref", *every2))
@@ -87,6 +87,10 @@ def test_mid_epoch_resume_neither_repeats_nor_skips_optimizer_steps(tmp_path):
     assert adam_steps == {8}
     ref_final = torch.load(tmp_path / "ref" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert final["global_step"] == ref_final["global_step"] == 8
+    # the loader continued the interrupted epoch after its first 2 batches: the weights (and EMA) are the reference's
+    assert final["SyntheticDataModule"]["train_loader"]["epoch"] == 2
+    assert [k for k in final["state_dict"] if not torch.equal(final["state_dict"][k], ref_final["state_dict"][k])] \
+        == []
 
 
 def test_resume_auto_without_checkpoint_starts_fresh_and_explicit_path_must_exist(tmp_path):

@@ -37,7 +37,7 @@ import contextlib
 import hashlib
 import os
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,12 +48,12 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from impulsevit.data.augment import DeviceAugment, fix_timm_posterize, normalize
 from impulsevit.data.base import BaseImageDataModule, dist_info
 from impulsevit.data.convert import PRESETS, beton_num_classes, convert_split, subset_indices
-from impulsevit.data.ffcv_loader import FFCVLoader, build_ffcv_loader, ffcv_available
+from impulsevit.data.ffcv_loader import build_ffcv_loader, ffcv_available
 from impulsevit.data.registry import DatasetInfo, Verify, get_dataset
-from impulsevit.data.sampling import EpochSampler, LoaderState, SampleKey, sample_seed, trainer_position
+from impulsevit.data.sampling import EpochSampler, ResumableDataLoader, SampleKey, sample_seed
 from impulsevit.data.sources import ImageSource, image_folder_source
 
-__all__ = ["ImageDataModule", "ResumableDataLoader", "SourceDataset", "default_cache_dir", "seeded_global_rngs"]
+__all__ = ["ImageDataModule", "SourceDataset", "default_cache_dir", "seeded_global_rngs"]
 
 Backend = Literal["ffcv", "torchvision"]
 
@@ -106,53 +106,6 @@ class SourceDataset(Dataset):
             with seeded_global_rngs(sample_seed(self.seed, key.epoch, key.position)):
                 return self.transform(img), int(self.source.labels[i])
         return self.transform(img), int(self.source.labels[i])
-
-
-class ResumableDataLoader(DataLoader):
-    """The torchvision backend's training ``DataLoader`` over an :class:`~impulsevit.data.sampling.EpochSampler`,
-    stateful like :class:`~impulsevit.data.ffcv_loader.FFCVLoader`: ``state_dict()`` is the
-    :class:`~impulsevit.data.sampling.LoaderState` (epoch, batches consumed on this rank — from ``progress()`` when
-    bound to Lightning's training progress, else the batches yielded), ``load_state_dict()`` makes the sampler
-    continue that epoch after them."""
-
-    progress: Callable[[], tuple[int, int] | None] | None = None
-    _position: tuple[int, int] = (0, 0)
-
-    def __iter__(self):  # noqa: ANN204
-        sampler = self.sampler
-        r = sampler._resume
-        done = r.batches if r is not None and r.epoch == sampler.epoch else 0
-        self._position = (sampler.epoch, done)
-        return self._count(super().__iter__(), sampler.epoch, done)
-
-    def _count(self, it: Iterator, epoch: int, done: int) -> Iterator:
-        for batch in it:
-            done += 1
-            self._position = (epoch, done)
-            yield batch
-
-    def state_dict(self) -> dict[str, Any]:
-        s = self.sampler
-        pos = self.progress() if self.progress is not None else None
-        epoch, batches = pos if pos is not None else self._position
-        if pos is None and batches >= len(self):  # a finished epoch: the next one starts from its beginning
-            epoch, batches = epoch + 1, 0
-        return LoaderState(epoch=int(epoch), batches=int(batches), batch_size=int(self.batch_size),
-                           world_size=s.num_replicas, num_samples=len(self.dataset), seed=s.seed, repeats=s.repeats,
-                           order="repeated" if s.repeats > 1 else "random").to_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue epoch ``state['epoch']`` after its first ``state['batches']`` batches.
-
-        Raises:
-            ValueError: the state belongs to another order (batch size, sample count, seed or repeats differ).
-        """
-        st = LoaderState.from_dict(state)
-        s = self.sampler
-        st.check(batch_size=self.batch_size, num_samples=len(self.dataset), seed=s.seed, repeats=s.repeats)
-        s.set_epoch(st.epoch)
-        s.resume(st if st.batches > 0 else None)
-        self._position = (st.epoch, st.batches)
 
 
 class ImageDataModule(BaseImageDataModule):
@@ -260,8 +213,6 @@ class ImageDataModule(BaseImageDataModule):
         self.betons = {self.train_split: Path(train_beton), self.val_split: Path(val_beton)} if train_beton else {}
         self._device_augment: DeviceAugment | None = None
         self._sets: dict[str, SourceDataset] = {}
-        self._train_loader: FFCVLoader | ResumableDataLoader | None = None
-        self._loader_state: dict[str, Any] | None = None  # from a checkpoint, applied to the next train loader
 
     # ------------------------------------------------------------------ sources and cached files
     def load_source(self, split: str) -> ImageSource:
@@ -328,7 +279,7 @@ class ImageDataModule(BaseImageDataModule):
                                    ratio=self.ratio, hflip=self.hflip, crop_pct=self.crop_pct, seed=self.seed,
                                    in_memory=self.in_memory, repeated_aug=self.repeated_aug if train else 1)
         loader.sampler.set_epoch(epoch)
-        return self._stateful(loader) if train else loader
+        return self.stateful_train_loader(loader) if train else loader
 
     def _torch_loader(self, train: bool) -> DataLoader:
         key = "train" if train else "val"
@@ -348,34 +299,10 @@ class ImageDataModule(BaseImageDataModule):
                                    batch_size=self.batch_size)
             trainer = getattr(self, "trainer", None)
             sampler.set_epoch(trainer.current_epoch if trainer is not None else 0)
-            return self._stateful(ResumableDataLoader(ds, sampler=sampler, drop_last=True, **common))
+            return self.stateful_train_loader(ResumableDataLoader(ds, sampler=sampler, drop_last=True, **common))
         sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False, seed=self.seed) \
             if world > 1 else None
         return DataLoader(ds, sampler=sampler, drop_last=False, **common)
-
-    # ------------------------------------------------------------------ loader state in checkpoints
-    def _stateful(self, loader):  # noqa: ANN001, ANN202 - FFCVLoader | ResumableDataLoader
-        """Bind the training loader's position to Lightning's progress and apply a state loaded from a checkpoint."""
-        loader.progress = self._progress
-        if self._loader_state is not None:
-            loader.load_state_dict(self._loader_state)
-            self._loader_state = None
-        self._train_loader = loader
-        return loader
-
-    def _progress(self) -> tuple[int, int] | None:
-        return trainer_position(getattr(self, "trainer", None))
-
-    def state_dict(self) -> dict[str, Any]:
-        """``{"train_loader": LoaderState dict}`` once a training loader exists (Lightning stores it in every
-        checkpoint); the epoch and batches are Lightning's training progress at the save."""
-        if self._train_loader is None:
-            return {}
-        return {"train_loader": self._train_loader.state_dict()}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Keep the checkpoint's loader state for the training loader (built later, in ``train_dataloader``)."""
-        self._loader_state = state_dict.get("train_loader")
 
     def train_dataloader(self):  # noqa: ANN201 - FFCVLoader or DataLoader
         return self._ffcv(True) if self.backend == "ffcv" else self._torch_loader(True)

@@ -33,17 +33,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 __all__ = [
     "EpochSampler",
     "LoaderState",
     "RepeatedAugSampler",
+    "ResumableDataLoader",
     "SampleKey",
     "epoch_sequence",
     "repeated_aug_order",
@@ -227,3 +228,49 @@ class RepeatedAugSampler(EpochSampler):
 
     def __init__(self, dataset: Sized, repeats: int = 3, num_replicas: int = 1, rank: int = 0, seed: int = 0) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, seed=seed, repeats=repeats, keys=False)
+
+
+class ResumableDataLoader(DataLoader):
+    """A training ``DataLoader`` over an :class:`EpochSampler` (the torchvision backend's, the synthetic
+    datamodule's), stateful like :class:`~impulsevit.data.ffcv_loader.FFCVLoader`: ``state_dict()`` is the
+    :class:`LoaderState` (epoch, batches consumed on this rank — from ``progress()`` when bound to Lightning's training
+    progress, else the batches yielded), ``load_state_dict()`` makes the sampler continue that epoch after them."""
+
+    progress: Callable[[], tuple[int, int] | None] | None = None
+    _position: tuple[int, int] = (0, 0)
+
+    def __iter__(self):  # noqa: ANN204
+        sampler = self.sampler
+        r = sampler._resume
+        done = r.batches if r is not None and r.epoch == sampler.epoch else 0
+        self._position = (sampler.epoch, done)
+        return self._count(super().__iter__(), sampler.epoch, done)
+
+    def _count(self, it: Iterator, epoch: int, done: int) -> Iterator:
+        for batch in it:
+            done += 1
+            self._position = (epoch, done)
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        s = self.sampler
+        pos = self.progress() if self.progress is not None else None
+        epoch, batches = pos if pos is not None else self._position
+        if pos is None and batches >= len(self):  # a finished epoch: the next one starts from its beginning
+            epoch, batches = epoch + 1, 0
+        return LoaderState(epoch=int(epoch), batches=int(batches), batch_size=int(self.batch_size),
+                           world_size=s.num_replicas, num_samples=len(self.dataset), seed=s.seed, repeats=s.repeats,
+                           order="repeated" if s.repeats > 1 else "random").to_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue epoch ``state['epoch']`` after its first ``state['batches']`` batches.
+
+        Raises:
+            ValueError: the state belongs to another order (batch size, sample count, seed or repeats differ).
+        """
+        st = LoaderState.from_dict(state)
+        s = self.sampler
+        st.check(batch_size=self.batch_size, num_samples=len(self.dataset), seed=s.seed, repeats=s.repeats)
+        s.set_epoch(st.epoch)
+        s.resume(st if st.batches > 0 else None)
+        self._position = (st.epoch, st.batches)
