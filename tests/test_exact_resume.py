@@ -7,7 +7,8 @@ Every run is ``impulsevit fit --recipe quickstart`` on 256 training / 64 validat
 - fresh runs: two runs with the same arguments are bit-identical;
 - stops: a run stopped by a callback's ``should_stop`` after step k (inside an epoch, and at the epoch boundary), by
   ``max_time``, by SIGTERM / SIGINT (real signals to a subprocess, with their exit codes), then ``--resume auto``,
-  ends bit-identical to the uninterrupted run;
+  ends bit-identical to the uninterrupted run; the same under 2-process DDP (gloo); a resume on another world size
+  re-shards the interrupted epoch's remaining samples;
 - the plan: a resume with another ``max_epochs`` says so and follows the new plan's lr; an explicit
   ``model.scheduler.epochs`` keeps the schedule when a job stops early.
 
@@ -17,20 +18,16 @@ randomness off (``scale=[1,1]``, ``hflip=0``) to check the FFCV order and loader
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
-from unittest import mock
 
 import pytest
 import torch
 from _cli_helpers import run_cli, scalars, subprocess_env
-
-from impulsevit.cli import prepare_argv, run_trainer_command
 
 SUBSET = ["--data.init_args.train_subset=256", "--data.init_args.val_subset=64", "--data.init_args.batch_size=32",
           "--trainer.max_epochs=2", "--trainer.limit_val_batches=1", "--trainer.log_every_n_steps=1",
@@ -97,15 +94,9 @@ def test_two_fresh_runs_are_bit_identical(tmp_path, cache, straight, backend):
     assert_same_training(final(tmp_path, "again"), straight(backend))
 
 
-def test_fresh_runs_differ_with_the_data_seed(tmp_path, cache, straight):
-    run_cli(*args(tmp_path, "seed1", "torchvision", cache, "--data.init_args.seed=1"))
-    a, b = final(tmp_path, "seed1")["state_dict"], straight("torchvision")["state_dict"]
-    assert any(not torch.equal(a[k], b[k]) for k in a)
-
-
 # ------------------------------------------------------------------------------------------------- stops
-@pytest.mark.parametrize("backend", ["torchvision", "ffcv-geometry", "ffcv"])
-@pytest.mark.parametrize("step", [5, STEPS_PER_EPOCH, STEPS_PER_EPOCH + 3])
+@pytest.mark.parametrize(("backend", "step"), [("torchvision", 5), ("torchvision", STEPS_PER_EPOCH),
+                                              ("ffcv-geometry", STEPS_PER_EPOCH + 3), ("ffcv", 5)])
 def test_stop_after_step_then_resume_auto_is_bit_identical(tmp_path, cache, straight, backend, step):
     first = run_cli(*args(tmp_path, "split", backend, cache, stop_after(step)))
     assert first.trainer.global_step == step
@@ -160,16 +151,6 @@ def test_signal_stops_with_exit_code_after_checkpoint_and_resumes_exactly(tmp_pa
     assert_same_training(final(tmp_path, "sig"), straight("torchvision"))
 
 
-def test_sigterm_in_process_returns_143_after_the_checkpoint(tmp_path, cache):
-    signal_at = ('--trainer.callbacks=[{"class_path": "_cli_helpers.SignalAtStep", "init_args": {"step": 3, '
-                 '"signum": 15}}]')
-    with mock.patch.object(sys, "argv", ["impulsevit"]), mock.patch.dict(os.environ):
-        code = run_trainer_command(prepare_argv(args(tmp_path, "term", "torchvision", cache, signal_at)))
-    assert code == 143
-    ckpt = torch.load(tmp_path / "term" / "checkpoints" / "preempted.ckpt", map_location="cpu", weights_only=True)
-    assert ckpt["global_step"] == 4  # the signal arrived during step 4; the checkpoint is at the boundary after it
-
-
 # ------------------------------------------------------------------------------------------------- the plan
 def test_resume_with_a_new_max_epochs_follows_the_new_plan(tmp_path, cache, straight, capfd):
     run_cli(*args(tmp_path, "plan", "torchvision", cache, "--trainer.max_epochs=1"))
@@ -188,16 +169,15 @@ def test_resume_with_a_new_max_epochs_follows_the_new_plan(tmp_path, cache, stra
     assert final(tmp_path, "plan")["lr_plan"]["total_steps"] == 16
 
 
-def test_explicit_schedule_epochs_survive_an_early_stop(tmp_path, cache, capfd):
-    """With ``model.scheduler.epochs: 2`` the plan is fixed: a job limited to 1 epoch, then resumed with 2, trains
-    exactly like an uninterrupted 2-epoch run (no plan change to report)."""
+def test_explicit_schedule_epochs_survive_an_early_stop(tmp_path, cache, straight, capfd):
+    """With ``model.scheduler.epochs: 2`` the plan is fixed: a job limited to 1 epoch, then resumed with the recipe's
+    2, trains exactly like the uninterrupted 2-epoch run (whose plan is also 16 steps; no plan change to report)."""
     planned = "--model.scheduler.epochs=2"
-    run_cli(*args(tmp_path, "ref", "torchvision", cache, planned))
     run_cli(*args(tmp_path, "cut", "torchvision", cache, planned, "--trainer.max_epochs=1"))
     capfd.readouterr()
     run_cli(*args(tmp_path, "cut", "torchvision", cache, planned, "--resume=auto"))
     assert "plan changed" not in capfd.readouterr().err
-    assert_same_training(final(tmp_path, "cut"), final(tmp_path, "ref"))
+    assert_same_training(final(tmp_path, "cut"), straight("torchvision"))
 
 
 # ------------------------------------------------------------------------------------------------- DDP
@@ -219,8 +199,9 @@ def _ddp(tmp_path: Path, name: str, backend: str, cache: Path, *extra: str, devi
 def test_ddp_two_ranks_fresh_runs_and_mid_epoch_resume_are_bit_identical(tmp_path, cache, backend):
     """2 gloo ranks: 256 images / 2 ranks / batch 32 = 4 steps per epoch, 8 in all; stop after step 2 (mid-epoch)."""
     _ddp(tmp_path, "a", backend, cache)
-    _ddp(tmp_path, "b", backend, cache)
-    assert_same_training(final(tmp_path, "a"), final(tmp_path, "b"))
+    if backend == "torchvision":
+        _ddp(tmp_path, "b", backend, cache)
+        assert_same_training(final(tmp_path, "a"), final(tmp_path, "b"))
     _ddp(tmp_path, "split", backend, cache, stop_after(2))
     ckpt = final(tmp_path, "split")
     assert ckpt["global_step"] == 2

@@ -13,9 +13,9 @@ which it then skips for USR1 — and owns requeueing itself. Lightning keeps its
 What it does:
 
 - ``setup`` (fit only): takes over requeueing as above; installs handlers for ``SIGUSR1`` (requeue), ``SIGTERM``
-  and ``SIGINT`` (stop) that only set a flag (async-signal-safe: no I/O, no locks); warns once when running under SLURM without
-  ``scontrol`` on PATH (common inside containers, Lightning#21404): the checkpoint is still written, the job is not
-  requeued.
+  and ``SIGINT`` (stop) that only set a flag (async-signal-safe: no I/O, no locks); warns once when running under
+  SLURM without ``scontrol`` on PATH (common inside containers, Lightning#21404): the checkpoint is still written,
+  the job is not requeued.
 - ``on_train_batch_end`` — the step boundary where Lightning's own ``ModelCheckpoint(every_n_train_steps)`` saves: the
   flag is max-reduced over ranks (one scalar collective per step, so every rank takes the same decision at the same
   step even if the signal reached only some ranks), then all ranks save ``<checkpoints>/preempted.ckpt`` through
