@@ -248,7 +248,8 @@ class RNGStateCheckpoint(Callback):
         if stage == "fit" and self._seed is not None:
             from lightning.fabric.utilities.seed import seed_everything
 
-            seed_everything(rank_seed(self._seed, self._rank), workers=False, verbose=False)
+            workers = os.environ.get("PL_SEED_WORKERS", "0") == "1"
+            seed_everything(rank_seed(self._seed, self._rank), workers=workers, verbose=False)
             os.environ["PL_GLOBAL_SEED"] = str(self._seed)  # keep the run's seed for later stages / processes
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:

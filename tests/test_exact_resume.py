@@ -134,7 +134,9 @@ def test_signal_stops_with_exit_code_after_checkpoint_and_resumes_exactly(tmp_pa
     slow = ('--trainer.callbacks=[{"class_path": "_cli_helpers.SlowSteps", "init_args": {"seconds": 0.3, '
             f'"marker": "{marker}", "after": 3}}}}]')
     cmd = [sys.executable, "-m", "impulsevit.cli", *args(tmp_path, "sig", "torchvision", cache, slow)]
-    proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # CPU float results depend on the intra-op thread count: the subprocess uses this process's, like the reference
+    env = {**subprocess_env(), "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
