@@ -96,9 +96,11 @@ class DrawProbe(L.Callback):
                 module.register_forward_hook(hook)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # after Lightning restored the checkpoint (callbacks' states included), before the loaders are built
+        # after Lightning restored the callbacks' states from a checkpoint, before the loaders are built
         self.record["rng_at_start"] = torch.get_rng_state()
-        self.record["start_step"] = trainer.global_step
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.record["start_step"] = trainer.global_step  # the loops' state is restored after on_fit_start
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
