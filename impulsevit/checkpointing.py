@@ -6,8 +6,12 @@
 - :func:`latest_checkpoint` is what ``impulsevit fit --resume auto`` uses: among ``<run_dir>/checkpoints/*.ckpt`` and
   Lightning's SLURM ``<run_dir>/hpc_ckpt_*.ckpt`` it returns the newest (modification time) that is complete.
 - :class:`RunCheckpoint` is Lightning's ``ModelCheckpoint`` with a ``last.ckpt`` that is always the newest state.
-- :class:`RNGStateCheckpoint` stores the global torch / numpy / python RNG states in each checkpoint and restores them
-  on resume, so stochastic parts of training (mixup, drop path, dropout) continue their streams after a resume.
+- :class:`RNGStateCheckpoint` gives every rank its own global RNG streams (``seed + global_rank``, re-seeded per
+  training batch from (seed, rank, epoch, batch)), stores every rank's torch / numpy / python RNG states in each
+  checkpoint and restores each rank's own on resume, so stochastic parts of training (mixup, drop path, dropout)
+  continue exactly after a resume.
+- :class:`RunCheckpoint` also writes ``last.ckpt`` at the step where any callback sets ``trainer.should_stop``
+  (``max_time``, early stopping mid-epoch, ...), so every graceful stop leaves a checkpoint to resume from.
 
 Not supported: remote (fsspec URL) checkpoint paths; atomicity of FSDP2 *distributed* checkpoints (a directory written
 by several ranks; :func:`is_complete_checkpoint` instead requires its ``meta.pt``, written last by rank 0, to be newer
@@ -37,6 +41,10 @@ __all__ = [
     "atomic_torch_save",
     "atomic_write_text",
     "checkpoint_candidates",
+    "get_rng_state",
+    "rank_seed",
+    "set_rng_state",
+    "step_seed",
     "is_complete_checkpoint",
     "latest_checkpoint",
     "resume_candidate",
@@ -182,39 +190,114 @@ def latest_checkpoint(run_dir: str | os.PathLike, extra_dirs: tuple[str | os.Pat
     return None
 
 
-class RNGStateCheckpoint(Callback):
-    """Saves the global RNG states (torch CPU, CUDA when present, numpy, python ``random``) into every checkpoint and
-    restores them when a checkpoint is loaded for resuming.
+def rank_seed(seed: int, rank: int) -> int:
+    """The global-RNG seed of rank ``rank``: ``seed + rank`` (timm's and DeiT's rule), so replicas draw different
+    mixup / CutMix / drop-path randomness."""
+    return int(seed) + int(rank)
 
-    Runs in ``state_dict`` (checkpoint save) and ``load_state_dict`` (restore, before the fit loop starts). Rank 0's
-    state is saved and every rank restores it (with Lightning's ``seed_everything`` all ranks start from the same seed
-    anyway). DataLoader worker and sampler generators are not covered: samplers own their seeds.
+
+def step_seed(seed: int, rank: int, epoch: int, batch: int) -> np.ndarray:
+    """Four uint32 words seeding the global RNGs for training batch ``batch`` of ``epoch`` on ``rank``."""
+    return np.random.SeedSequence([0x57E9, int(seed) & 0xFFFFFFFF, int(rank), int(epoch), int(batch)]).generate_state(4)
+
+
+def get_rng_state() -> dict[str, Any]:
+    """This process's global RNG states (torch CPU, CUDA when initialised, numpy, python) as plain tensors / ints /
+    floats, so a checkpoint holding them stays loadable with ``torch.load(weights_only=True)``."""
+    _, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, py_state, py_gauss = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
+                  "gauss": float(gauss)},
+        "python": {"version": version, "state": torch.tensor(py_state, dtype=torch.int64), "gauss": py_gauss},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`get_rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    npy = state["numpy"]
+    np.random.set_state(("MT19937", npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
+                         npy["gauss"]))
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def seed_global_rngs(words: np.ndarray) -> None:
+    """Seed Python's ``random``, numpy's global RNG and torch's CPU (and current CUDA device's) generator."""
+    random.seed((int(words[0]) << 32) | int(words[1]))
+    np.random.seed(words)
+    torch_seed = (int(words[2]) << 32) | int(words[3])
+    torch.default_generator.manual_seed(torch_seed)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.default_generators[torch.cuda.current_device()].manual_seed(torch_seed)
+
+
+class RNGStateCheckpoint(Callback):
+    """Per-rank global RNG streams: seeded with ``seed + global_rank``, re-seeded per training batch from (seed, rank,
+    epoch, batch), saved per rank in every checkpoint and restored per rank on resume.
+
+    - ``setup`` (fit): ``seed_everything(seed + global_rank)`` (:func:`rank_seed`; ``seed`` is Lightning's
+      ``PL_GLOBAL_SEED``, i.e. ``seed_everything`` of the recipe), as timm and DeiT seed their ranks; nothing happens
+      when no global seed was set.
+    - ``on_train_batch_start``: the global RNGs (python, numpy, torch CPU, the current CUDA device) are re-seeded from
+      :func:`step_seed` ``(seed, rank, epoch, batch)`` when ``per_batch`` (default). Every draw of a training step
+      from them (timm's mixup / CutMix λ and box from numpy, drop-path and dropout masks from torch) is then a
+      function of (seed, rank, epoch, batch), whatever ran before it (validation, checkpoint writes, a resume).
+    - ``state_dict``: every rank's states, gathered (a collective: Lightning dumps checkpoints on every rank);
+      ``load_state_dict`` restores the state saved by this rank (a checkpoint from another world size: ranks beyond
+      the saved ones keep their fresh ``seed + rank`` streams). Checkpoints written before per-rank states existed
+      (one state) are restored on every rank.
+
+    Not supported: RNGs other than the global ones (samplers and augmenters own their seeds).
     """
 
+    def __init__(self, per_batch: bool = True) -> None:
+        self.per_batch = per_batch
+        self._seed: int | None = None
+        self._rank = 0
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._rank = int(trainer.global_rank)
+        seed = os.environ.get("PL_GLOBAL_SEED")
+        self._seed = int(seed) if seed is not None else None
+        if stage == "fit" and self._seed is not None:
+            from lightning.fabric.utilities.seed import seed_everything
+
+            workers = os.environ.get("PL_SEED_WORKERS", "0") == "1"
+            seed_everything(rank_seed(self._seed, self._rank), workers=workers, verbose=False)
+            os.environ["PL_GLOBAL_SEED"] = str(self._seed)  # keep the run's seed for later stages / processes
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if self.per_batch and self._seed is not None:
+            seed_global_rngs(step_seed(self._seed, self._rank, trainer.current_epoch, batch_idx))
+
     def state_dict(self) -> dict[str, Any]:
-        # plain tensors / ints / floats only, so the checkpoint stays loadable with torch.load(weights_only=True)
-        _, keys, pos, has_gauss, gauss = np.random.get_state()
-        version, py_state, py_gauss = random.getstate()
-        state = {
-            "torch": torch.get_rng_state(),
-            "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
-                      "gauss": float(gauss)},
-            "python": {"version": version, "state": torch.tensor(py_state, dtype=torch.int64), "gauss": py_gauss},
-        }
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            state["cuda"] = torch.cuda.get_rng_state_all()
-        return state
+        mine = get_rng_state()
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and \
+                torch.distributed.get_world_size() > 1:
+            states: list[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(states, mine)
+        else:
+            states = [mine]
+        return {"ranks": states}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        torch.set_rng_state(state_dict["torch"])
-        npy = state_dict["numpy"]
-        np.random.set_state(("MT19937", npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
-                             npy["gauss"]))
-        py = state_dict["python"]
-        random.setstate((py["version"], tuple(int(v) for v in py["state"].tolist()), py["gauss"]))
-        cuda = state_dict.get("cuda")
-        if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(cuda)
+        if "ranks" not in state_dict:  # a checkpoint from before per-rank states: one state for all ranks
+            set_rng_state(state_dict)
+            return
+        rank = torch.distributed.get_rank() if torch.distributed.is_available() and \
+            torch.distributed.is_initialized() else 0
+        states = state_dict["ranks"]
+        if rank < len(states):
+            set_rng_state(states[rank])
 
 
 class RunCheckpoint(ModelCheckpoint):
@@ -225,9 +308,10 @@ class RunCheckpoint(ModelCheckpoint):
     Why: Lightning 2.6 writes ``last.ckpt`` only when a top-k checkpoint was saved at the same step, so an epoch whose
     monitored metric did not improve leaves ``last.ckpt`` behind (a resume would silently redo that epoch); and a
     step-interval save is deferred until the monitored ``val/*`` metric exists (so no mid-epoch checkpoint before the
-    first validation). Top-k selection itself is unchanged. Sanity checks, ``fast_dev_run`` (also at the end of
-    training, where Lightning 2.6 would) and non-fit stages never save. Every checkpoint the trainer saves carries the
-    run's limits (:func:`run_limits`), so ``--resume auto`` skips those of smoke runs.
+    first validation). It is also written at the step where ``trainer.should_stop`` is set (Lightning would otherwise
+    end a mid-epoch stop without a checkpoint). Top-k selection itself is unchanged. Sanity checks, ``fast_dev_run``
+    (also at the end of training, where Lightning 2.6 would) and non-fit stages never save. Every checkpoint the
+    trainer saves carries the run's limits (:func:`run_limits`), so ``--resume auto`` skips those of smoke runs.
     """
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
@@ -247,6 +331,11 @@ class RunCheckpoint(ModelCheckpoint):
         super().on_train_batch_end(trainer, pl_module, *args, **kwargs)
         n = self._every_n_train_steps
         if n >= 1 and trainer.global_step % n == 0:
+            self._save_last_if_stale(trainer)
+        elif trainer.should_stop and trainer.fit_loop._can_stop_early:
+            # A callback (Timer for max_time, a user's stop rule) asked to stop: the loops leave after this step
+            # without reaching the end-of-epoch save, so save here — at a step boundary, mid-epoch state intact.
+            # Lightning runs checkpoint callbacks after all others, so a flag set in this hook is seen.
             self._save_last_if_stale(trainer)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -26,7 +26,11 @@ subcommands other modules provide (``convert``, ``submit``, ``study``, ``demo``)
   ``IMPULSEVIT_DEBUG=1`` shows the traceback. Nothing is written before these checks pass (:mod:`impulsevit.preflight`).
 - Misspelled keys fail with the key and the closest valid one; unknown recipe names list the available recipes.
 - ``data.num_classes`` is linked to ``model.num_classes``; the global batch is read by the module from the trainer.
-- The global RNG states travel in the checkpoints (:class:`~impulsevit.checkpointing.RNGStateCheckpoint`).
+- The global RNG states travel in the checkpoints, per rank (:class:`~impulsevit.checkpointing.RNGStateCheckpoint`;
+  ranks are seeded ``seed_everything + global_rank``), and so does the training loaders' position: ``--resume auto``
+  after any graceful stop continues bit-exactly (see the README's resume section).
+- Exit status: 0 when finished, 143 after SIGTERM, 130 after SIGINT (each after the stop checkpoint is written), 0
+  after a SIGUSR1 that requeued the SLURM job; argument errors exit with 2.
 
 Not supported: remote run directories (fsspec URLs).
 """
@@ -656,8 +660,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"impulsevit: error: unknown subcommand {sub!r}{hint}\n\n{USAGE}", file=sys.stderr)
         return 2
     reuse_large_allocations()  # per-step batches above 32 MiB are not page-faulted in again every step
+    return run_trainer_command(argv, sub, debug)
+
+
+def run_trainer_command(argv: list[str], sub: str = "fit", debug: bool = False) -> int:
+    """Run ``fit|validate|test|predict`` and return its exit status: 0 when it finished, 143 after SIGTERM and 130
+    after SIGINT (each after its checkpoint was written, see :mod:`impulsevit.callbacks.preemption`), 0 after a
+    SIGUSR1 that requeued the SLURM job, 1 or 2 for a user-fixable error (printed as one line; ``debug`` re-raises).
+    Lightning leaves a SIGTERM with a ``SIGTERMException`` (a ``SystemExit`` without a code, i.e. status 0); it is
+    mapped to 143 here."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
     try:
         ImpulseCLI(args=argv)
+    except SIGTERMException:
+        log.info("impulsevit: stopped by SIGTERM (exit 143)")
+        return 143
+    except KeyboardInterrupt:
+        log.info("impulsevit: interrupted (exit 130)")
+        return 130
     except Exception as e:  # noqa: BLE001 - user errors become one line; anything else is re-raised
         found = None if debug else user_error(e)
         if found is None:

@@ -76,12 +76,18 @@ class SchedulerConfig:
     ``cosine``: linear warmup from ``warmup_lr`` to the peak lr over ``warmup_epochs``, then cosine decay reaching
     ``min_lr`` at the last optimizer step of the run (timm ``CosineLRScheduler``, ``t_in_epochs=False``; no cooldown
     epochs). ``constant``: the same warmup, then the peak lr. Fractional ``warmup_epochs`` are allowed.
+
+    The schedule's length is the run's plan: ``epochs`` when given (the cosine then ends there whatever
+    ``trainer.max_epochs`` says, e.g. when a job stops early), otherwise the trainer's ``max_epochs`` / ``max_steps``
+    (Lightning's ``estimated_stepping_batches``). The plan is stored in checkpoints; a resume under another plan says
+    so and rebuilds the schedule for the new plan from the current step (``ImageClassifier``).
     """
 
     name: Literal["cosine", "constant"] = "cosine"
     warmup_epochs: float = 5
     warmup_lr: float = 1e-6
     min_lr: float = 1e-5
+    epochs: float | None = None
 
 
 @dataclass

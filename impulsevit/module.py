@@ -11,8 +11,12 @@ What it does (and where the machinery comes from):
   backbone's ``no_weight_decay()`` names, optional layer decay; lr given directly or scaled from ``base_lr`` by the
   global batch (per-device batch x data-parallel replicas x ``accumulate_grad_batches``).
 - schedule: timm ``CosineLRScheduler`` (or a warmup-then-constant ``StepLRScheduler``) with ``t_in_epochs=False``,
-  stepped after every optimizer step; the cosine reaches ``min_lr`` at ``trainer.estimated_stepping_batches`` (no
-  cooldown epochs, unlike timm's ``train.py`` which runs ``epochs + cooldown``).
+  stepped after every optimizer step; the cosine reaches ``min_lr`` at the end of the run's plan
+  (:meth:`ImageClassifier.lr_plan`: ``model.scheduler.epochs`` x steps per epoch when set, else
+  ``trainer.estimated_stepping_batches``; no cooldown epochs, unlike timm's ``train.py`` which runs
+  ``epochs + cooldown``). The plan is stored in checkpoints (``lr_plan``); a resume whose plan differs (another
+  ``max_epochs``, ``scheduler.epochs``, batch or world size) prints one line and rebuilds the schedule for the new plan
+  at the current step (a run extended from 100 to 300 epochs continues on a cosine over 300).
 - loss: timm ``Mixup``/CutMix + ``SoftTargetCrossEntropy`` when ``mixup`` is set (label smoothing folded into the soft
   targets), otherwise cross-entropy with ``label_smoothing``; 2-D (soft) targets from the datamodule are accepted.
 - EMA: timm ``ModelEmaV3`` of the backbone (``ema_decay``), re-synchronised with the backbone right after the
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Any
 
 import lightning as L
@@ -368,9 +373,37 @@ class ImageClassifier(L.LightningModule):
         replicas = int(sampler_kwargs.get("num_replicas", trainer.world_size))
         return int(per_device) * replicas * int(trainer.accumulate_grad_batches)
 
-    def configure_optimizers(self) -> dict[str, Any]:
+    def lr_plan(self) -> dict[str, Any]:
+        """The schedule's plan for this run: ``total_steps`` (optimizer steps the cosine spans), ``warmup_steps``,
+        ``steps_per_epoch`` and ``epochs`` (``model.scheduler.epochs``, else the trainer's ``max_epochs``; None when
+        the trainer counts steps). Reads the train dataloader's length (Lightning loads it on first use)."""
         trainer = self.trainer
-        total_steps = max(1, int(trainer.estimated_stepping_batches))  # also loads the train dataloader
+        estimated = max(1, int(trainer.estimated_stepping_batches))  # also loads the train dataloader
+        batches = trainer.num_training_batches
+        finite = math.isfinite(batches)
+        steps_per_epoch = max(1, math.ceil(batches / trainer.accumulate_grad_batches)) if finite else estimated
+        s = self.scheduler_cfg
+        epochs: float | None = s.epochs
+        if epochs is not None and finite:
+            total_steps = max(1, math.ceil(epochs * steps_per_epoch))
+        else:
+            total_steps = estimated
+            epochs = trainer.max_epochs if trainer.max_epochs not in (None, -1) and trainer.max_steps == -1 else None
+        warmup = min(total_steps - 1, round(s.warmup_epochs * steps_per_epoch)) if s.warmup_epochs > 0 else 0
+        return {"total_steps": total_steps, "warmup_steps": warmup, "steps_per_epoch": steps_per_epoch,
+                "epochs": epochs}
+
+    def _build_scheduler(self, optimizer: torch.optim.Optimizer, plan: dict[str, Any]) -> Any:
+        s = self.scheduler_cfg
+        total, warmup = plan["total_steps"], plan["warmup_steps"]
+        if s.name == "cosine":
+            return CosineLRScheduler(optimizer, t_initial=total, lr_min=s.min_lr, warmup_t=warmup,
+                                     warmup_lr_init=s.warmup_lr, t_in_epochs=False)
+        return StepLRScheduler(optimizer, decay_t=total + 1, decay_rate=1.0, warmup_t=warmup,
+                               warmup_lr_init=s.warmup_lr, t_in_epochs=False)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        plan = self.lr_plan()
         global_batch = self.global_batch_size()
         cfg = self.optimizer_cfg
         lr = resolve_lr(cfg, global_batch)
@@ -388,28 +421,49 @@ class ImageClassifier(L.LightningModule):
         optimizer = create_optimizer_v2(
             self.backbone, opt=cfg.name, lr=lr, weight_decay=cfg.weight_decay, layer_decay=cfg.layer_decay, **extra
         )
-        batches = trainer.num_training_batches
-        steps_per_epoch = max(1, math.ceil(batches / trainer.accumulate_grad_batches)) if math.isfinite(batches) \
-            else total_steps
-        s = self.scheduler_cfg
-        warmup = min(total_steps - 1, round(s.warmup_epochs * steps_per_epoch)) if s.warmup_epochs > 0 else 0
-        if s.name == "cosine":
-            scheduler = CosineLRScheduler(
-                optimizer, t_initial=total_steps, lr_min=s.min_lr, warmup_t=warmup, warmup_lr_init=s.warmup_lr,
-                t_in_epochs=False,
-            )
-        else:
-            scheduler = StepLRScheduler(
-                optimizer, decay_t=total_steps + 1, decay_rate=1.0, warmup_t=warmup, warmup_lr_init=s.warmup_lr,
-                t_in_epochs=False,
-            )
-        self.resolved = {"lr": lr, "global_batch_size": global_batch, "total_steps": total_steps,
-                         "warmup_steps": warmup, "steps_per_epoch": steps_per_epoch}
+        scheduler = self._build_scheduler(optimizer, plan)
+        self.resolved = {"lr": lr, "global_batch_size": global_batch, **plan}
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.resolved:
+            checkpoint["lr_plan"] = {k: self.resolved[k] for k in ("total_steps", "warmup_steps", "steps_per_epoch",
+                                                                   "epochs") if k in self.resolved}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._checkpoint_plan = checkpoint.get("lr_plan")
+
+    def _follow_plan_after_resume(self) -> None:
+        """After a resume: if the checkpoint's plan differs from this run's, say so in one line and replace the
+        restored scheduler (whose state holds the old length) by one for the new plan, at the current step."""
+        old = getattr(self, "_checkpoint_plan", None)
+        self._checkpoint_plan = None
+        if not old or not self.resolved:
+            return
+        keys = ("total_steps", "warmup_steps")
+        if all(old.get(k) == self.resolved.get(k) for k in keys):
+            return
+        trainer = self.trainer
+        config = trainer.lr_scheduler_configs[0]
+        config.scheduler = self._build_scheduler(trainer.optimizers[0], self.resolved)
+        config.scheduler.step_update(num_updates=self.global_step)
+
+        def desc(p: dict[str, Any]) -> str:
+            ep = p.get("epochs")
+            span = f"{ep:g} epochs x {p.get('steps_per_epoch')} steps = " if ep is not None else ""
+            return f"{span}{p['total_steps']} steps, warmup {p['warmup_steps']}"
+
+        if trainer.is_global_zero:
+            print(f"[impulsevit] lr schedule: the plan changed on resume (checkpoint: {desc(old)}; now: "
+                  f"{desc(self.resolved)}); rebuilt the {self.scheduler_cfg.name} schedule for the new plan from step "
+                  f"{self.global_step}", file=sys.stderr, flush=True)
 
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
         # Lightning calls this after each optimizer step with global_step already counting it.
         scheduler.step_update(num_updates=self.global_step)
+
+    def on_train_start(self) -> None:
+        self._follow_plan_after_resume()
 
     def on_fit_start(self) -> None:
         # Runs after the callbacks' on_fit_start (the Initializer) and before Lightning logs the hparams.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -38,6 +39,72 @@ class StopAfterStep(L.Callback):
     def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
         if trainer.global_step >= self.step:
             trainer.should_stop = True
+
+
+class SlowSteps(L.Callback):
+    """Sleeps ``seconds`` after every training step (so a signal or ``max_time`` lands mid-training); writes the file
+    ``marker`` once ``after`` steps are done."""
+
+    def __init__(self, seconds: float = 0.1, marker: str | None = None, after: int = 0) -> None:
+        self.seconds, self.marker, self.after = seconds, marker, after
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        time.sleep(self.seconds)
+        if self.marker and trainer.global_step >= self.after and not os.path.exists(self.marker):
+            Path(self.marker).write_text(str(trainer.global_step))
+
+
+class SignalAtStep(L.Callback):
+    """Sends signal ``signum`` to this process at the start of the training batch after ``step`` optimizer steps."""
+
+    def __init__(self, step: int = 1, signum: int = 15) -> None:
+        self.step, self.signum, self.sent = step, signum, False
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: object) -> None:
+        if trainer.global_step == self.step and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), self.signum)
+
+
+class DrawProbe(L.Callback):
+    """Records, per training step, the mixup / CutMix draw (timm ``Mixup``'s λ and kind) and the drop-path keep masks
+    of every ``DropPath`` module, plus the torch RNG state at ``on_fit_start`` (after a resume restored it); writes
+    ``<out>/rank<R>.pt`` at the end of fitting."""
+
+    def __init__(self, out: str) -> None:
+        self.out = Path(out)
+        self.record: dict = {"lam": {}, "masks": {}}
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        from timm.layers import DropPath
+
+        mix = pl_module.mixup_fn
+        draw = mix._params_per_batch
+
+        def recorded():  # noqa: ANN202
+            lam, cutmix = draw()
+            self.record["lam"][trainer.global_step] = (float(lam), bool(cutmix))
+            return lam, cutmix
+
+        mix._params_per_batch = recorded
+        for name, module in pl_module.named_modules():
+            if isinstance(module, DropPath):
+                def hook(mod, inputs, output, name=name):  # noqa: ANN001, ANN202
+                    if mod.training:
+                        kept = output.flatten(1).abs().sum(1).ne(0)
+                        self.record["masks"].setdefault(trainer.global_step, {})[name] = kept.tolist()
+                module.register_forward_hook(hook)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # after Lightning restored the callbacks' states from a checkpoint, before the loaders are built
+        self.record["rng_at_start"] = torch.get_rng_state()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.record["start_step"] = trainer.global_step  # the loops' state is restored after on_fit_start
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        torch.save(self.record, self.out / f"rank{trainer.global_rank}.pt")
 
 
 def run_cli(*args: str) -> ImpulseCLI:

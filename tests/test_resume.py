@@ -1,15 +1,14 @@
-"""Resuming: bit-exact after an epoch boundary, step-exact mid-epoch, and safe after SIGKILL during a checkpoint write.
+"""Resuming: bit-exact after an epoch boundary and mid-epoch, and safe after SIGKILL during a checkpoint write.
 
 Data order on resume (documented behaviour, checked here where it is observable):
 
 - At an epoch boundary the resumed run is bit-exact: the datamodule's order is a function of (seed, epoch) and the
-  global RNG states (mixup, drop path) come back from the checkpoint (``RNGStateCheckpoint``).
+  global RNG streams (mixup, drop path) are per rank and per batch, and their states come back from the checkpoint
+  (``RNGStateCheckpoint``).
 - Mid-epoch, after ``k`` of an epoch's ``N`` steps: Lightning restores the step / scheduler / optimizer counters, so
   the run performs exactly the remaining ``N - k`` optimizer steps with the lr schedule where it stopped (no step is
-  repeated or skipped). The data loaders here are not stateful (no ``state_dict``), so the interrupted epoch's
-  (seed, epoch) order restarts from its beginning: the resumed run sees that order's first ``N - k`` batches — the
-  first ``k`` batches of that epoch are seen twice, the last ``k`` not at all in that epoch. Later epochs are as in an
-  uninterrupted run. Weights are therefore not bit-exact after a mid-epoch resume.
+  repeated or skipped), and the stateful training loader continues the interrupted epoch after the batches it had
+  consumed, so the weights are bit-exact too (the real datamodule on both backends: ``tests/test_exact_resume.py``).
 """
 
 from __future__ import annotations
@@ -68,7 +67,7 @@ def test_resume_at_epoch_boundary_is_bit_exact_and_does_not_reinitialize(tmp_pat
     assert scalars(tmp_path / "split", "lr") == scalars(tmp_path / "straight", "lr")
 
 
-def test_mid_epoch_resume_neither_repeats_nor_skips_optimizer_steps(tmp_path):
+def test_mid_epoch_resume_neither_repeats_nor_skips_steps_and_is_bit_exact(tmp_path):
     every2 = ["--checkpoint.every_n_train_steps=2", "--checkpoint.save_top_k=-1", "--checkpoint.monitor=null",
               "--checkpoint.filename=step{step}", "--checkpoint.auto_insert_metric_name=false"]
     run_cli(*tiny(tmp_path, "ref", *every2))
@@ -89,6 +88,10 @@ def test_mid_epoch_resume_neither_repeats_nor_skips_optimizer_steps(tmp_path):
     assert adam_steps == {8}
     ref_final = torch.load(tmp_path / "ref" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert final["global_step"] == ref_final["global_step"] == 8
+    # the loader continued the interrupted epoch after its first 2 batches: the weights (and EMA) are the reference's
+    assert final["SyntheticDataModule"]["train_loader"]["epoch"] == 2
+    assert [k for k in final["state_dict"] if not torch.equal(final["state_dict"][k], ref_final["state_dict"][k])] \
+        == []
 
 
 def test_resume_auto_without_checkpoint_starts_fresh_and_explicit_path_must_exist(tmp_path):
@@ -220,27 +223,54 @@ def test_sigkill_during_checkpoint_write_then_resume_auto(tmp_path):
 
 
 @pytest.mark.slow
-def test_ddp_two_processes_resume_auto_is_bit_exact(tmp_path):
+def test_ddp_two_processes_resume_auto_is_bit_exact_with_per_rank_randomness(tmp_path):
     """``impulsevit fit`` with ``strategy: ddp`` on 2 CPU processes (gloo), as a user runs it (a subprocess: Lightning
-    re-launches the command for rank 1): stop after epoch 0, ``--resume auto``, compare with an uninterrupted run."""
+    re-launches the command for rank 1): stop after epoch 0, ``--resume auto``, compare with an uninterrupted run.
+
+    The tiny recipe has mixup / CutMix and drop path: the ranks draw different λ and drop-path masks (seeded
+    ``seed + rank``), every rank's RNG state is in the checkpoint and each rank gets its own back on resume, and the
+    resumed draws are the uninterrupted run's, rank by rank."""
     env = subprocess_env()
     with socket.socket() as s:  # a port of our own for the gloo rendezvous (other DDP tests may run concurrently)
         s.bind(("127.0.0.1", 0))
         env["MASTER_PORT"] = str(s.getsockname()[1])
     ddp = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu"]
 
-    def fit(name: str, *extra: str) -> str:
-        cmd = [sys.executable, "-m", "impulsevit.cli", *tiny(tmp_path, name, *ddp, *extra)]
+    def fit(name: str, probe: str, *extra: str) -> str:
+        callbacks = [{"class_path": "_cli_helpers.DrawProbe", "init_args": {"out": str(tmp_path / probe)}}]
+        if STOP_AFTER_EPOCH_0 in extra:
+            callbacks.append({"class_path": "_cli_helpers.StopAfterEpoch", "init_args": {"epoch": 0}})
+            extra = tuple(e for e in extra if e != STOP_AFTER_EPOCH_0)
+        cmd = [sys.executable, "-m", "impulsevit.cli", *tiny(tmp_path, name, *ddp, *extra),
+               f"--trainer.callbacks={json.dumps(callbacks)}"]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout + done.stderr
 
-    fit("straight")
-    fit("split", STOP_AFTER_EPOCH_0)
-    log = fit("split", "--resume=auto")
+    fit("straight", "p_straight")
+    fit("split", "p_first", STOP_AFTER_EPOCH_0)
+    saved = torch.load(tmp_path / "split" / "checkpoints" / "last.ckpt", map_location="cpu",
+                       weights_only=True)["callbacks"]["RNGStateCheckpoint"]["ranks"]
+    log = fit("split", "p_resumed", "--resume=auto")
     assert "resuming from" in log and "is not re-applied" in log
     a = torch.load(tmp_path / "straight" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     b = torch.load(tmp_path / "split" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert a["global_step"] == b["global_step"] == 4  # 64 samples / 2 ranks / batch 16 = 2 steps per epoch
     assert [k for k in a["state_dict"] if not torch.equal(a["state_dict"][k], b["state_dict"][k])] == []
     assert yaml.safe_load((tmp_path / "split" / "config.yaml").read_text())["trainer"]["strategy"] == "ddp"
+
+    def probe(name: str) -> list[dict]:
+        return [torch.load(tmp_path / name / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+    straight, resumed = probe("p_straight"), probe("p_resumed")
+    # per-rank streams: the two replicas draw different mixup λ and different drop-path masks at the same steps
+    assert sorted(straight[0]["lam"]) == sorted(straight[1]["lam"]) == [0, 1, 2, 3]
+    assert all(straight[0]["lam"][s] != straight[1]["lam"][s] for s in range(4))
+    assert straight[0]["masks"] and straight[0]["masks"] != straight[1]["masks"]
+    # resume: each rank gets its own saved RNG state back, and draws what the uninterrupted run drew at those steps
+    assert len(saved) == 2 and not torch.equal(saved[0]["torch"], saved[1]["torch"])
+    for r in (0, 1):
+        assert resumed[r]["start_step"] == 2
+        assert torch.equal(resumed[r]["rng_at_start"], saved[r]["torch"])
+        assert resumed[r]["lam"] == {s: straight[r]["lam"][s] for s in (2, 3)}
+        assert resumed[r]["masks"] == {s: straight[r]["masks"][s] for s in (2, 3)}

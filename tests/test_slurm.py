@@ -265,6 +265,10 @@ def test_usr1_checkpoints_requeues_and_resumes(workspace):
     plain_step, plain_steps = ws["results"]["plain"]
     assert _check_run_dir(run_dir) == plain_step
     assert _loss_steps(run_dir) == plain_steps  # neither duplicated nor missing steps across the requeue
+    # the requeued job continued the interrupted epoch exactly: the uninterrupted run's weights, bit for bit
+    a, b = (torch.load(d / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+            for d in (run_dir, ws["root"] / "runs" / "plain"))
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
 
 
 @pytest.mark.slurm

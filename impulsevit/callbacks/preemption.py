@@ -1,4 +1,4 @@
-"""Preemption-safe SLURM requeue: checkpoint at the next step boundary on USR1/TERM, then ``scontrol requeue``.
+"""Preemption-safe SLURM requeue: checkpoint at the next step boundary on USR1/TERM/INT, then ``scontrol requeue``.
 
 Why not Lightning's own handler: with ``SLURMEnvironment(auto_requeue=True)`` Lightning 2.6 saves the HPC checkpoint
 *inside* the USR1 signal handler (``_SignalConnector._slurm_sigusr_handler_fn``). A handler runs between any two
@@ -12,10 +12,10 @@ which it then skips for USR1 — and owns requeueing itself. Lightning keeps its
 
 What it does:
 
-- ``setup`` (fit only): takes over requeueing as above; installs handlers for ``SIGUSR1`` (requeue) and ``SIGTERM``
-  (stop) that only set a flag (async-signal-safe: no I/O, no locks); warns once when running under SLURM without
-  ``scontrol`` on PATH (common inside containers, Lightning#21404): the checkpoint is still written, the job is not
-  requeued.
+- ``setup`` (fit only): takes over requeueing as above; installs handlers for ``SIGUSR1`` (requeue), ``SIGTERM``
+  and ``SIGINT`` (stop) that only set a flag (async-signal-safe: no I/O, no locks); warns once when running under
+  SLURM without ``scontrol`` on PATH (common inside containers, Lightning#21404): the checkpoint is still written,
+  the job is not requeued.
 - ``on_train_batch_end`` — the step boundary where Lightning's own ``ModelCheckpoint(every_n_train_steps)`` saves: on
   one rank the flag is a Python int (nothing to read from the device); on several ranks it is max-reduced over ranks
   every ``check_every_n_steps`` optimizer steps (default: ``trainer.log_every_n_steps``, the steps that read the
@@ -28,9 +28,15 @@ What it does:
   Lightning has logged the step, by raising :class:`Preempted` — so the TensorBoard curve has neither a gap nor a
   duplicate when the requeued job resumes. If the requeue fails or there is no ``scontrol``, training continues (the
   job may still finish within the signal lead time; if it is killed, the checkpoint is there).
-- TERM: the same checkpoint, then every rank leaves via :class:`Preempted` (exit code 143). A SIGTERM that Lightning
-  turns into ``SIGTERMException`` before this callback saw it (e.g. during validation) still gets a checkpoint from
+- TERM: the same checkpoint, then every rank leaves (exit code 143: :class:`Preempted`, or Lightning's own
+  ``SIGTERMException``, which ``impulsevit.cli.main`` maps to 143). A SIGTERM that Lightning turns into
+  ``SIGTERMException`` before this callback saw it (e.g. during validation) still gets a checkpoint from
   ``on_exception``.
+- INT (Ctrl-C): the same checkpoint at the next step boundary, then every rank leaves with exit code 130; a second
+  Ctrl-C interrupts at once (Lightning's ``KeyboardInterrupt`` handling, no checkpoint).
+
+The checkpoint carries the loaders' position (:mod:`impulsevit.data.sampling`) and every rank's RNG state
+(:class:`~impulsevit.checkpointing.RNGStateCheckpoint`), so ``--resume auto`` continues bit-exactly.
 - ``on_train_start``: on a resumed run, reports the checkpoint and the restored global step.
 
 Every action is printed (rank 0, stderr) and appended to the run's ``slurm/events.log``
@@ -63,12 +69,14 @@ from impulsevit.io import commit, remove, temp_path
 
 __all__ = ["Preempted", "SlurmRequeue"]
 
-_NONE, _STOP, _REQUEUE = 0, 1, 2
-_NAMES = {_STOP: "SIGTERM", _REQUEUE: "SIGUSR1"}
+_NONE, _INTERRUPT, _STOP, _REQUEUE = 0, 1, 2, 3  # max-reduced over ranks: a requeue request wins
+_NAMES = {_INTERRUPT: "SIGINT", _STOP: "SIGTERM", _REQUEUE: "SIGUSR1"}
+EXIT_CODES = {_INTERRUPT: 130, _STOP: 143}  # 128 + signal number, what a shell reports for a killed job
 
 
 class Preempted(SystemExit):
-    """Raised on every rank after the preemption checkpoint (and requeue); exit code 0 when requeued, else 143."""
+    """Raised on every rank after the preemption checkpoint (and requeue); exit code 0 when requeued, 143 after
+    SIGTERM, 130 after SIGINT."""
 
 
 def slurm_job_id() -> str | None:
@@ -106,13 +114,15 @@ class SlurmRequeue(Callback):
 
     # ------------------------------------------------------------------------------------------------- signals
     def _on_signal(self, signum: int, frame: Any) -> None:  # async-signal context: set a flag, nothing else
-        code = _REQUEUE if signum == signal.SIGUSR1 else _STOP
+        if signum == signal.SIGINT and self._pending == _INTERRUPT:
+            signal.default_int_handler(signum, frame)  # a second Ctrl-C interrupts at once (KeyboardInterrupt)
+        code = {signal.SIGUSR1: _REQUEUE, signal.SIGINT: _INTERRUPT}.get(signum, _STOP)
         self._pending = max(self._pending, code)
 
     def _install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in (signal.SIGUSR1, signal.SIGTERM):
+        for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
             self._previous[sig] = signal.getsignal(sig)
             signal.signal(sig, self._on_signal)
 
@@ -240,8 +250,8 @@ class SlurmRequeue(Callback):
         self._say(trainer, f"received {_NAMES[decision]} (on at least one rank); checkpointing at global step "
                            f"{trainer.global_step}", event="signal", signal=_NAMES[decision], step=trainer.global_step)
         self._save(trainer, "requeue" if decision == _REQUEUE else "stop")
-        if decision == _STOP or not self.requeue:
-            self._exit_code = 143 if decision == _STOP else 0
+        if decision != _REQUEUE or not self.requeue:
+            self._exit_code = EXIT_CODES.get(decision, 0)
         elif self._requeue(trainer):
             self._exit_code = 0
 

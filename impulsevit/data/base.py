@@ -9,6 +9,8 @@ float32, and the LightningModule switches to the soft-target loss when it sees 2
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning as L
 import torch
 
@@ -42,10 +44,37 @@ class BaseImageDataModule(L.LightningDataModule):
         self.batch_size = int(batch_size)
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
+        self._train_loader: Any = None  # the stateful training loader, once built
+        self._loader_state: dict[str, Any] | None = None  # from a checkpoint, applied to the next training loader
 
     @property
     def num_classes(self) -> int:
         return self._num_classes
+
+    # ------------------------------------------------------------------ training-loader state in checkpoints
+    def stateful_train_loader(self, loader: Any) -> Any:
+        """Register ``loader`` (with ``state_dict`` / ``load_state_dict`` / ``progress``, e.g.
+        :class:`~impulsevit.data.sampling.ResumableDataLoader`) as the training loader: its position follows
+        Lightning's training progress, and a state loaded from a checkpoint is applied to it. Returns ``loader``."""
+        from impulsevit.data.sampling import trainer_position
+
+        loader.progress = lambda: trainer_position(getattr(self, "trainer", None))
+        if self._loader_state is not None:
+            loader.load_state_dict(self._loader_state)
+            self._loader_state = None
+        self._train_loader = loader
+        return loader
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"train_loader": LoaderState dict}`` once a stateful training loader exists (Lightning stores it in
+        every checkpoint); its epoch and batches are Lightning's training progress at the save."""
+        if self._train_loader is None:
+            return {}
+        return {"train_loader": self._train_loader.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the checkpoint's loader state for the training loader (built later, in ``train_dataloader``)."""
+        self._loader_state = state_dict.get("train_loader")
 
     def batch_augment(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Training-batch augmentation on the device (identity here). Returns (images, labels or soft targets)."""

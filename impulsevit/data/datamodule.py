@@ -20,18 +20,30 @@ Neither backend depends on Lightning's ``use_distributed_sampler``: the FFCV loa
 leaves it alone) and the torchvision loader already carries a ``DistributedSampler``; the recipes set the flag to
 False anyway. Repeated augmentation (``repeated_aug > 1``) follows DeiT's RASampler on both backends.
 
-Not supported: mid-epoch resume (FFCV has no loader state; a resumed run restarts the interrupted epoch with that
-epoch's order), AutoAugment/AugMix on the ffcv backend. (The device-side augmentation needs no RNG state in
-checkpoints: its draws are seeded from (seed, epoch, batch index in the epoch, rank).)
+Determinism and resume: the training order of both backends is :func:`impulsevit.data.sampling.epoch_sequence`, a
+function of (seed, epoch, rank, world size); the torchvision workers' augmentation draws are seeded per sample from
+(seed, epoch, position in the epoch) (:class:`SourceDataset`), independent of the worker count; the FFCV decoder's
+crop/flip draws are a function of (seed, epoch, sample index); the device-side augmentation's draws are seeded from
+(seed, epoch, batch index in the epoch, rank). The training loaders are stateful (epoch and batches consumed on this
+rank): the datamodule's ``state_dict`` puts that state in every checkpoint (the position is Lightning's training
+progress at the save), and a resumed run continues the interrupted epoch after the batches it had trained on — no
+sample repeated, none skipped; on a different world size the remaining samples are re-sharded
+(:mod:`impulsevit.data.sampling`).
+
+Not supported: AutoAugment/AugMix on the ffcv backend.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
@@ -48,10 +60,10 @@ from impulsevit.data.convert import (
 from impulsevit.data.ffcv_loader import build_ffcv_loader, ffcv_available
 from impulsevit.data.integrity import CheckLevel, verify_beton
 from impulsevit.data.registry import DatasetInfo, Verify, get_dataset
-from impulsevit.data.sampling import RepeatedAugSampler
+from impulsevit.data.sampling import EpochSampler, ResumableDataLoader, SampleKey, sample_seed
 from impulsevit.data.sources import ImageSource, image_folder_source
 
-__all__ = ["ImageDataModule", "SourceDataset", "default_cache_dir"]
+__all__ = ["ImageDataModule", "SourceDataset", "default_cache_dir", "seeded_global_rngs"]
 
 Backend = Literal["ffcv", "torchvision"]
 
@@ -61,20 +73,49 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("IMPULSEVIT_CACHE", Path.home() / ".cache" / "impulsevit"))
 
 
-class SourceDataset(Dataset):
-    """A torch ``Dataset`` over an :class:`ImageSource`: ``(transform(PIL RGB image), label int)``."""
+@contextlib.contextmanager
+def seeded_global_rngs(words: np.ndarray) -> Iterator[None]:
+    """Seed Python's ``random``, numpy's global RNG and torch's CPU generator from four uint32 ``words`` for the block
+    (timm's and torchvision's transforms draw from these); in the main process (``num_workers=0``) their previous
+    states are restored afterwards, in a worker process they are the worker's own."""
+    main = torch.utils.data.get_worker_info() is None
+    saved = (random.getstate(), np.random.get_state(), torch.get_rng_state()) if main else None
+    random.seed((int(words[0]) << 32) | int(words[1]))
+    np.random.seed(words)
+    torch.default_generator.manual_seed((int(words[2]) << 32) | int(words[3]))
+    try:
+        yield
+    finally:
+        if saved is not None:
+            random.setstate(saved[0])
+            np.random.set_state(saved[1])
+            torch.set_rng_state(saved[2])
 
-    def __init__(self, source: ImageSource, transform=None) -> None:  # noqa: ANN001 - any callable
-        self.source, self.transform = source, transform
+
+class SourceDataset(Dataset):
+    """A torch ``Dataset`` over an :class:`ImageSource`: ``(transform(PIL RGB image), label int)``.
+
+    Indexed by an int, or by a :class:`~impulsevit.data.sampling.SampleKey` (what the training sampler yields): the
+    transform's random draws are then seeded by :func:`~impulsevit.data.sampling.sample_seed` ``(seed, epoch,
+    position)``, so they do not depend on the worker process, the number of workers or a resume."""
+
+    def __init__(self, source: ImageSource, transform=None, seed: int = 0) -> None:  # noqa: ANN001 - any callable
+        self.source, self.transform, self.seed = source, transform, int(seed)
 
     def __len__(self) -> int:
         return len(self.source)
 
-    def __getitem__(self, i: int):  # noqa: ANN204
+    def __getitem__(self, key: int | SampleKey):  # noqa: ANN204
         from PIL import Image
 
+        i = key.index if isinstance(key, SampleKey) else int(key)
         img = Image.fromarray(self.source.load(i))
-        return (self.transform(img) if self.transform is not None else img), int(self.source.labels[i])
+        if self.transform is None:
+            return img, int(self.source.labels[i])
+        if isinstance(key, SampleKey):
+            with seeded_global_rngs(sample_seed(self.seed, key.epoch, key.position)):
+                return self.transform(img), int(self.source.labels[i])
+        return self.transform(img), int(self.source.labels[i])
 
 
 class ImageDataModule(BaseImageDataModule):
@@ -235,7 +276,7 @@ class ImageDataModule(BaseImageDataModule):
             return
         train_tf, eval_tf = self._timm_transforms()
         if stage in (None, "fit"):
-            self._sets["train"] = SourceDataset(self.load_source(self.train_split), train_tf)
+            self._sets["train"] = SourceDataset(self.load_source(self.train_split), train_tf, seed=self.seed)
         self._sets["val"] = SourceDataset(self.load_source(self.val_split), eval_tf)
 
     def _timm_transforms(self):  # noqa: ANN202
@@ -264,7 +305,7 @@ class ImageDataModule(BaseImageDataModule):
                                    interpolation=self.interpolation, seed=self.seed, in_memory=self.in_memory,
                                    repeated_aug=self.repeated_aug if train else 1, device=device)
         loader.sampler.set_epoch(epoch)
-        return loader
+        return self.stateful_train_loader(loader) if train else loader
 
     def _torch_loader(self, train: bool) -> DataLoader:
         key = "train" if train else "val"
@@ -272,20 +313,22 @@ class ImageDataModule(BaseImageDataModule):
             self.setup("fit" if train else "validate")
         ds = self._sets[key]
         rank, world = dist_info()
-        sampler: DistributedSampler | None = None
+        # Explicit generators: a DataLoader without one draws its worker base seed from torch's global RNG at every
+        # iter(), which would shift the training stream (drop path, mixup) between fresh and resumed runs.
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + rank)
+        common = dict(batch_size=self.batch_size, num_workers=self.num_workers, generator=generator,
+                      persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available())
         if train:
             # The order is a function of (seed, epoch) and the epoch is set here: on a resumed run Lightning fetches
-            # the first batch before its own set_epoch call, so a resumed epoch replays the uninterrupted order.
-            sampler = (RepeatedAugSampler(ds, self.repeated_aug, num_replicas=world, rank=rank, seed=self.seed)
-                       if self.repeated_aug > 1 else
-                       DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=self.seed))
+            # the first batch before its own set_epoch call.
+            sampler = EpochSampler(ds, num_replicas=world, rank=rank, seed=self.seed, repeats=self.repeated_aug,
+                                   batch_size=self.batch_size)
             trainer = getattr(self, "trainer", None)
             sampler.set_epoch(trainer.current_epoch if trainer is not None else 0)
-        elif world > 1:
-            sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False, seed=self.seed)
-        return DataLoader(ds, batch_size=self.batch_size, sampler=sampler,
-                          num_workers=self.num_workers, drop_last=train,
-                          persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available())
+            return self.stateful_train_loader(ResumableDataLoader(ds, sampler=sampler, drop_last=True, **common))
+        sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=False, seed=self.seed) \
+            if world > 1 else None
+        return DataLoader(ds, sampler=sampler, drop_last=False, **common)
 
     def train_dataloader(self):  # noqa: ANN201 - FFCVLoader or DataLoader
         return self._ffcv(True) if self.backend == "ffcv" else self._torch_loader(True)

@@ -23,24 +23,28 @@ constructor unless placed right after the decoder (design.md §5); keeping uint8
 bytes. The ``Loader`` is built and iterated with torch's thread count saved and restored (FFCV sets it to
 ``num_workers`` on the calling thread).
 
-Ordering: ``RANDOM`` for training (``QUASI_RANDOM`` only when single-process and the file is not OS-cached;
-FFCV raises for ``QUASI_RANDOM`` with ``distributed=True``), ``SEQUENTIAL`` for evaluation; ``distributed=True`` when a
-process group with more than one rank exists (FFCV then shards with ``DistributedSampler`` semantics, padding the last
-shard). Repeated augmentation uses :func:`impulsevit.data.sampling.repeated_aug_order` through a custom
-``TraversalOrder``. Epochs are seeded ``seed + epoch`` (FFCV's rule); :class:`FFCVLoader` exposes ``sampler.set_epoch``
-so Lightning sets the epoch (also after a resume). FFCV has no mid-epoch state: a resume restarts the current epoch.
+Ordering (training): one rank's share of :func:`impulsevit.data.sampling.epoch_sequence` — the same seeded orders
+as the torchvision backend (``DistributedSampler``'s shuffle seeded ``seed + epoch``, or repeated augmentation),
+through a custom ``TraversalOrder`` — or, single-process and not OS-cached, FFCV's page-aware ``QUASI_RANDOM``
+(seeded ``seed * 912300 + epoch``); ``SEQUENTIAL`` for evaluation, ``distributed=True`` when a process group with more
+than one rank exists. Every order is a function of (seed, epoch, rank, world size), not of thread scheduling.
+:class:`FFCVLoader` exposes ``sampler.set_epoch`` so Lightning sets the epoch (also after a resume), and is stateful
+(``state_dict`` / ``load_state_dict``, see :mod:`impulsevit.data.sampling`): a resumed run continues the interrupted
+epoch after the batches it had consumed.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import torch
 
 from impulsevit.data.base import dist_info
-from impulsevit.data.sampling import repeated_aug_order
+from impulsevit.data.sampling import LoaderState, epoch_sequence, resumed_shard
 
 __all__ = ["FFCVLoader", "build_ffcv_loader", "ffcv_available"]
 
@@ -74,23 +78,38 @@ class FFCVLoader:
     ``iter()`` more than once per epoch, e.g. to check the loader is iterable); after an iteration runs to the end
     without a new ``set_epoch``, the next one advances by one epoch, so plain ``for epoch ...: for batch in loader``
     loops also see a new order each epoch. FFCV starts decoding at the first ``next()``, not at ``iter()``.
+
+    State (training loaders): ``state_dict()`` is a :class:`~impulsevit.data.sampling.LoaderState` dict — the epoch
+    and the batches of it consumed on this rank (from ``progress()`` when the datamodule binds Lightning's training
+    progress to it, else the batches this loader has yielded); ``load_state_dict()`` makes the next iteration of that
+    epoch start right after them (re-sharded when the state was taken on another world size). Evaluation loaders
+    report their position but cannot be resumed.
     """
 
-    def __init__(self, loader, epoch_state: np.ndarray | None = None) -> None:  # noqa: ANN001 - ffcv Loader
-        self.loader = loader
-        # read by the compiled decoder at every batch (its augmentation draws are keyed by the epoch)
+    def __init__(self, loader, order=None, epoch_state: np.ndarray | None = None) -> None:  # noqa: ANN001
+        self.loader = loader  # an ffcv.loader.Loader
+        self.order = order  # its training order (see _train_order_factory), None for evaluation
+        # read by a compiled decoder whose augmentation draws are keyed by the epoch (set before each epoch)
         self.epoch_state = epoch_state
         self.sampler = _EpochSetter(self)
         self.batch_sampler = None  # Lightning's loops probe DataLoader attributes; batching happens inside FFCV
+        self.progress: Callable[[], tuple[int, int] | None] | None = None
         self._epoch = 0
         self._completed = False
+        self._position = (0, 0)
 
     def __len__(self) -> int:
-        return len(self.loader)
+        n = len(self.loader)
+        r = self.order.resume if self.order is not None else None
+        if r is not None and r.world_size != self.order.world:  # the re-sharded epoch, counted from the restored step
+            return max(n, r.batches + len(self.order.plan(r.epoch)) // self.loader.batch_size)
+        return n
 
     def set_epoch(self, epoch: int) -> None:
         self._epoch = int(epoch)
         self._completed = False
+        if self.order is not None and self.order.resume is not None and self.order.resume.epoch != self._epoch:
+            self.order.resume = None
 
     @property
     def epoch(self) -> int:
@@ -101,36 +120,113 @@ class FFCVLoader:
         return self._iterate()
 
     def _iterate(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self._epoch, self._completed = self.epoch, False
-        self.loader.next_epoch = self._epoch
+        epoch = self.epoch
+        self._epoch, self._completed = epoch, False
+        r = self.order.resume if self.order is not None else None
+        done = r.batches if r is not None and r.epoch == epoch else 0
+        self._position = (epoch, done)
+        self.loader.next_epoch = epoch
         if self.epoch_state is not None:
-            self.epoch_state[0] = self._epoch
+            self.epoch_state[0] = epoch
         with _KeepTorchThreads():
             it = iter(self.loader)
-        yield from it
+        for batch in it:
+            done += 1
+            self._position = (epoch, done)
+            yield batch
         self._completed = True
 
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's position as a :class:`LoaderState` dict (epoch, batches, samples, and the order's identity)."""
+        pos = self.progress() if self.progress is not None else None
+        if pos is None:
+            pos = (self._epoch + 1, 0) if self._completed else self._position
+        o = self.order
+        return LoaderState(
+            epoch=int(pos[0]), batches=int(pos[1]), batch_size=int(self.loader.batch_size),
+            world_size=o.world if o is not None else dist_info()[1], num_samples=len(self.loader.indices),
+            seed=int(self.loader.seed), repeats=o.repeats if o is not None else 1,
+            order=o.kind if o is not None else "sequential",
+        ).to_dict()
 
-def _repeated_aug_order_factory(repeats: int, rank: int, world_size: int):  # noqa: ANN202
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue epoch ``state['epoch']`` after its first ``state['batches']`` batches (see the class docstring).
+
+        Raises:
+            ValueError: the state belongs to another order (batch size, sample count, seed or repeats differ), or
+                this is an evaluation loader.
+        """
+        s = LoaderState.from_dict(state)
+        if self.order is None:
+            raise ValueError("only training FFCV loaders can be resumed (this one has a sequential order)")
+        s.check(batch_size=self.loader.batch_size, num_samples=len(self.loader.indices), seed=self.loader.seed,
+                repeats=self.order.repeats)
+        self.set_epoch(s.epoch)
+        self.order.resume = s if s.batches > 0 else None
+        self._position = (s.epoch, s.batches)
+
+
+def _train_order_factory(kind: str, repeats: int, rank: int, world_size: int):  # noqa: ANN202 - a TraversalOrder
+    """FFCV's ``Loader`` accepts a custom order only as a ``TraversalOrder`` instance, which it calls with itself
+    (``order(loader)``): the returned factory builds the :class:`_TrainOrder` (``kind``: ``random`` | ``repeated`` |
+    ``quasi_random``)."""
     from ffcv.traversal_order.base import TraversalOrder
 
-    class RepeatedAugOrder(TraversalOrder):
+    class TrainOrder(TraversalOrder):
+        """Training order of one rank: :func:`~impulsevit.data.sampling.epoch_sequence` (``random`` / ``repeated``,
+        the same orders as the torchvision backend) or FFCV's page-aware ``QuasiRandom`` (single process, not
+        OS-cached); ``resume`` (a :class:`LoaderState`) makes its epoch yield only the remaining full batches."""
+
+        def __init__(self, loader) -> None:  # noqa: ANN001
+            super().__init__(loader)
+            self.kind, self.repeats, self.rank, self.world = kind, int(repeats), int(rank), int(world_size)
+            self.resume: LoaderState | None = None
+            self._quasi = None
+
+        def _quasi_order(self, epoch: int) -> np.ndarray:
+            if self._quasi is None:
+                from ffcv.traversal_order.quasi_random import QuasiRandom
+
+                # a view of the loader as QuasiRandom wants it (it refuses distributed loaders; a state taken on
+                # one process is re-sharded here when the resumed run has several)
+                view = SimpleNamespace(indices=self.loader.indices, seed=self.loader.seed, distributed=False,
+                                       memory_manager=self.loader.memory_manager, batch_size=self.loader.batch_size)
+                self._quasi = QuasiRandom(view)
+            return np.asarray(self._quasi.sample_order(epoch), dtype=np.int64)
+
+        def sequence(self, epoch: int, kind: str, world: int) -> tuple[np.ndarray, int]:
+            if kind == "quasi_random":
+                seq = self._quasi_order(epoch)  # dataset indices; build_ffcv_loader passes no subset, so positions
+                return seq, len(seq)
+            return epoch_sequence(len(self.indices), epoch=epoch, seed=self.seed, world_size=world,
+                                  repeats=self.repeats)
+
+        def plan(self, epoch: int) -> np.ndarray:
+            """Positions (into ``self.indices``) this rank visits in ``epoch``; a resumed epoch's remaining full
+            batches."""
+            r = self.resume
+            if r is not None and r.epoch == epoch:
+                seq, per_rank = self.sequence(epoch, r.order, r.world_size)
+                local, _ = resumed_shard(seq, per_rank, old_world=r.world_size, consumed=r.batches * r.batch_size,
+                                         batch_size=r.batch_size, rank=self.rank, world_size=self.world)
+                bs = self.loader.batch_size
+                return local[: len(local) // bs * bs]  # FFCV yields a last partial batch unless it is cut here
+            seq, per_rank = self.sequence(epoch, self.kind, self.world)
+            return seq[self.rank::self.world][:per_rank]
+
         def sample_order(self, epoch: int) -> np.ndarray:
-            order = repeated_aug_order(len(self.indices), repeats, rank, world_size, epoch, self.seed)
-            return self.indices[order]
+            return self.indices[self.plan(epoch)]
 
     class Factory(TraversalOrder):
-        """FFCV's ``Loader`` accepts a custom order only as a ``TraversalOrder`` instance, which it calls with
-        itself (``order(self)``); this instance is that callable and is never used as an order."""
-
         def __init__(self) -> None:  # deliberately skips TraversalOrder.__init__ (it needs the loader)
             pass
 
-        def __call__(self, loader) -> RepeatedAugOrder:  # noqa: ANN001
-            return RepeatedAugOrder(loader)
+        def __call__(self, loader) -> TrainOrder:  # noqa: ANN001
+            return TrainOrder(loader)
 
         def sample_order(self, epoch: int) -> np.ndarray:
-            raise TypeError("the repeated-augmentation factory is not an order; FFCV's Loader calls it first")
+            raise TypeError("the training-order factory is not an order; FFCV's Loader calls it first")
 
     return Factory()
 
@@ -335,12 +431,8 @@ def build_ffcv_loader(path: str | os.PathLike, *, train: bool, image_size: int, 
                                 ratio=tuple(ratio), flip_prob=hflip if train else 0.0, crop_pct=crop_pct, seed=seed,
                                 rank=rank, repeated_aug=repeated_aug if train else 1, epoch_state=epoch_state)
     if train:
-        if repeated_aug > 1:
-            order = _repeated_aug_order_factory(repeated_aug, rank, world)
-        elif distributed or os_cache:
-            order = OrderOption.RANDOM
-        else:
-            order = OrderOption.QUASI_RANDOM
+        kind = "repeated" if repeated_aug > 1 else "random" if distributed or os_cache else "quasi_random"
+        order = _train_order_factory(kind, repeated_aug, rank, world)
     else:
         order = OrderOption.SEQUENTIAL
     to_device = [] if device is None or torch.device(device).type == "cpu" else [
@@ -353,4 +445,4 @@ def build_ffcv_loader(path: str | os.PathLike, *, train: bool, image_size: int, 
                                  batches_ahead=max(1, batches_ahead) + 1,
                                  drop_last=train if drop_last is None else drop_last,
                                  pipelines={"image": image_pipe, "label": label_pipe})
-    return FFCVLoader(loader, epoch_state=epoch_state)
+    return FFCVLoader(loader, loader.traversal_order if train else None, epoch_state=epoch_state)

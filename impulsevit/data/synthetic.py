@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, TensorDataset
 
 from impulsevit.data.base import BaseImageDataModule, dist_info
+from impulsevit.data.sampling import EpochSampler, ResumableDataLoader
 
 __all__ = ["SyntheticDataModule"]
 
@@ -53,11 +54,14 @@ class SyntheticDataModule(BaseImageDataModule):
         # The order is a function of (seed, epoch), and the epoch is set here: on a resumed run Lightning prefetches
         # the first batch before its own set_epoch call, so a resumed epoch sees the same batches as an uninterrupted
         # one. A DistributedSampler (sharded by rank under DDP) is left in place by Lightning.
+        # The loader is stateful (a resumed run continues the interrupted epoch, see impulsevit.data.sampling).
         rank, world = dist_info()
-        sampler = DistributedSampler(self.train_set, num_replicas=world, rank=rank, shuffle=True, seed=self.seed)
+        sampler = EpochSampler(self.train_set, num_replicas=world, rank=rank, seed=self.seed,
+                               batch_size=self.batch_size, keys=False)
         sampler.set_epoch(self.trainer.current_epoch if self.trainer is not None else 0)
-        return DataLoader(self.train_set, batch_size=self.batch_size, sampler=sampler, drop_last=True,
-                          num_workers=self.num_workers)
+        return self.stateful_train_loader(ResumableDataLoader(
+            self.train_set, batch_size=self.batch_size, sampler=sampler, drop_last=True, num_workers=self.num_workers,
+            generator=torch.Generator().manual_seed(self.seed * 1_000_003 + rank)))
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.batch_size, num_workers=self.num_workers)

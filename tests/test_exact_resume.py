@@ -1,0 +1,225 @@
+"""Same seed, same weights; exact resume from any step — through the real CLI on the quickstart recipe (subset data).
+
+Every run is ``impulsevit fit --recipe quickstart`` on 256 training / 64 validation images of Fashion-MNIST, batch 32
+(8 steps per epoch), 2 epochs (16 steps), on both backends (FFCV is the recipe's default). Final weights (and the EMA
+/ optimizer where present) are compared for exact equality.
+
+- fresh runs: two runs with the same arguments are bit-identical;
+- stops: a run stopped by a callback's ``should_stop`` after step k (inside an epoch, and at the epoch boundary), by
+  ``max_time``, by SIGTERM / SIGINT (real signals to a subprocess, with their exit codes), then ``--resume auto``,
+  ends bit-identical to the uninterrupted run; the same under 2-process DDP (gloo); a resume on another world size
+  re-shards the interrupted epoch's remaining samples;
+- the plan: a resume with another ``max_epochs`` says so and follows the new plan's lr; an explicit
+  ``model.scheduler.epochs`` keeps the schedule when a job stops early.
+
+FFCV's crop/flip draws are seeded by the decoder (not this module's code); the ``ffcv-geometry`` variants switch that
+randomness off (``scale=[1,1]``, ``hflip=0``) to check the FFCV order and loader state on their own.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from _cli_helpers import run_cli, scalars, subprocess_env
+
+SUBSET = ["--data.init_args.train_subset=256", "--data.init_args.val_subset=64", "--data.init_args.batch_size=32",
+          "--trainer.max_epochs=2", "--trainer.limit_val_batches=1", "--trainer.log_every_n_steps=1",
+          "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--model.log_attention=false",
+          "--trainer.num_sanity_val_steps=0"]
+BACKENDS = {
+    "ffcv": ["--data.init_args.backend=ffcv"],
+    "ffcv-geometry": ["--data.init_args.backend=ffcv", "--data.init_args.scale=[1.0,1.0]",
+                      "--data.init_args.hflip=0.0"],
+    "torchvision": ["--data.init_args.backend=torchvision"],
+}
+STEPS_PER_EPOCH = 8
+
+
+def stop_after(step: int) -> str:
+    return f'--trainer.callbacks=[{{"class_path": "_cli_helpers.StopAfterStep", "init_args": {{"step": {step}}}}}]'
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One FFCV cache for the module: the subset .beton files are converted once."""
+    return tmp_path_factory.mktemp("ffcv-cache")
+
+
+def args(runs: Path, name: str, backend: str, cache: Path, *extra: str) -> list[str]:
+    return ["fit", "--recipe", "quickstart", f"--runs_dir={runs}", f"--name={name}", *SUBSET, *BACKENDS[backend],
+            f"--data.init_args.cache_dir={cache}", *extra]
+
+
+def final(runs: Path, name: str) -> dict:
+    return torch.load(runs / name / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+
+
+def assert_same_training(a: dict, b: dict) -> None:
+    assert a["global_step"] == b["global_step"]
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    differ = [k for k in a["state_dict"] if not torch.equal(a["state_dict"][k], b["state_dict"][k])]
+    assert differ == [], f"{len(differ)} tensors differ, e.g. {differ[:3]}"
+    sa, sb = a["optimizer_states"][0]["state"], b["optimizer_states"][0]["state"]
+    assert all(torch.equal(sa[i]["exp_avg"], sb[i]["exp_avg"]) for i in sa)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory, cache: Path):
+    """The uninterrupted 16-step run of each backend, run on first use."""
+    runs = tmp_path_factory.mktemp("straight")
+    done: dict[str, dict] = {}
+
+    def get(backend: str) -> dict:
+        if backend not in done:
+            run_cli(*args(runs, backend, backend, cache))
+            done[backend] = final(runs, backend)
+            assert done[backend]["global_step"] == 2 * STEPS_PER_EPOCH
+        return done[backend]
+
+    get.runs = runs
+    return get
+
+
+# ------------------------------------------------------------------------------------------------- fresh runs
+@pytest.mark.parametrize("backend", ["torchvision", "ffcv-geometry", "ffcv"])
+def test_two_fresh_runs_are_bit_identical(tmp_path, cache, straight, backend):
+    run_cli(*args(tmp_path, "again", backend, cache))
+    assert_same_training(final(tmp_path, "again"), straight(backend))
+
+
+# ------------------------------------------------------------------------------------------------- stops
+@pytest.mark.parametrize(("backend", "step"), [("torchvision", 5), ("torchvision", STEPS_PER_EPOCH),
+                                              ("ffcv-geometry", STEPS_PER_EPOCH + 3), ("ffcv", 5)])
+def test_stop_after_step_then_resume_auto_is_bit_identical(tmp_path, cache, straight, backend, step):
+    first = run_cli(*args(tmp_path, "split", backend, cache, stop_after(step)))
+    assert first.trainer.global_step == step
+    ckpt = final(tmp_path, "split")
+    assert ckpt["global_step"] == step
+    state = ckpt["ImageDataModule"]["train_loader"]
+    # the loader position: the next batch of the interrupted epoch (an epoch boundary reads as the next epoch's start)
+    assert (state["epoch"], state["batches"]) == divmod(step, STEPS_PER_EPOCH)
+    assert state["samples"] == state["batches"] * 32 and state["world_size"] == 1
+    resumed = run_cli(*args(tmp_path, "split", backend, cache, "--resume=auto"))
+    assert resumed.trainer.global_step == 2 * STEPS_PER_EPOCH
+    assert_same_training(final(tmp_path, "split"), straight(backend))
+    # no repeated or skipped step in the logs either
+    logged = [s for s, _ in scalars(tmp_path / "split", "train/loss")]
+    assert logged == list(range(2 * STEPS_PER_EPOCH))
+
+
+def test_max_time_stop_then_resume_is_bit_identical(tmp_path, cache, straight):
+    slow = '--trainer.callbacks=[{"class_path": "_cli_helpers.SlowSteps", "init_args": {"seconds": 0.25}}]'
+    first = run_cli(*args(tmp_path, "timed", "torchvision", cache, slow, '--trainer.max_time={"seconds": 2}'))
+    stopped = first.trainer.global_step
+    assert 0 < stopped < 2 * STEPS_PER_EPOCH
+    assert final(tmp_path, "timed")["global_step"] == stopped  # the stop wrote its own checkpoint
+    run_cli(*args(tmp_path, "timed", "torchvision", cache, "--resume=auto"))
+    assert_same_training(final(tmp_path, "timed"), straight("torchvision"))
+
+
+# ------------------------------------------------------------------------------------------------- signals
+@pytest.mark.slow
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_stops_with_exit_code_after_checkpoint_and_resumes_exactly(tmp_path, cache, straight, sig, code):
+    """A real signal to a real ``impulsevit fit`` process mid-training: it writes ``preempted.ckpt`` at the next step
+    boundary, exits with 128 + the signal number, and ``--resume auto`` ends bit-identical to the uninterrupted run."""
+    marker = tmp_path / "started"
+    slow = ('--trainer.callbacks=[{"class_path": "_cli_helpers.SlowSteps", "init_args": {"seconds": 0.3, '
+            f'"marker": "{marker}", "after": 3}}}}]')
+    cmd = [sys.executable, "-m", "impulsevit.cli", *args(tmp_path, "sig", "torchvision", cache, slow)]
+    # CPU float results depend on the intra-op thread count: the subprocess uses this process's, like the reference
+    env = {**subprocess_env(), "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), proc.communicate()[1][-3000:]
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == code, err[-3000:]
+    preempted = tmp_path / "sig" / "checkpoints" / "preempted.ckpt"
+    ckpt = torch.load(preempted, map_location="cpu", weights_only=True)
+    assert 3 <= ckpt["global_step"] < 2 * STEPS_PER_EPOCH
+    assert f"checkpoint saved to {preempted}" in err
+    resumed = run_cli(*args(tmp_path, "sig", "torchvision", cache, "--resume=auto"))
+    assert resumed.trainer.ckpt_path == str(preempted)
+    assert_same_training(final(tmp_path, "sig"), straight("torchvision"))
+
+
+# ------------------------------------------------------------------------------------------------- the plan
+def test_resume_with_a_new_max_epochs_follows_the_new_plan(tmp_path, cache, straight, capfd):
+    run_cli(*args(tmp_path, "plan", "torchvision", cache, "--trainer.max_epochs=1"))
+    capfd.readouterr()
+    run_cli(*args(tmp_path, "plan", "torchvision", cache, "--resume=auto"))  # the recipe's 2 epochs
+    err = capfd.readouterr().err
+    lines = [line for line in err.splitlines() if "lr schedule: the plan changed" in line]
+    assert len(lines) == 1, err[-3000:]
+    assert "1 epochs x 8 steps = 8 steps" in lines[0] and "2 epochs x 8 steps = 16 steps" in lines[0]
+    assert "from step 8" in lines[0]
+    # the second epoch runs on the 16-step cosine, exactly as the uninterrupted 2-epoch run does
+    ref = dict(scalars(straight.runs / "torchvision", "lr"))
+    after = [(s, v) for s, v in scalars(tmp_path / "plan", "lr") if s >= STEPS_PER_EPOCH]
+    assert [s for s, _ in after] == list(range(STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH))
+    assert after == [(s, ref[s]) for s, _ in after]
+    assert final(tmp_path, "plan")["lr_plan"]["total_steps"] == 16
+
+
+def test_explicit_schedule_epochs_survive_an_early_stop(tmp_path, cache, straight, capfd):
+    """With ``model.scheduler.epochs: 2`` the plan is fixed: a job limited to 1 epoch, then resumed with the recipe's
+    2, trains exactly like the uninterrupted 2-epoch run (whose plan is also 16 steps; no plan change to report)."""
+    planned = "--model.scheduler.epochs=2"
+    run_cli(*args(tmp_path, "cut", "torchvision", cache, planned, "--trainer.max_epochs=1"))
+    capfd.readouterr()
+    run_cli(*args(tmp_path, "cut", "torchvision", cache, planned, "--resume=auto"))
+    assert "plan changed" not in capfd.readouterr().err
+    assert_same_training(final(tmp_path, "cut"), straight("torchvision"))
+
+
+# ------------------------------------------------------------------------------------------------- DDP
+def _ddp(tmp_path: Path, name: str, backend: str, cache: Path, *extra: str, devices: int = 2) -> str:
+    env = subprocess_env()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        env["MASTER_PORT"] = str(s.getsockname()[1])
+    ddp = ["--trainer.strategy=ddp", f"--trainer.devices={devices}", "--trainer.accelerator=cpu"] if devices > 1 \
+        else []
+    cmd = [sys.executable, "-m", "impulsevit.cli", *args(tmp_path, name, backend, cache, *ddp, *extra)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["torchvision", "ffcv-geometry"])
+def test_ddp_two_ranks_fresh_runs_and_mid_epoch_resume_are_bit_identical(tmp_path, cache, backend):
+    """2 gloo ranks: 256 images / 2 ranks / batch 32 = 4 steps per epoch, 8 in all; stop after step 2 (mid-epoch)."""
+    _ddp(tmp_path, "a", backend, cache)
+    if backend == "torchvision":
+        _ddp(tmp_path, "b", backend, cache)
+        assert_same_training(final(tmp_path, "a"), final(tmp_path, "b"))
+    _ddp(tmp_path, "split", backend, cache, stop_after(2))
+    ckpt = final(tmp_path, "split")
+    assert ckpt["global_step"] == 2
+    assert ckpt["ImageDataModule"]["train_loader"]["world_size"] == 2
+    assert len(ckpt["callbacks"]["RNGStateCheckpoint"]["ranks"]) == 2  # every rank's RNG state
+    log = _ddp(tmp_path, "split", backend, cache, "--resume=auto")
+    assert "resuming from" in log
+    assert_same_training(final(tmp_path, "split"), final(tmp_path, "a"))
+
+
+@pytest.mark.slow
+def test_resume_on_another_world_size_reshards_the_remaining_samples(tmp_path, cache):
+    """A 2-rank run stopped after 1 of its 4 steps per epoch, resumed on 1 process: the interrupted epoch continues
+    with the remaining 192 samples (6 batches), then a full 8-batch epoch; documented as not bit-exact."""
+    _ddp(tmp_path, "w", "torchvision", cache, stop_after(1))
+    resumed = run_cli(*args(tmp_path, "w", "torchvision", cache, "--resume=auto"))
+    logged = [s for s, _ in scalars(tmp_path / "w", "train/loss")]
+    assert logged[:1] == [0] and resumed.trainer.current_epoch == 2
+    assert resumed.trainer.global_step == 1 + 6 + STEPS_PER_EPOCH
