@@ -32,7 +32,7 @@ def vit_grid(grid: int, dim: int, heads: int, depth: int = 1) -> VisionTransform
 
 
 def pseudo_logits(model: VisionTransformer, layer: int = 0) -> torch.Tensor:
-    """Float64 logits ``Λ`` ``(h, N, N)`` of one block on ``P = LN0(pe)`` (no bias), as in method.md §2.6."""
+    """Float64 logits ``Λ`` ``(h, N, N)`` of one block on ``P = LN0(pe)`` (no bias), as in docs/method.md §2.6."""
     rows = model.pos_embed.detach()[0, model.num_prefix_tokens if not model.no_embed_class else 0 :]
     p = layer_norm_rows(rows.double())
     attn = model.blocks[layer].attn

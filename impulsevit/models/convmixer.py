@@ -2,7 +2,7 @@
 
 The architecture is timm's own ``timm.models.convmixer.ConvMixer`` (it already takes ``dim``, ``depth``,
 ``kernel_size``, ``patch_size``; GELU, BatchNorm, depthwise ``padding="same"`` spatial conv inside a residual, then a
-1×1 channel-mixing conv); only the configurations of the impulse papers (method.md §4.4, §6.0) are added:
+1×1 channel-mixing conv); only the configurations of the impulse papers (docs/method.md §4.4, §6.0) are added:
 
 =============================  ====  =====  ======  =====
 name                           dim   depth  kernel  patch
