@@ -220,16 +220,29 @@ def test_imagenet_train_and_both_val_layouts(tmp_path, flat_val):
     assert val.labels.tolist() == ([2, 0] if flat_val else [0, 1, 2])
 
 
-def test_imagenet21k_holds_out_first_files_per_class(tmp_path):
-    base = tmp_path / "winter21_whole"
-    for w in ("n00004475", "n00005787"):
-        for j in range(3):
-            save_jpeg(base / w / f"{w}_{j}.JPEG")
+@pytest.mark.parametrize("release", ["winter21_whole", "fall11_whole"])
+def test_imagenet21k_reads_uneven_classes_and_checks_release_totals(tmp_path, release):
+    """Real IN-21K trees have classes of 1 to ~3,000 images: validation takes min(50, n // 2) of each class (the
+    first by name), training the rest; the count check compares the whole tree with the published release totals."""
+    import dataclasses
+
+    base = tmp_path / release
+    counts = {"n00004475": 1, "n00005787": 3, "n00006024": 120}
+    for w, n in counts.items():
+        for j in range(n):
+            save_jpeg(base / w / f"{w}_{j:04d}.JPEG", h=8, w=8, seed=j)
     info = get_dataset("imagenet21k")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        val = info.load(tmp_path, "val", verify="warn")
-    assert len(val) == 2 * 3  # 50 per class requested, fewer exist: all go to val
+    assert detect_dataset(tmp_path) is info
+    val, train = (info.load(tmp_path, s, verify="off") for s in ("val", "train"))
+    assert val.class_counts() == {"n00004475": 0, "n00005787": 1, "n00006024": 50}
+    assert train.class_counts() == {"n00004475": 1, "n00005787": 2, "n00006024": 70}
+    assert [Path(p).name for p in val.paths[:2]] == ["n00005787_0000.JPEG", "n00006024_0000.JPEG"]
+    assert not set(val.paths) & set(train.paths) and len(val) + len(train) == sum(counts.values())
+    with pytest.raises(DatasetMismatchError, match=r"3 classes and 124 images \(both splits\).*winter21_whole: "
+                                                   r"19,167 classes, 13,153,500 images; fall11_whole: 21,841"):
+        info.load(tmp_path, "train")
+    same_totals = dataclasses.replace(info, releases={release: (3, 124)})
+    assert len(same_totals.load(tmp_path, "val")) == 51  # verify='error' passes: no per-class minimum anywhere
     (base / "n00004475.tar").write_bytes(b"")
     with pytest.raises(ValueError, match="extract them first"):
         info.load(tmp_path, "train", verify="off")

@@ -215,6 +215,12 @@ class ImageDataModule(BaseImageDataModule):
                 raise ValueError("dataset='imagefolder' needs root (a folder with train/<class>/ and val/<class>/)")
             train_dir = Path(root) / (train_split or "train")
             num_classes = len(image_folder_source(train_dir if train_dir.is_dir() else root).classes)
+        elif info.releases and root is not None:  # ImageNet-21K: winter21 or fall11, one class folder per wnid
+            from impulsevit.data.formats import imagenet21k_base
+
+            base = imagenet21k_base(root)
+            if base.is_dir():
+                num_classes = sum(1 for d in base.iterdir() if d.is_dir() and not d.name.startswith("."))
         super().__init__(num_classes, image_size, batch_size, mean=tuple(mean or info.mean), std=tuple(std or info.std))
         self.save_hyperparameters()
         self.info: DatasetInfo = info

@@ -16,14 +16,20 @@ Every reader names the file it expected when something is missing or malformed. 
 - Food-101 ``images/<class>/<id>.jpg``, ``meta/{train,test}.json`` (``{class: ["class/id", ...]}``),
   ``meta/classes.txt``.
 - ImageNet-1K train ``train/<wnid>/*.JPEG``; val either ``val/<wnid>/*.JPEG`` or flat ``val/*.JPEG`` with Kaggle's
-  ``LOC_val_solution.csv``; also found under ``ILSVRC/Data/CLS-LOC``.
-- ImageNet-21K (winter 2021) ``<root>/<wnid>/*.JPEG`` (per-class tars extracted); no official split: the first
-  ``val_per_class`` files (sorted by name) of every class are the validation split.
+  ``LOC_val_solution.csv`` or the ILSVRC-2012 devkit's ground truth (``ILSVRC2012_devkit_t12/data/meta.mat`` +
+  ``ILSVRC2012_validation_ground_truth.txt``, extracted next to ``val/`` or at the root); also found under
+  ``ILSVRC/Data/CLS-LOC``.
+- ImageNet-21K, the full releases ``winter21_whole`` (19,167 classes) and ``fall11_whole`` (21,841 classes),
+  extracted to ``<root>/<wnid>/*.JPEG`` (or ``<root>/winter21_whole/<wnid>/...``, ``<root>/fall11_whole/...``). Class
+  sizes vary (1 to ~3,000 images); there is no official split: of a class with ``n`` images, the first
+  ``min(val_per_class, n // 2)`` files (sorted by name) are validation, the rest training, so every class with an
+  image is in the training split.
 - scikit-learn digits (in the wheel): 8×8 grayscale scaled 0..16 → 0..255; seeded 80/20 split.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -52,6 +58,7 @@ CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
                          "Ankle boot"]
 FASHION_MNIST_SYSTEM_DIR = "/usr/share/datasets/fashion-mnist"
+IMAGENET_DEVKIT = "ILSVRC2012_devkit_t12"
 
 
 def _need(path: Path, what: str) -> Path:
@@ -252,8 +259,13 @@ def read_imagenet(root: str | os.PathLike, split: str) -> FileSource:
     csv = next((p for p in (val / "LOC_val_solution.csv", base / "LOC_val_solution.csv",
                             root / "LOC_val_solution.csv") if p.is_file()), None)
     if csv is None:
-        raise FileNotFoundError(f"ImageNet-1K: {val} is flat (no class folders) and no LOC_val_solution.csv was found "
-                                f"next to it; sort the val images into val/<wnid>/ or provide the csv")
+        devkit = next((d for d in (base / IMAGENET_DEVKIT, root / IMAGENET_DEVKIT, val / IMAGENET_DEVKIT)
+                       if (d / "data" / "meta.mat").is_file()), None)
+        if devkit is not None:
+            return _imagenet_val_from_devkit(val, devkit, classes)
+        raise FileNotFoundError(f"ImageNet-1K: {val} is flat (no class folders) and neither LOC_val_solution.csv nor "
+                                f"{IMAGENET_DEVKIT}/data/meta.mat (the ILSVRC-2012 devkit) was found next to it; sort "
+                                f"the val images into val/<wnid>/, or provide the csv or the extracted devkit")
     index = {c: i for i, c in enumerate(classes)}
     paths, labels, problems = [], [], []
     for lineno, line in enumerate(csv.read_text().splitlines()[1:], 2):
@@ -273,22 +285,80 @@ def read_imagenet(root: str | os.PathLike, split: str) -> FileSource:
     return FileSource([paths[i] for i in order], np.asarray(labels, dtype=np.int64)[order], classes, problems)
 
 
-def read_imagenet21k(root: str | os.PathLike, split: str, val_per_class: int = 50) -> FileSource:
-    """ImageNet-21K winter-2021 release, extracted to ``root/<wnid>/*.JPEG`` (or ``root/winter21_whole/...``)."""
+def _imagenet_val_from_devkit(val: Path, devkit: Path, classes: list[str]) -> FileSource:
+    """Flat ``val/ILSVRC2012_val_%08d.JPEG`` labelled by the devkit: line ``i`` of
+    ``data/ILSVRC2012_validation_ground_truth.txt`` is the ILSVRC2012_ID (1..1000) of image ``i``, and ``data/meta.mat``
+    (``synsets``: ILSVRC2012_ID, WNID, words, gloss, num_children, ...) maps the leaf ids to wnids."""
+    from scipy.io import loadmat
+
+    meta_path = devkit / "data" / "meta.mat"
+    truth = _need(devkit / "data" / "ILSVRC2012_validation_ground_truth.txt", "ILSVRC-2012 devkit validation labels")
+    try:
+        synsets = loadmat(meta_path, squeeze_me=True)["synsets"]
+        id_to_wnid = {int(s[0]): str(s[1]) for s in synsets if int(s[4]) == 0}
+    except Exception as exc:  # noqa: BLE001 - loadmat raises many types on foreign files
+        raise ValueError(f"{meta_path}: not the ILSVRC-2012 devkit's meta.mat ({type(exc).__name__}: {exc})") from exc
+    index = {c: i for i, c in enumerate(classes)}
+    paths, labels, problems = [], [], []
+    for lineno, line in enumerate(truth.read_text().split(), 1):
+        wnid = id_to_wnid.get(int(line)) if line.isdigit() else None
+        if wnid is None or wnid not in index:
+            raise ValueError(f"{truth}:{lineno}: {line!r} is not the ILSVRC2012_ID of a train class in {meta_path}")
+        path = val / f"ILSVRC2012_val_{lineno:08d}.JPEG"
+        if not path.is_file():
+            problems.append(Problem("unreadable", str(path), f"labelled in {truth.name} but missing"))
+            continue
+        paths.append(str(path))
+        labels.append(index[wnid])
+    return FileSource(paths, np.asarray(labels, dtype=np.int64), classes, problems)
+
+
+IMAGENET21K_RELEASES = ("winter21_whole", "fall11_whole")
+
+
+def imagenet21k_base(root: str | os.PathLike) -> Path:
+    """The folder holding the ``<wnid>/`` class folders: ``root/winter21_whole``, ``root/fall11_whole`` or ``root``."""
     root = Path(root)
-    base = root / "winter21_whole" if (root / "winter21_whole").is_dir() else root
+    return next((root / r for r in IMAGENET21K_RELEASES if (root / r).is_dir()), root)
+
+
+@functools.lru_cache(maxsize=2)
+def _imagenet21k_listing(base: str, mtime_ns: int) -> FileSource:
+    return image_folder_source(base)
+
+
+def _imagenet21k_tree(root: str | os.PathLike) -> FileSource:
+    """The whole tree, listed once per process and folder state (train, val and the count check all need it;
+    13 M files). Per-class tar files that were not extracted are an error."""
+    base = imagenet21k_base(root)
+    if not base.is_dir():
+        raise FileNotFoundError(f"ImageNet-21K: {base} is not a directory (expected {base}/<wnid>/*.JPEG)")
     tars = sorted(base.glob("n*.tar"))
     if tars:
         raise ValueError(f"ImageNet-21K: {base} holds per-class tar files (e.g. {tars[0].name}); extract them first: "
                          f"for f in n*.tar; do mkdir -p ${{f%.tar}} && tar -xf $f -C ${{f%.tar}}; done")
-    source = image_folder_source(base)
-    by_class: dict[int, list[int]] = {}
-    for i, label in enumerate(source.labels):
-        by_class.setdefault(int(label), []).append(i)
-    chosen = []
-    for members in by_class.values():
-        chosen.extend(members[:val_per_class] if split == "val" else members[val_per_class:])
-    return source.subset(np.sort(np.asarray(chosen, dtype=np.int64)))
+    return _imagenet21k_listing(str(base), base.stat().st_mtime_ns)
+
+
+def imagenet21k_tree_size(root: str | os.PathLike) -> tuple[int, int]:
+    """(classes, images) of the whole extracted tree under ``root`` (both splits together)."""
+    tree = _imagenet21k_tree(root)
+    return len(tree.classes), len(tree)
+
+
+def read_imagenet21k(root: str | os.PathLike, split: str, val_per_class: int = 50) -> FileSource:
+    """ImageNet-21K ``winter21_whole`` / ``fall11_whole`` extracted to class folders (see the module docstring):
+    validation = the first ``min(val_per_class, n // 2)`` files of each class of ``n`` images, training = the rest."""
+    if split not in ("train", "val"):
+        raise ValueError(f"ImageNet-21K has splits 'train' and 'val', not {split!r}")
+    source = _imagenet21k_tree(root)
+    labels = source.labels
+    starts = np.flatnonzero(np.r_[True, labels[1:] != labels[:-1]]) if len(labels) else np.zeros(0, dtype=np.int64)
+    sizes = np.diff(np.r_[starts, len(labels)])
+    in_val = np.zeros(len(labels), dtype=bool)
+    for start, n in zip(starts, sizes):
+        in_val[start:start + min(val_per_class, int(n) // 2)] = True
+    return source.subset(np.flatnonzero(in_val if split == "val" else ~in_val))
 
 
 def read_image_folder_split(root: str | os.PathLike, split: str) -> ImageSource:

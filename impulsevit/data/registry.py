@@ -49,6 +49,9 @@ class DatasetInfo:
         default_root: where the data lives when no root is given (None: a root is required).
         small: images are small (≤ 96 px): convert to raw pixels, not JPEG.
         needs_root: False when the data ships with a package (sklearn digits).
+        releases: published ``(classes, images)`` of the whole dataset per release name, for datasets without a fixed
+            split (ImageNet-21K): the count check compares the tree (both splits together) against these totals.
+        tree_size: ``tree_size(root) -> (classes, images)`` of the whole tree (with ``releases``).
     """
 
     name: str
@@ -65,6 +68,8 @@ class DatasetInfo:
     needs_root: bool = True
     description: str = ""
     aliases: tuple[str, ...] = field(default_factory=tuple)
+    releases: dict[str, tuple[int, int]] = field(default_factory=dict)
+    tree_size: Callable[[Path], tuple[int, int]] | None = None
 
     def resolve_root(self, root: str | os.PathLike | None) -> Path | None:
         if root is None and self.needs_root and self.default_root is None:
@@ -80,7 +85,13 @@ class DatasetInfo:
             raise ValueError(f"dataset {self.name!r} has splits {sorted(self.split_sizes)}, not {split!r}")
         resolved = self.resolve_root(root)
         source = self.reader(resolved, split)
-        if verify != "off" and self.split_sizes:
+        if verify != "off" and self.releases:
+            msg = self._release_mismatch(resolved)
+            if msg and verify == "error":
+                raise DatasetMismatchError(msg + "; pass verify='warn' to use a modified copy")
+            if msg:
+                warnings.warn(msg, stacklevel=2)
+        elif verify != "off" and self.split_sizes:
             problems = []
             if len(source.classes) != self.num_classes:
                 problems.append(f"{len(source.classes)} classes, expected {self.num_classes}")
@@ -93,6 +104,16 @@ class DatasetInfo:
                     raise DatasetMismatchError(msg + "; pass verify='warn' to use a modified copy")
                 warnings.warn(msg, stacklevel=2)
         return source
+
+    def _release_mismatch(self, root: Path | None) -> str | None:
+        """None when the whole tree holds a published release's class and image totals, else what was found."""
+        assert self.tree_size is not None and root is not None
+        classes, images = self.tree_size(root)
+        if (classes, images) in self.releases.values():
+            return None
+        published = "; ".join(f"{name}: {c:,} classes, {n:,} images" for name, (c, n) in self.releases.items())
+        return (f"{self.name} at {root}: the tree holds {classes:,} classes and {images:,} images (both splits), "
+                f"which is no published release ({published})")
 
 
 DATASETS: dict[str, DatasetInfo] = {}
@@ -137,10 +158,13 @@ _register(DatasetInfo(
     markers=("ILSVRC/Data/CLS-LOC/train", "LOC_val_solution.csv"), description="ImageNet-1K (ILSVRC-2012)",
     aliases=("imagenet1k", "in1k", "imagenet-1k")))
 _register(DatasetInfo(
-    "imagenet21k", 19_167, {"train": 13_153_500 - 19_167 * 50, "val": 19_167 * 50}, "train", "val",
-    IMAGENET_MEAN, IMAGENET_STD, formats.read_imagenet21k, markers=("winter21_whole",),
-    description="ImageNet-21K winter-2021 release (13,153,500 images, 19,167 classes; 50 val images per class)",
-    aliases=("in21k", "imagenet-21k", "imagenet21k_winter21")))
+    "imagenet21k", 19_167, {"train": 0, "val": 0}, "train", "val",
+    IMAGENET_MEAN, IMAGENET_STD, formats.read_imagenet21k, markers=formats.IMAGENET21K_RELEASES,
+    description="ImageNet-21K full release (winter21_whole or fall11_whole; validation = the first min(50, n // 2) "
+                "images of each class)",
+    aliases=("in21k", "imagenet-21k", "imagenet21k_winter21"),
+    releases={"winter21_whole": (19_167, 13_153_500), "fall11_whole": (21_841, 14_197_122)},
+    tree_size=formats.imagenet21k_tree_size))
 _register(DatasetInfo(
     "fashion_mnist", 10, {"train": 60_000, "test": 10_000}, "train", "test",
     (0.2860,) * 3, (0.3530,) * 3, formats.read_fashion_mnist,
