@@ -86,6 +86,8 @@ EXTERNAL_SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "study": ("impulsevit.study", "main"),
     "demo": ("impulsevit.init.demo", "main"),
     "init": ("impulsevit.init.plugins", "main"),
+    "data": ("impulsevit.data.preview", "main"),
+    "download": ("impulsevit.data.download", "main"),
 }
 LOCAL_SUBCOMMANDS = ("recipes", "export")
 ALL_SUBCOMMANDS = (*TRAINER_SUBCOMMANDS, *LOCAL_SUBCOMMANDS, *EXTERNAL_SUBCOMMANDS)
@@ -108,6 +110,9 @@ impulsevit {__version__}: Lightning + timm training of vision transformers with 
   demo                show an impulse initialization on a small ViT
   init list [module:function ...]
                       list the init methods (built-in, plugins, import paths) and their source
+  data preview --recipe R [overrides] --split train|val [--num N] [--out DIR]
+                      write the images the recipe feeds the model (PNG grid + tensors)
+  download NAME ROOT  fetch a public dataset (cifar10, cifar100, stl10, flowers102, pets, food101, fashion_mnist)
 """
 
 

@@ -93,6 +93,10 @@ class ImageSource(ABC):
     def subset(self, indices: Sequence[int] | np.ndarray) -> ImageSource:
         """A source of the same kind holding only ``indices`` (in that order)."""
 
+    @abstractmethod
+    def image_size(self, index: int) -> tuple[int, int]:
+        """``(height, width)`` of sample ``index`` as stored in the source (file header only, no decode)."""
+
     def class_counts(self) -> dict[str, int]:
         counts = np.bincount(self.labels, minlength=len(self.classes)) if len(self.labels) else np.zeros(
             len(self.classes), dtype=np.int64)
@@ -127,6 +131,9 @@ class ArraySource(ImageSource):
 
     def describe(self, index: int) -> str:
         return f"{self.origin}[{index}]"
+
+    def image_size(self, index: int) -> tuple[int, int]:
+        return int(self.images.shape[1]), int(self.images.shape[2])
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> ArraySource:
         idx = np.asarray(indices, dtype=np.int64)
@@ -163,6 +170,10 @@ class FileSource(ImageSource):
 
     def describe(self, index: int) -> str:
         return self.paths[index]
+
+    def image_size(self, index: int) -> tuple[int, int]:
+        with Image.open(self.paths[index]) as im:
+            return int(im.height), int(im.width)
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> FileSource:
         idx = np.asarray(indices, dtype=np.int64)

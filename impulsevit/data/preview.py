@@ -1,0 +1,242 @@
+"""``impulsevit data preview``: the images a recipe feeds the model, as a PNG grid and a tensor file.
+
+Usage::
+
+    impulsevit data preview --recipe R [fit overrides …] --split train|val [--num N] [--out DIR]
+
+The command line is parsed exactly as ``impulsevit fit`` parses it (LightningCLI / jsonargparse: the recipe, every
+``--dotted.key=value`` override, key-typo suggestions); only the ``data`` section is instantiated — trainer and model
+keys are validated and otherwise ignored, and everything runs on the CPU in this process. The datamodule then does
+what training does: ``prepare_data`` (FFCV: converts the split to its cached ``.beton`` when needed), its real loader
+for the split (the recipe's backend, crop, flip, interpolation and worker count; batches of ``N``), and its
+``on_after_batch_transfer`` hook with the trainer in the training (``train``) or evaluation (``val``) state, so the
+on-device augmentation of the datamodule (RandAugment / colour jitter / random erasing) is included for ``train``.
+Mixup / CutMix are not: they belong to the LightningModule and mix labels, which are kept as class indices here.
+
+Outputs, for ``S`` = the recipe's ``image_size``:
+
+- ``DIR/<split>.pt``: ``{"images": float32 (N, 3, S, S) in [0, 1], "labels": int64 (N,), "paths": list of N
+  (source file, or None for in-memory datasets), "source_hw": int64 (N, 2), "stored_hw": int64 (N, 2), "indices":
+  int64 (N,) (position in the split's source), "split", "backend", "mean", "std"}``. ``images`` is the model input
+  with the normalisation undone (``x · std + mean``), clipped to [0, 1] (random erasing writes normal noise in
+  normalised units, which may fall outside); ``stored_hw`` is the (height, width) stored in the ``.beton`` (the
+  source size on the torchvision backend).
+- ``DIR/<split>.png``: the same images as a grid (``torchvision.utils.make_grid``, ``ceil(sqrt(N))`` per row).
+
+``val`` keeps the split's order (the first ``N`` samples: for an ImageFolder, sorted classes then sorted files);
+``train`` shows the first ``N`` samples of epoch 0 in the loader's shuffled order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["build_datamodule", "collect", "main", "write_preview"]
+
+
+def build_datamodule(cli_args: list[str]):  # noqa: ANN201 - any BaseImageDataModule
+    """The datamodule of ``impulsevit fit <cli_args>``: the whole command line is parsed by the fit parser, only
+    ``data`` is instantiated. Raises ``SystemExit(2)`` with the parser's message on bad keys or values."""
+    from lightning.pytorch.cli import instantiate_class
+
+    from impulsevit.cli import ImpulseCLI, prepare_argv
+
+    class _DataOnlyCLI(ImpulseCLI):
+        def instantiate_classes(self) -> None:  # the data section only: no model, no trainer, no accelerator
+            self.datamodule = instantiate_class((), self._get(self.config, "data").as_dict())
+
+        def after_instantiate_classes(self) -> None:
+            pass
+
+    argv = prepare_argv(["fit", *cli_args])[1:]  # recipe names resolved as for fit
+    cli = _DataOnlyCLI(args=argv, run=False)
+    return cli.datamodule
+
+
+class _TrainerState:
+    """What the datamodule hooks read from ``self.trainer``: the stage, the epoch and the rank."""
+
+    def __init__(self, training: bool) -> None:
+        self.training = training
+        self.current_epoch = 0
+        self.global_rank = 0
+
+
+def _epoch_order(loader: Any, n: int) -> np.ndarray:
+    """Positions (in the loader's dataset / ``.beton``) of the epoch's samples, in the order the loader yields them."""
+    inner = getattr(loader, "loader", None)
+    if inner is not None and hasattr(inner, "traversal_order"):  # FFCVLoader around an ffcv Loader
+        return np.asarray(inner.traversal_order.sample_order(loader.epoch), dtype=np.int64)
+    sampler = getattr(loader, "sampler", None)
+    if sampler is not None and not isinstance(sampler, torch.utils.data.SequentialSampler):
+        return np.asarray(list(iter(sampler)), dtype=np.int64)
+    return np.arange(n, dtype=np.int64)
+
+
+def _beton_sources(dm: Any, split: str, beton: Path) -> tuple[Any, np.ndarray | None, np.ndarray]:
+    """(source or None, beton position → source index, stored (h, w) per beton sample) of an FFCV split."""
+    from ffcv.reader import Reader
+
+    from impulsevit.data.convert import read_manifest, subset_indices
+    from impulsevit.data.registry import get_dataset
+
+    reader = Reader(str(beton))
+    names = list(reader.handlers)
+    meta = reader.metadata[f"f{names.index('image')}"]
+    stored = np.stack([meta["height"], meta["width"]], axis=1).astype(np.int64)
+    manifest = read_manifest(beton) or {}
+    request = manifest.get("request") or {}
+    source = None
+    if beton not in set(getattr(dm, "betons", {}).values()):
+        source = dm.load_source(split)  # the datamodule converted exactly this source
+    elif request.get("dataset") and request.get("split"):
+        info = get_dataset(request["dataset"])
+        root = request.get("root")
+        source = info.load(None if root in (None, "None") else root, request["split"], verify="off")
+        sub = subset_indices(len(source), request.get("subset"))
+        source = source.subset(sub) if sub is not None else source
+    if source is None:
+        return None, None, stored
+    skipped = {p.get("path") for p in manifest.get("skipped", [])}
+    good = np.asarray([i for i in range(len(source)) if source.describe(i) not in skipped], dtype=np.int64)
+    if len(good) != len(stored):
+        raise ValueError(f"{beton}: holds {len(stored)} images but its source ({request or split}) now has "
+                         f"{len(good)} readable ones; reconvert it (`impulsevit convert ... --force`)")
+    return source, good, stored
+
+
+def collect(dm: Any, split: str, num: int) -> dict[str, Any]:
+    """The first ``num`` samples of ``split`` (``train`` or ``val``) as the model receives them; see the module
+    docstring for the keys. ``dm`` is an un-set-up :class:`~impulsevit.data.datamodule.ImageDataModule` (or any
+    datamodule with the same hooks); its ``batch_size`` is set to ``num``."""
+    if split not in ("train", "val"):
+        raise ValueError(f"--split must be 'train' or 'val', got {split!r}")
+    if num < 1:
+        raise ValueError(f"--num must be >= 1, got {num}")
+    train = split == "train"
+    dm.batch_size = int(num)
+    dm.trainer = _TrainerState(training=train)
+    dm.prepare_data()
+    dm.setup("fit" if train else "validate")
+    loader = dm.train_dataloader() if train else dm.val_dataloader()
+    backend = getattr(dm, "backend", None)
+    split_name = (dm.train_split if train else dm.val_split) if hasattr(dm, "train_split") else split
+    if backend == "ffcv":
+        source, beton_to_source, stored = _beton_sources(dm, split_name, dm.beton_path(split_name))
+        n_items = len(stored)
+    else:
+        sets = getattr(dm, "_sets", {})
+        source = sets["train" if train else "val"].source if sets else None
+        beton_to_source, stored = None, None
+        n_items = len(source) if source is not None else 0
+    order = _epoch_order(loader, n_items)
+    if n_items and num > n_items:
+        raise ValueError(f"--num {num} is larger than the {split} split ({n_items} images)")
+
+    images, labels = [], []
+    with torch.no_grad():
+        for batch in loader:
+            x, y = dm.on_after_batch_transfer((batch[0], batch[1]), 0)
+            images.append(x.float())
+            labels.append(y.long())
+            if sum(len(b) for b in labels) >= num:
+                break
+    model_input = torch.cat(images)[:num]
+    label_t = torch.cat(labels)[:num]
+    if len(label_t) < num:
+        raise ValueError(f"the {split} loader gave {len(label_t)} images, fewer than --num {num}")
+    mean = torch.tensor(dm.mean, dtype=torch.float32).view(1, 3, 1, 1)
+    std = torch.tensor(dm.std, dtype=torch.float32).view(1, 3, 1, 1)
+    pixels = (model_input * std + mean).clamp_(0.0, 1.0).contiguous()
+
+    positions = order[:num] if len(order) else np.arange(num)
+    if backend == "ffcv":
+        stored_hw = stored[positions]
+        indices = beton_to_source[positions] if beton_to_source is not None else positions
+    else:
+        stored_hw, indices = None, positions
+    paths: list[str | None] = [None] * num
+    if source is not None:
+        expected = np.asarray(source.labels)[indices]
+        if not np.array_equal(expected, label_t.numpy()):
+            raise RuntimeError(f"preview: the loader's labels do not follow the expected {split} order (a loader "
+                               f"order this command does not know); first labels {label_t[:8].tolist()} vs "
+                               f"{expected[:8].tolist()}")
+        source_hw = np.asarray([source.image_size(int(i)) for i in indices], dtype=np.int64).reshape(num, 2)
+        if hasattr(source, "paths"):
+            paths = [source.paths[int(i)] for i in indices]
+    else:
+        source_hw = stored_hw
+    if stored_hw is None:
+        stored_hw = source_hw
+    return {
+        "images": pixels,
+        "labels": label_t,
+        "paths": paths,
+        "source_hw": torch.as_tensor(np.asarray(source_hw, dtype=np.int64)),
+        "stored_hw": torch.as_tensor(np.asarray(stored_hw, dtype=np.int64)),
+        "indices": torch.as_tensor(np.asarray(indices, dtype=np.int64)),
+        "split": split,
+        "backend": backend,
+        "mean": tuple(dm.mean),
+        "std": tuple(dm.std),
+    }
+
+
+def write_preview(result: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
+    """Write ``<out>/<split>.pt`` and ``<out>/<split>.png``; returns both paths."""
+    from torchvision.utils import make_grid, save_image
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    pt, png = out / f"{result['split']}.pt", out / f"{result['split']}.png"
+    torch.save(result, pt)
+    images = result["images"]
+    save_image(make_grid(images, nrow=max(1, math.ceil(math.sqrt(len(images)))), padding=2), png)
+    return pt, png
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="impulsevit data preview", allow_abbrev=False,
+                                description="Write the images a recipe feeds the model (PNG grid + tensors).",
+                                epilog="Every other argument is parsed as by `impulsevit fit` (--recipe R, "
+                                       "--data.init_args.root=..., ...).")
+    p.add_argument("--split", choices=["train", "val"], required=True)
+    p.add_argument("--num", type=int, default=16, help="number of images (default 16)")
+    p.add_argument("--out", default="preview", help="output folder (default ./preview)")
+    return p
+
+
+USAGE = "usage: impulsevit data preview --recipe R [fit overrides ...] --split train|val [--num N] [--out DIR]"
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``impulsevit data``; returns the exit status (2: bad arguments)."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"{USAGE}\n\n{__doc__.split(chr(10) * 2)[0]}")
+        return 0 if argv else 2
+    if argv[0] != "preview":
+        print(f"impulsevit data: error: unknown command {argv[0]!r} (known: preview)\n{USAGE}", file=sys.stderr)
+        return 2
+    args, rest = _parser().parse_known_args(argv[1:])
+    if not any(a.split("=", 1)[0] in ("--recipe", "--config", "-c") for a in rest):
+        print(f"impulsevit data preview: error: --recipe is required\n{USAGE}", file=sys.stderr)
+        return 2
+    torch.set_grad_enabled(False)
+    try:
+        dm = build_datamodule(rest)
+        result = collect(dm, args.split, args.num)
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        print(f"impulsevit data preview: error: {exc}", file=sys.stderr)
+        return 2
+    pt, png = write_preview(result, args.out)
+    print(f"wrote {png} and {pt}: {len(result['labels'])} {args.split} images of {tuple(result['images'].shape[2:])} "
+          f"px ({result['backend'] or type(dm).__name__})")
+    return 0
