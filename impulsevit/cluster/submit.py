@@ -8,7 +8,9 @@ Usage::
 
 Everything not recognised here is passed to ``impulsevit fit`` unchanged (``--trainer.max_epochs=100``). Defaults come
 from ``~/.config/impulsevit/slurm.yaml`` (:mod:`impulsevit.cluster.slurm_config`), flags override them.
-``--dry-run`` prints the script and writes/submits nothing. Without ``sbatch`` on PATH the script is still written and
+``--dry-run`` prints the script and writes/submits nothing. When the recipe's FFCV ``.beton`` files are missing, a
+conversion job (one node, all its cores, ``impulsevit convert``; :mod:`impulsevit.cluster.convert_job`) is submitted
+first and the training job waits for it with ``--dependency=afterok:<id>`` (``--no-convert-job`` turns this off). Without ``sbatch`` on PATH the script is still written and
 the error names it, so it can be submitted by hand. Exit codes: 0 submitted (or dry run), 1 ``sbatch`` missing or
 failed, 2 bad arguments.
 """
@@ -23,6 +25,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from impulsevit import recipes
+from impulsevit.cluster.convert_job import conversion_commands, convert_script_path, render_convert_sbatch
 from impulsevit.cluster.events import events_path, job_state
 from impulsevit.cluster.sbatch import FitJob, SlurmOptions, fit_command, recipe_data_workers, render_sbatch
 from impulsevit.cluster.slurm_config import config_path, load_defaults
@@ -61,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
                                       "impulsevit; e.g. 'apptainer exec --nv img.sif impulsevit')")
     p.add_argument("--slurm-config", help=f"defaults file (default {config_path()})")
     p.add_argument("--dry-run", action="store_true", help="print the script; write and submit nothing")
+    p.add_argument("--no-convert-job", action="store_true",
+                   help="do not submit a conversion job for missing FFCV .beton files (the training job's "
+                        "prepare_data converts small datasets itself and stops on large ones)")
     return p
 
 
@@ -136,16 +142,20 @@ def main(argv: list[str]) -> int:
         job, opts, args = build(argv)
         script = render_sbatch(job, opts)
         check_fit_config(job, opts)
+        convert_cmds = [] if args.no_convert_job else conversion_commands(job)
+        convert_script = render_convert_sbatch(job, opts, convert_cmds) if convert_cmds else None
     except SystemExit as e:  # the fit parser's error (printed by it, with the same suggestions `fit` gives)
         if e.code in (0, None):
             raise
         print("impulsevit submit: error: the fit configuration above does not parse; nothing was submitted",
               file=sys.stderr)
         return 2
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, KeyError) as e:
         print(f"impulsevit submit: error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
+        if convert_script is not None:
+            sys.stdout.write(convert_script + "# ---- then, with --dependency=afterok:<conversion job id>:\n")
         sys.stdout.write(script)
         return 0
 
@@ -161,7 +171,20 @@ def main(argv: list[str]) -> int:
         print(f"impulsevit submit: error: `sbatch` not found on PATH; the script is written to {path} — "
               f"submit it by hand on a SLURM login node with:  sbatch {path}", file=sys.stderr)
         return 1
-    proc = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True)
+    dependency: list[str] = []
+    if convert_script is not None:
+        cpath = convert_script_path(job)
+        _write_atomic(cpath, convert_script)
+        proc = subprocess.run([sbatch, "--parsable", str(cpath)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(f"impulsevit submit: error: sbatch failed (exit {proc.returncode}) for the conversion job {cpath}:\n"
+                  f"{proc.stderr.strip()}", file=sys.stderr)
+            return 1
+        convert_id = proc.stdout.strip().split(";")[0]
+        dependency = [f"--dependency=afterok:{convert_id}"]
+        print(f"Submitted conversion job {convert_id} ({len(convert_cmds)} split(s) to .beton): "
+              f"{run_dir / 'slurm' / f'convert-{convert_id}.out'}")
+    proc = subprocess.run([sbatch, "--parsable", *dependency, str(path)], capture_output=True, text=True)
     if proc.returncode != 0:
         print(f"impulsevit submit: error: sbatch failed (exit {proc.returncode}) for {path}:\n"
               f"{proc.stderr.strip()}", file=sys.stderr)

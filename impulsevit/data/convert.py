@@ -398,6 +398,24 @@ def beton_num_classes(path: str | os.PathLike) -> int:
     return int(reader.metadata[f"f{names.index('label')}"].max()) + 1
 
 
+def _one_writer(convert: Callable[..., dict]) -> Callable[..., dict]:
+    """Serialise conversions of the same output across processes and nodes with the lock file ``<out>.lock``
+    (:func:`impulsevit.data.locking.file_lock`): one converts, the others wait and then find it up to date."""
+    import functools
+
+    @functools.wraps(convert)
+    def locked(source: ImageSource, out: str | os.PathLike, *args, **kwargs) -> dict:  # noqa: ANN002, ANN003
+        from impulsevit.data.locking import file_lock
+
+        out = Path(out)
+        with file_lock(out.with_name(out.name + ".lock"), what=f"the conversion of {out}",
+                       log=kwargs.get("log", print)):
+            return convert(source, out, *args, **kwargs)
+
+    return locked
+
+
+@_one_writer
 def convert_split(source: ImageSource, out: str | os.PathLike, preset: Preset, *, workers: int = 1,
                   on_error: OnError = "skip", progress: bool = True, request: dict | None = None, force: bool = False,
                   log: Callable[[str], None] = print, check_free_space: bool = True) -> dict:

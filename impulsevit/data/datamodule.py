@@ -39,6 +39,7 @@ import contextlib
 import hashlib
 import os
 import random
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -150,6 +151,12 @@ class ImageDataModule(BaseImageDataModule):
             ImageNet's) and the class count comes from the manifest.
         beton_check: at setup, check each ``.beton`` against its manifest's checksum (:mod:`impulsevit.data.integrity`):
             ``sampled`` (header, size and sampled chunks; the default), ``full`` (every byte) or ``off``.
+        download: fetch the dataset with ``torchvision.datasets`` in ``prepare_data`` when its files are missing
+            (:mod:`impulsevit.data.download`; CIFAR-10/100, STL-10, Flowers-102, Pets, Food-101, Fashion-MNIST);
+            without ``root`` it goes to ``<cache>/datasets/<name>``.
+        convert_limit: in a multi-process run (world size > 1), ``prepare_data`` does not convert a split of more
+            than this many images: it stops with the ``impulsevit convert`` command to run first (``impulsevit
+            submit`` submits that as its own job). Single-process runs convert any size.
     """
 
     def __init__(
@@ -186,8 +193,12 @@ class ImageDataModule(BaseImageDataModule):
         train_beton: str | None = None,
         val_beton: str | None = None,
         beton_check: CheckLevel = "sampled",
+        download: bool = False,
+        convert_limit: int = 200_000,
     ) -> None:
         info = get_dataset(dataset)
+        if download and root is None and info.needs_root and info.default_root is None:
+            root = str(default_cache_dir() / "datasets" / info.name)
         if backend not in ("ffcv", "torchvision"):
             raise ValueError(f"backend must be 'ffcv' or 'torchvision', got {backend!r}")
         if backend == "ffcv" and not ffcv_available():
@@ -238,6 +249,7 @@ class ImageDataModule(BaseImageDataModule):
         self.beton_check = beton_check
         self.preset = PRESETS[preset] if preset else default_preset(info.small)
         self.betons = {self.train_split: Path(train_beton), self.val_split: Path(val_beton)} if train_beton else {}
+        self.download, self.convert_limit = bool(download), int(convert_limit)
         self._device_augment: DeviceAugment | None = None
         self._sets: dict[str, SourceDataset] = {}
 
@@ -260,15 +272,64 @@ class ImageDataModule(BaseImageDataModule):
         return self.cache_dir / f"{self.info.name}-{split}-{self.preset.name}{sub}-{root_tag}.beton"
 
     def prepare_data(self) -> None:
-        """FFCV backend: convert the train and val splits to ``.beton`` files unless they are up to date. Lightning
-        runs this on local rank 0 only; the files are written atomically so other ranks never see partial ones."""
+        """``download``: fetch the dataset when missing. FFCV backend: convert the train and val splits to ``.beton``
+        files unless they are up to date. Lightning runs this on local rank 0 only; the files are written atomically
+        so other ranks never see partial ones, and a lock file next to each output makes concurrent converters (other
+        nodes sharing the cache) wait and reuse it. In a multi-process run a split larger than ``convert_limit``
+        without a complete ``.beton`` stops the run at once with the ``impulsevit convert`` command to run."""
+        if self.download:
+            from impulsevit.data.download import ensure_dataset
+
+            ensure_dataset(self.info, self.root, verify=self.verify)
         if self.backend != "ffcv" or self.betons:
             return
-        for split in dict.fromkeys((self.train_split, self.val_split)):
+        trainer = getattr(self, "trainer", None)
+        world = int(getattr(trainer, "world_size", 0) or 0) or dist_info()[1]
+        splits = list(dict.fromkeys((self.train_split, self.val_split)))
+        if world > 1:
+            too_big = [s for s in splits if read_manifest(self.beton_path(s)) is None
+                       and self._split_size(s) > self.convert_limit]
+            if too_big:
+                commands = "\n".join("  " + shlex.join(self.convert_command(s)) for s in too_big)
+                raise RuntimeError(f"{self.info.name}: split(s) {', '.join(too_big)} have more than convert_limit="
+                                   f"{self.convert_limit} images and no .beton yet; a {world}-process run does not "
+                                   f"convert them inside the training job. Convert first (one node, all its cores), "
+                                   f"then rerun:\n{commands}\n(`impulsevit submit` does this as a separate job)")
+        for split in splits:
             k = self.train_subset if split == self.train_split else self.val_subset
             convert_split(self.load_source(split), self.beton_path(split), self.preset,
                           workers=max(1, self.num_workers), on_error="skip", progress=False,
-                          request={"dataset": self.info.name, "root": str(self.root), "split": split, "subset": k})
+                          request={"dataset": self.info.name, "root": self._root_tag(), "split": split, "subset": k})
+
+    def _root_tag(self) -> str:
+        return str(Path(self.root)) if self.root is not None else "None"
+
+    def _split_size(self, split: str) -> int:
+        """Images in ``split`` after the subset: the published count when the registry has one, else listed."""
+        k = self.train_subset if split == self.train_split else self.val_subset
+        published = self.info.split_sizes.get(split) or 0
+        n = published if published > 0 else len(self.info.load(self.root, split, verify="off"))
+        return min(n, k) if k else n
+
+    def convert_command(self, split: str, workers: int | str | None = None) -> list[str]:
+        """The ``impulsevit convert`` argv that writes exactly the ``.beton`` ``prepare_data`` would write for
+        ``split`` (same path, preset, subset and request, so training then finds it up to date)."""
+        k = self.train_subset if split == self.train_split else self.val_subset
+        cmd = ["impulsevit", "convert", self.info.name, str(self.beton_path(split)), "--split", split,
+               "--preset", self.preset.name, "--verify", self.verify, "--on-error", "skip", "--no-progress"]
+        if self.root is not None:
+            cmd += ["--root", self._root_tag()]
+        if k:
+            cmd += ["--subset", str(k)]
+        if workers is not None:
+            cmd += ["--workers", str(workers)]
+        return cmd
+
+    def splits_to_convert(self) -> list[str]:
+        """FFCV splits whose ``.beton`` is missing or incomplete (no valid manifest); empty for other backends."""
+        if self.backend != "ffcv" or self.betons:
+            return []
+        return [s for s in dict.fromkeys((self.train_split, self.val_split)) if read_manifest(self.beton_path(s)) is None]
 
     def setup(self, stage: str | None = None) -> None:
         if self.backend == "ffcv":

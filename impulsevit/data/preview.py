@@ -56,8 +56,12 @@ def build_datamodule(cli_args: list[str]):  # noqa: ANN201 - any BaseImageDataMo
             pass
 
     argv = prepare_argv(["fit", *cli_args])[1:]  # recipe names resolved as for fit
-    cli = _DataOnlyCLI(args=argv, run=False)
-    return cli.datamodule
+    saved = sys.argv
+    sys.argv = sys.argv[:1]  # LightningCLI warns when it sees the outer command's own arguments next to ``args``
+    try:
+        return _DataOnlyCLI(args=argv, run=False).datamodule
+    finally:
+        sys.argv = saved
 
 
 class _TrainerState:
