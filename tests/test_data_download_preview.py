@@ -1,0 +1,229 @@
+"""Datasets from nothing and ``impulsevit data preview``, end to end on real files.
+
+Download: a real HTTP server (``http.server`` on 127.0.0.1, in a thread) serves a small CIFAR-10 python tarball built
+here in the release's format (python-2 style pickles with str keys); torchvision's ``CIFAR10`` class is pointed at it
+by overriding its URL and checksum attributes in this test only (the MD5s are computed from the small files), so the
+real torchvision download, MD5 check and extraction run. Preview: the real CLI parser and recipe, the FFCV backend
+(real ``.beton``) and the torchvision backend on an ImageFolder of photos of several sizes.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import io
+import pickle
+import tarfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torchvision.datasets
+from PIL import Image
+
+from impulsevit.data import download as dl
+from impulsevit.data.preview import main as preview_main
+
+N_TRAIN, N_TEST = 10, 5
+
+
+def _md5(data: bytes) -> str:
+    return hashlib.md5(data).hexdigest()
+
+
+def _cifar10_tarball() -> tuple[bytes, dict[str, bytes], np.ndarray, np.ndarray]:
+    """``cifar-10-python.tar.gz`` with 5 train batches of 2 images and a test batch of 5; returns (tarball, members,
+    test images (N, 32, 32, 3), test labels)."""
+    rng = np.random.default_rng(0)
+    members: dict[str, bytes] = {}
+    test = (rng.integers(0, 256, (N_TEST, 32, 32, 3), dtype=np.uint8), np.arange(N_TEST) % 10)
+    train = (rng.integers(0, 256, (N_TRAIN, 32, 32, 3), dtype=np.uint8), np.arange(N_TRAIN) % 10)
+    for i in range(5):
+        imgs, labels = train[0][2 * i:2 * i + 2], train[1][2 * i:2 * i + 2]
+        members[f"data_batch_{i + 1}"] = pickle.dumps({"batch_label": f"training batch {i + 1} of 5",
+                                                       "data": imgs.transpose(0, 3, 1, 2).reshape(2, 3072),
+                                                       "labels": labels.tolist()}, protocol=2)
+    members["test_batch"] = pickle.dumps({"batch_label": "testing batch 1 of 1", "labels": test[1].tolist(),
+                                          "data": test[0].transpose(0, 3, 1, 2).reshape(N_TEST, 3072)}, protocol=2)
+    members["batches.meta"] = pickle.dumps({"label_names": [f"class{i}" for i in range(10)]}, protocol=2)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue(), members, test[0], test[1]
+
+
+@pytest.fixture(scope="module")
+def cifar_server(tmp_path_factory):
+    """A real HTTP server on 127.0.0.1 serving the small tarball; yields (url, members, test images, test labels)."""
+    served = tmp_path_factory.mktemp("www")
+    tarball, members, test_imgs, test_labels = _cifar10_tarball()
+    (served / "cifar-10-python.tar.gz").write_bytes(tarball)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    handler.log_message = lambda *a, **k: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/cifar-10-python.tar.gz"
+    yield url, _md5(tarball), members, test_imgs, test_labels
+    server.shutdown()
+    thread.join()
+
+
+@pytest.fixture
+def local_cifar10(cifar_server, monkeypatch):
+    """torchvision's CIFAR10 pointed at the local server, with the small files' checksums (this test only)."""
+    url, tar_md5, members, test_imgs, test_labels = cifar_server
+    cls = torchvision.datasets.CIFAR10
+    monkeypatch.setattr(cls, "url", url)
+    monkeypatch.setattr(cls, "tgz_md5", tar_md5)
+    monkeypatch.setattr(cls, "train_list", [[f"data_batch_{i}", _md5(members[f"data_batch_{i}"])] for i in range(1, 6)])
+    monkeypatch.setattr(cls, "test_list", [["test_batch", _md5(members["test_batch"])]])
+    monkeypatch.setattr(cls, "meta", {"filename": "batches.meta", "key": "label_names",
+                                      "md5": _md5(members["batches.meta"])})
+    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    return test_imgs, test_labels
+
+
+def test_download_cli_fetches_cifar10_into_the_readers_layout(tmp_path, local_cifar10, capsys):
+    test_imgs, test_labels = local_cifar10
+    root = tmp_path / "cifar"
+    assert dl.main(["cifar10", str(root), "--verify", "warn"]) == 0
+    out = capsys.readouterr().out
+    assert "train 10, test 5 images" in out and f"--data.init_args.root={root.resolve()}" in out
+    from impulsevit.data.registry import get_dataset
+
+    with pytest.warns(UserWarning, match="expected 10000"):
+        source = get_dataset("cifar10").load(root, "test", verify="warn")
+    assert np.array_equal(np.stack([source.load(i) for i in range(N_TEST)]), test_imgs)
+    assert source.labels.tolist() == test_labels.tolist() and source.classes[3] == "class3"
+    # published counts are checked by default: 10 train images are not CIFAR-10
+    assert dl.main(["cifar10", str(root)]) == 1
+    assert "found 10 images, expected 50000" in capsys.readouterr().err
+
+
+def test_download_of_a_corrupted_archive_fails_with_the_checksum(tmp_path, local_cifar10, monkeypatch, capsys):
+    monkeypatch.setattr(torchvision.datasets.CIFAR10, "tgz_md5", "0" * 32)
+    assert dl.main(["cifar10", str(tmp_path / "c"), "--verify", "off"]) == 1
+    assert "RuntimeError" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, needles", [
+    ("imagenet", ("image-net.org", "ILSVRC2012_devkit_t12", "ILSVRC2012_validation_ground_truth.txt",
+                  "LOC_val_solution.csv", "train/<wnid>/*.JPEG")),
+    ("imagenet21k", ("winter21_whole", "fall11_whole", "13,153,500", "min(50, n // 2)")),
+])
+def test_imagenet_cannot_download_and_says_what_to_obtain(tmp_path, name, needles, capsys):
+    assert dl.main([name, str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    for needle in needles:
+        assert needle in err, needle
+    assert not any(tmp_path.iterdir())
+
+
+def test_every_downloadable_dataset_has_a_torchvision_class():
+    from impulsevit.data.registry import get_dataset
+
+    for name, (cls, _) in dl.DOWNLOADABLE.items():
+        assert hasattr(torchvision.datasets, cls) and get_dataset(name).name == name
+    assert set(dl.DOWNLOADABLE) == {"cifar10", "cifar100", "stl10", "flowers102", "pets", "food101", "fashion_mnist"}
+
+
+def _preview(out: Path, split: str, num: int, *overrides: str) -> dict:
+    assert preview_main(["preview", "--split", split, "--num", str(num), "--out", str(out), *overrides]) == 0
+    assert (out / f"{split}.png").is_file()
+    result = torch.load(out / f"{split}.pt", weights_only=False)
+    assert result["images"].dtype == torch.float32 and result["labels"].dtype == torch.int64
+    assert result["images"].min() >= 0 and result["images"].max() <= 1
+    return result
+
+
+@pytest.mark.slow
+def test_recipe_with_download_true_previews_what_the_model_sees(tmp_path, local_cifar10):
+    """vit_tiny_cifar10 (FFCV backend) from an empty folder: download: true fetches, prepare_data converts, and the
+    val preview at 32 px with crop_pct 1 is the test split itself, in order; train previews carry the recipe's
+    augmentation (RandAugment, erasing) and keep labels and sizes aligned with the source."""
+    test_imgs, test_labels = local_cifar10
+    root = tmp_path / "data" / "cifar10"
+    common = ["--recipe", "vit_tiny_cifar10", f"--data.init_args.root={root}", "--data.init_args.download=true",
+              "--data.init_args.verify=warn", "--data.init_args.image_size=32", "--data.init_args.num_workers=1",
+              f"--data.init_args.cache_dir={tmp_path / 'ffcv'}", "--trainer.devices=1"]
+    with pytest.warns(UserWarning):
+        val = _preview(tmp_path / "out", "val", 4, *common, "--data.init_args.crop_pct=1.0")
+    assert (root / "cifar-10-batches-py" / "test_batch").is_file()
+    expected = torch.from_numpy(test_imgs[:4]).permute(0, 3, 1, 2).float() / 255
+    assert torch.allclose(val["images"], expected, atol=1e-6)
+    assert val["labels"].tolist() == test_labels[:4].tolist() and val["indices"].tolist() == [0, 1, 2, 3]
+    assert val["paths"] == [None] * 4 and val["source_hw"].tolist() == val["stored_hw"].tolist() == [[32, 32]] * 4
+    assert val["mean"] == (0.485, 0.456, 0.406)  # the recipe's ImageNet statistics, undone in `images`
+    with pytest.warns(UserWarning):
+        train = _preview(tmp_path / "out", "train", 6, *common)
+    assert train["images"].shape == (6, 3, 32, 32)
+    assert len(set(train["indices"].tolist())) == 6 and all(0 <= i < N_TRAIN for i in train["indices"].tolist())
+    assert train["labels"].tolist() == [int(i) % 10 for i in train["indices"].tolist()]  # labels follow indices
+
+
+def _photo(path: Path, h: int, w: int, seed: int) -> None:
+    """A smooth photo-like image (gradients + blobs), saved as high-quality JPEG."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w] / max(h, w)
+    chans = [np.sin(6 * xx * rng.uniform(0.5, 2) + rng.uniform(0, 6)) * np.cos(5 * yy * rng.uniform(0.5, 2))
+             for _ in range(3)]
+    arr = ((np.stack(chans, -1) + 1) * 127.5).clip(0, 255).astype(np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(arr).save(path, quality=95)
+
+
+@pytest.fixture
+def photo_folder(tmp_path):
+    sizes = [(300, 400), (500, 260), (256, 256), (180, 320), (640, 480), (333, 500)]
+    for k, (h, w) in enumerate(sizes):
+        for split in ("train", "val"):
+            _photo(tmp_path / "photos" / split / ("b_cls" if k % 2 else "a_cls") / f"img{k}.jpg", h, w, k)
+    return tmp_path / "photos", sizes
+
+
+def test_preview_torchvision_backend_val_is_timms_eval_transform_in_folder_order(tmp_path, photo_folder):
+    root, sizes = photo_folder
+    val = _preview(tmp_path / "tv", "val", 6, "--recipe", "deit_tiny_in1k", "--data.init_args.dataset=imagefolder",
+                   f"--data.init_args.root={root}", "--data.init_args.backend=torchvision",
+                   "--data.init_args.num_workers=0", "--data.init_args.repeated_aug=1")
+    names = [Path(p).relative_to(root / "val").as_posix() for p in val["paths"]]
+    assert names == sorted(names) and names[0].startswith("a_cls/")  # sorted classes, sorted files
+    assert val["labels"].tolist() == [0, 0, 0, 1, 1, 1]
+    from timm.data import create_transform
+
+    tf = create_transform(224, is_training=False, interpolation="bicubic", crop_pct=0.875)
+    for i, path in enumerate(val["paths"]):
+        with Image.open(path) as im:
+            ref = tf(im.convert("RGB"))
+            assert val["source_hw"][i].tolist() == [im.height, im.width] == val["stored_hw"][i].tolist()
+        ref = ref * torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1) + torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
+        assert (val["images"][i] - ref).abs().max() < 1e-5
+
+
+def test_preview_ffcv_backend_reports_stored_sizes(tmp_path, photo_folder):
+    root, sizes = photo_folder
+    val = _preview(tmp_path / "ff", "val", 6, "--recipe", "deit_tiny_in1k", "--data.init_args.dataset=imagefolder",
+                   f"--data.init_args.root={root}", "--data.init_args.num_workers=1",
+                   f"--data.init_args.cache_dir={tmp_path / 'ffcv'}", "--data.init_args.repeated_aug=1")
+    assert val["backend"] == "ffcv" and val["images"].shape == (6, 3, 224, 224)
+    for i, path in enumerate(val["paths"]):
+        with Image.open(path) as im:
+            assert val["source_hw"][i].tolist() == [im.height, im.width]
+    from impulsevit.data.convert import read_manifest
+
+    beton = next((tmp_path / "ffcv").glob("imagefolder-val-*.beton"))
+    cap = read_manifest(beton)["preset"]["max_resolution"]
+    for (h, w), (sh, sw) in zip(val["source_hw"].tolist(), val["stored_hw"].tolist()):
+        scale = min(1.0, cap / max(h, w)) if cap else 1.0
+        assert abs(sh - h * scale) <= 1 and abs(sw - w * scale) <= 1, ((h, w), (sh, sw), cap)
+    # bad keys fail as in fit, naming the key
+    with pytest.raises(SystemExit):
+        preview_main(["preview", "--split", "val", "--recipe", "deit_tiny_in1k", "--data.init_args.imag_size=3"])
