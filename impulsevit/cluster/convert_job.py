@@ -14,7 +14,10 @@ per-task data settings in array jobs (``%a`` in a data override: the data of tas
 
 from __future__ import annotations
 
+import contextlib
+import io
 import shlex
+import sys
 from pathlib import Path
 
 from impulsevit.cluster.sbatch import FitJob, SlurmOptions
@@ -28,7 +31,15 @@ def conversion_commands(job: FitJob) -> list[list[str]]:
     from impulsevit.data.preview import build_datamodule
 
     overrides = [o.replace("%a", "0") for o in job.fit_overrides]
-    dm = build_datamodule(["--recipe", job.recipe, *overrides])
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            dm = build_datamodule(["--recipe", job.recipe, *overrides])
+    except SystemExit:  # the job itself will report it; no conversion can be planned from an unparsable recipe
+        lines = [ln for ln in errors.getvalue().splitlines() if "error" in ln.lower()] or ["(no message)"]
+        print(f"impulsevit submit: warning: no conversion job planned: the recipe does not parse as for "
+              f"`impulsevit fit`: {lines[0].strip()}", file=sys.stderr)
+        return []
     todo = getattr(dm, "splits_to_convert", lambda: [])()
     commands = [dm.convert_command(split, workers="${SLURM_CPUS_ON_NODE:-1}")[1:] for split in todo]
     if commands and getattr(dm, "download", False):  # data.init_args.download: fetch before converting
