@@ -1,0 +1,86 @@
+"""Pixel fidelity of a recipe's evaluation pipeline: ``impulsevit data preview --split val`` vs timm's reference.
+
+For each photo given (default: the three photos that ship with matplotlib / scikit-learn), three crops (full, left
+60 %, top 60 %) go into an ImageFolder twice: at full size (``deit_base_in1k``'s data settings) and downscaled to
+32 px (``vit_tiny_cifar10``'s). ``impulsevit data preview`` writes what the model sees on the recipe's default
+backend; each image is compared with ``timm.data.create_transform(224, is_training=False, interpolation="bicubic",
+crop_pct=0.875)`` on the same file (PSNR in dB on the 0–1 scale). For the full-size set it also reports whether the
+stored short side × crop_pct reaches 224 for every source of short side >= 256 (the eval crop is never upsampled).
+
+Usage: ``python benchmarks/preview_fidelity.py [--photos a.jpg b.jpg ...] [--work DIR]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from timm.data import create_transform
+
+
+def _default_photos() -> list[Path]:
+    import matplotlib
+    import sklearn
+
+    return [Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg",
+            Path(sklearn.__file__).parent / "datasets" / "images" / "flower.jpg",
+            Path(sklearn.__file__).parent / "datasets" / "images" / "china.jpg"]
+
+
+def _tree(photos: list[Path], tree: Path, small: bool) -> int:
+    k = 0
+    for p in photos:
+        im = Image.open(p).convert("RGB")
+        w, h = im.size
+        for box in [(0, 0, w, h), (0, 0, int(w * 0.6), h), (0, 0, w, int(h * 0.6))]:
+            crop = im.crop(box)
+            if small:
+                crop = crop.resize((32, 32), Image.BICUBIC)
+            for split in ("train", "val"):
+                d = tree / split / f"c{k % 2}"
+                d.mkdir(parents=True, exist_ok=True)
+                crop.save(d / f"img{k}.png")
+            k += 1
+    return k
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--photos", nargs="+", type=Path, default=None)
+    ap.add_argument("--work", type=Path, default=None, help="working folder (default: a temporary one)")
+    args = ap.parse_args()
+    photos = args.photos or _default_photos()
+    work = args.work or Path(tempfile.mkdtemp(prefix="preview_fidelity_"))
+    tf = create_transform(224, is_training=False, interpolation="bicubic", crop_pct=0.875, mean=(0, 0, 0),
+                          std=(1, 1, 1))
+    for recipe, small in (("vit_tiny_cifar10", True), ("deit_base_in1k", False)):
+        tree = work / recipe
+        n = _tree(photos, tree, small)
+        out = work / f"out_{recipe}"
+        subprocess.run([sys.executable, "-m", "impulsevit.cli", "data", "preview", "--recipe", recipe, "--split", "val",
+                        "--num", str(n), "--out", str(out), "--data.init_args.dataset=imagefolder",
+                        f"--data.init_args.root={tree}", "--data.init_args.num_workers=1",
+                        f"--data.init_args.cache_dir={work / 'ffcv'}", "--data.init_args.repeated_aug=1"],
+                       check=True, stdout=subprocess.DEVNULL)
+        r = torch.load(out / "val.pt", weights_only=False)
+        psnr = []
+        for i, path in enumerate(r["paths"]):
+            ref = tf(Image.open(path).convert("RGB"))
+            mse = ((r["images"][i] - ref) ** 2).mean().item()
+            psnr.append(10 * np.log10(1 / max(mse, 1e-12)))
+        print(f"{recipe} ({'32 px' if small else 'full-size'} photos, backend {r['backend']}): PSNR vs timm bicubic "
+              f"median {np.median(psnr):.1f} dB, min {min(psnr):.1f} dB over {n} images")
+        if not small:
+            ok = [min(s) * 0.875 >= 224 for s, src in zip(r["stored_hw"].tolist(), r["source_hw"].tolist())
+                  if min(src) >= 256]
+            print(f"  eval crop never upsampled (stored short side x 0.875 >= 224): {sum(ok)}/{len(ok)} images")
+
+
+if __name__ == "__main__":
+    main()
