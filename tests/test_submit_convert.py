@@ -64,7 +64,7 @@ def _submit(ws, name: str, *extra: str) -> str:
     return proc.stdout
 
 
-def _wait(ws, name: str, timeout: float = 300.0) -> str:
+def _wait(ws, name: str, timeout: float = 900.0) -> str:  # a loaded 2-core machine: minutes per job
     run_dir = ws["root"] / "runs" / name
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
