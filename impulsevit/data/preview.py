@@ -65,12 +65,16 @@ def build_datamodule(cli_args: list[str]):  # noqa: ANN201 - any BaseImageDataMo
 
 
 class _TrainerState:
-    """What the datamodule hooks read from ``self.trainer``: the stage, the epoch and the rank."""
+    """What the datamodule hooks read from ``self.trainer``: the stage, the epoch, the rank and the device (CPU)."""
 
     def __init__(self, training: bool) -> None:
+        import types
+
         self.training = training
         self.current_epoch = 0
         self.global_rank = 0
+        self.world_size = 1
+        self.strategy = types.SimpleNamespace(root_device=torch.device("cpu"))
 
 
 def _epoch_order(loader: Any, n: int) -> np.ndarray:
