@@ -40,6 +40,10 @@ def conversion_commands(job: FitJob) -> list[list[str]]:
         print(f"impulsevit submit: warning: no conversion job planned: the recipe does not parse as for "
               f"`impulsevit fit`: {lines[0].strip()}", file=sys.stderr)
         return []
+    except Exception as exc:  # noqa: BLE001 - e.g. unreadable .beton overrides: the training job reports them itself
+        print(f"impulsevit submit: warning: no conversion job planned: the data section cannot be built here "
+              f"({type(exc).__name__}: {exc})", file=sys.stderr)
+        return []
     todo = getattr(dm, "splits_to_convert", lambda: [])()
     commands = [dm.convert_command(split, workers="${SLURM_CPUS_ON_NODE:-1}")[1:] for split in todo]
     if commands and getattr(dm, "download", False):  # data.init_args.download: fetch before converting

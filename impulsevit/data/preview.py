@@ -75,6 +75,10 @@ class _TrainerState:
         self.global_rank = 0
         self.world_size = 1
         self.strategy = types.SimpleNamespace(root_device=torch.device("cpu"))
+        # batch index in the epoch, which keys the device augmentation's draws as in a real fit loop
+        self.progress = types.SimpleNamespace(ready=0)
+        self.fit_loop = types.SimpleNamespace(epoch_loop=types.SimpleNamespace(
+            batch_progress=types.SimpleNamespace(current=self.progress)))
 
 
 def _epoch_order(loader: Any, n: int) -> np.ndarray:
@@ -152,6 +156,7 @@ def collect(dm: Any, split: str, num: int) -> dict[str, Any]:
     with torch.no_grad():
         for batch in loader:
             x, y = dm.on_after_batch_transfer((batch[0], batch[1]), 0)
+            dm.trainer.progress.ready += 1
             images.append(x.float())
             labels.append(y.long())
             if sum(len(b) for b in labels) >= num:
