@@ -151,3 +151,36 @@ def test_usage_errors_exit_2(tmp_path, capsys):
     assert "neither an existing folder nor a registry dataset" in capsys.readouterr().err
     assert main(["cifar10", str(tmp_path / "o"), "--root", str(tmp_path)]) == 2
     assert "data_batch_1" in capsys.readouterr().err
+
+
+def test_small_images_stored_raw_and_conversion_is_deterministic(tmp_path):
+    """A JPEG-mixing preset stores an all-small split raw (no lossy 32 px images), and a large-image split converted
+    twice (1 and 2 writer processes) gives byte-identical files: the JPEG/raw choice depends on the sample index."""
+    pytest.importorskip("ffcv")
+    from PIL import Image
+
+    from impulsevit.data.convert import PRESETS, convert_split
+    from impulsevit.data.sources import image_folder_source
+
+    rng = np.random.default_rng(0)
+    for name, side in (("small", 32), ("large", 120)):
+        for c in range(2):
+            d = tmp_path / name / f"c{c}"
+            d.mkdir(parents=True)
+            for k in range(6):
+                Image.fromarray(rng.integers(0, 256, (side, side + 8, 3), dtype=np.uint8)).save(d / f"{k}.png")
+    small = convert_split(image_folder_source(tmp_path / "small"), tmp_path / "small.beton", PRESETS["short256"])
+    assert small["preset"]["write_mode"] == "proportion"  # the manifest keeps the requested preset (cache key)
+    from ffcv.reader import Reader
+
+    modes = Reader(str(tmp_path / "small.beton")).metadata["f0"]["mode"]
+    assert set(modes.tolist()) == {1}  # 1 = raw in FFCV's IMAGE_MODES (0 = jpg)
+    a = tmp_path / "a.beton"
+    b = tmp_path / "b.beton"
+    np.random.seed(1)  # the writer processes inherit the parent's global numpy state: make it differ
+    convert_split(image_folder_source(tmp_path / "large"), a, PRESETS["short256"], workers=1)
+    np.random.seed(2)
+    convert_split(image_folder_source(tmp_path / "large"), b, PRESETS["short256"], workers=2)
+    ma = Reader(str(a)).metadata["f0"]["mode"]
+    assert 0 < int(ma.sum()) < len(ma)  # some JPEG, some raw
+    assert np.array_equal(ma, Reader(str(b)).metadata["f0"]["mode"])

@@ -124,6 +124,20 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+SMALL_IMAGE_SIDE = 64
+"""Splits whose stored images all fit in ``SMALL_IMAGE_SIDE × SMALL_IMAGE_SIDE`` px are stored raw by every preset."""
+
+
+def storage_preset(preset: Preset, sizes: np.ndarray) -> Preset:
+    """The preset actually written for images of ``sizes`` (``(N, 2)`` width, height): ``preset`` itself, or its raw
+    variant when it would JPEG-compress and every stored image fits in ``SMALL_IMAGE_SIDE`` px (CIFAR-like data in an
+    ImageFolder: at 32 px a JPEG saves a few hundred bytes and costs ~30 dB of fidelity)."""
+    if preset.write_mode == "raw" or len(sizes) == 0:
+        return preset
+    stored = max(max(preset.stored_size(int(w), int(h))) for w, h in sizes)
+    return replace(preset, write_mode="raw") if stored <= SMALL_IMAGE_SIDE else preset
+
+
 def default_preset(small: bool) -> Preset:
     """The preset used when none is named: ``raw`` for small-image datasets, ``short256`` otherwise."""
     return PRESETS["raw" if small else "short256"]
@@ -270,6 +284,10 @@ class _WriterDataset:
             with open(self.error_log, "a") as fh:
                 fh.write(f"{self.source.describe(i)}\t{type(exc).__name__}: {exc}\n")
             img = np.zeros((1, 1, 3), dtype=np.uint8)
+        # FFCV's 'proportion' mode draws np.random.rand() in the encode that follows this call (in this writer
+        # process): seeding here makes the JPEG / raw choice a function of the sample index, so two conversions of
+        # the same source write the same file whatever the worker count
+        np.random.seed(i % 2**32)
         return img, int(self.source.labels[i])
 
 
@@ -454,6 +472,9 @@ def convert_split(source: ImageSource, out: str | os.PathLike, preset: Preset, *
     good = scan.good
     if len(good) == 0:
         raise ConversionError(f"no readable images for {out}")
+    requested, preset = preset, storage_preset(preset, scan.sizes[good])
+    if preset is not requested:
+        log(f"{out}: every image is at most {SMALL_IMAGE_SIDE} px: stored raw (JPEG would lose detail and save little)")
     page_size = _page_size(scan.sizes[good], preset)
     workers = max(1, workers)
     data_bytes = estimate_size(source, good, preset)
@@ -500,7 +521,7 @@ def convert_split(source: ImageSource, out: str | os.PathLike, preset: Preset, *
         "num_classes": len(source.classes),
         "classes": list(source.classes),
         "class_counts": {c: int(k) for c, k in zip(source.classes, counts)},
-        "preset": asdict(preset),
+        "preset": asdict(requested),
         "source_checksum": scan.checksum,
         "source_stat": stat,
         "skipped": [asdict(p) for p in scan.problems],
