@@ -292,11 +292,11 @@ def test_error_late_failure_leaves_model_bit_identical():
 
 
 def test_mimetic_value_layout_released_writes_factors_untransposed():
-    """``value_layout='released'`` writes ``U S^{1/2}`` into the V rows and ``S^{1/2} Yᵀ`` into proj (no transposes):
+    """Default ``value_layout='released'`` writes ``U S^{1/2}`` into the V rows and ``S^{1/2} Yᵀ`` into proj (no transposes):
     the realised row-vector map is ``x ↦ x (R L)ᵀ``, which keeps the trace of ``C`` but not ``C`` itself."""
     a, b = vit(dim=64, heads=4, depth=1), vit(dim=64, heads=4, depth=1)
-    ii.initialize(a, "mimetic", generator=4)
-    ii.initialize(b, "mimetic", generator=4, value_layout="released")
+    ii.initialize(a, "mimetic", generator=4, value_layout="row")
+    ii.initialize(b, "mimetic", generator=4)  # default: released
     qa, qb = a.blocks[0].attn.qkv.weight.detach(), b.blocks[0].attn.qkv.weight.detach()
     assert torch.equal(qa[:128], qb[:128])  # Q/K unchanged
     wv_a, wp_a = qa[128:], a.blocks[0].attn.proj.weight.detach()

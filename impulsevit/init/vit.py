@@ -185,7 +185,7 @@ MIMETIC_DEFAULTS: dict[str, Any] = {
     "value": "mimetic",
     "value_alpha": 0.4,
     "value_beta": 0.4,
-    "value_layout": "row",
+    "value_layout": "released",
     "base": "torch",
 }
 """Defaults of ``mimetic`` (``docs/method.md`` §5.1)."""
@@ -399,8 +399,9 @@ def impulse_vit(model: nn.Module, generator: torch.Generator, options: dict[str,
 @register("mimetic", family="vit", matches=is_vit)
 def mimetic_vit(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
     """Mimetic init of a timm ViT (``docs/method.md`` §5.1): per head ``W_qᵀW_k`` = best rank-``d`` approx of
-    ``α1 Z + β1 I``; per layer ``W_v W_proj = α2 Z − β2 I`` in row convention (the released mimetic mode drops a
-    transpose here, see the README card). pos_embed is not scaled.
+    ``α1 Z + β1 I``; per layer the balanced factors of ``C = α2 Z − β2 I`` written as the released mimetic mode
+    writes them (``value_layout='released'``: untransposed, realising ``x ↦ x (R L)ᵀ``; it beat the row-convention
+    ``x ↦ x C`` of ``value_layout='row'`` in training, see the README card). pos_embed is not scaled.
 
     Order of random draws: ``torch`` baseline (``base='torch'``), then per layer: the ``h`` Q/K matrices ``Z``, then
     the value/proj ``Z``.
