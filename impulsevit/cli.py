@@ -86,7 +86,7 @@ EXTERNAL_SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "study": ("impulsevit.study", "main"),
     "demo": ("impulsevit.init.demo", "main"),
     "init": ("impulsevit.init.plugins", "main"),
-    "data": ("impulsevit.data.preview", "main"),
+    "data": ("impulsevit.preview", "main"),
     "download": ("impulsevit.data.download", "main"),
 }
 LOCAL_SUBCOMMANDS = ("recipes", "export")

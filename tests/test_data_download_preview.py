@@ -25,7 +25,7 @@ import torchvision.datasets
 from PIL import Image
 
 from impulsevit.data import download as dl
-from impulsevit.data.preview import main as preview_main
+from impulsevit.preview import main as preview_main
 
 N_TRAIN, N_TEST = 10, 5
 

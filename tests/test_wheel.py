@@ -75,9 +75,10 @@ def test_wheel_ships_the_recipes_and_lists_them_from_anywhere(installed):
     assert listed == {p.stem for p in (ROOT / "recipes").glob("*.yaml")}
 
 
-def test_quickstart_fast_dev_run_from_the_wheel(installed):
+def test_quickstart_trains_from_the_wheel(installed):
     venv, work, env = installed
-    out = _run([str(venv / "bin" / "impulsevit"), "fit", "--recipe", "quickstart", "--trainer.fast_dev_run=true",
+    out = _run([str(venv / "bin" / "impulsevit"), "fit", "--recipe", "quickstart", "--trainer.max_steps=1",
+                "--trainer.limit_val_batches=1", "--data.init_args.train_subset=256", "--data.init_args.val_subset=128",
                 "--data.init_args.backend=torchvision", "--data.init_args.num_workers=0"], work, env)
     assert "Initializer: applied 'impulse'" in out.stdout + out.stderr  # the recipe's init method ran
     ckpt = torch.load(work / "runs/quickstart/checkpoints/last.ckpt", map_location="cpu", weights_only=False)
