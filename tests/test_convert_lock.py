@@ -7,7 +7,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from _cli_helpers import subprocess_env

@@ -220,7 +220,7 @@ def task_cpus(job: FitJob, opts: SlurmOptions) -> tuple[int | None, int | None, 
     omp = max(1, cpus - workers) if workers is not None else None
     if omp is not None:
         why += f"; OMP_NUM_THREADS = {cpus} - {workers} data workers" if cpus - workers >= 1 else \
-            f"; OMP_NUM_THREADS = 1 (fewer CPUs than data workers + 1)"
+            "; OMP_NUM_THREADS = 1 (fewer CPUs than data workers + 1)"
     return cpus, omp, why
 
 

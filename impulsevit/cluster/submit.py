@@ -174,7 +174,7 @@ def main(argv: list[str]) -> int:
     dependency: list[str] = []
     if convert_script is not None:
         cpath = convert_script_path(job)
-        _write_atomic(cpath, convert_script)
+        atomic_write_text(cpath, convert_script)
         proc = subprocess.run([sbatch, "--parsable", str(cpath)], capture_output=True, text=True)
         if proc.returncode != 0:
             print(f"impulsevit submit: error: sbatch failed (exit {proc.returncode}) for the conversion job {cpath}:\n"
