@@ -53,16 +53,14 @@ from typing import Any
 import lightning.pytorch as pl
 from jsonargparse import ActionConfigFile
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from impulsevit import __version__
-from impulsevit.callbacks.preemption import SlurmRequeue
 from impulsevit.checkpointing import (
     AtomicCheckpointIO,
-    RNGStateCheckpoint,
     RunCheckpoint,
     atomic_write_text,
     resume_candidate,
@@ -326,20 +324,6 @@ class RunConfigSaver(SaveConfigCallback):
         self.already_saved = trainer.strategy.broadcast(self.already_saved)
 
 
-def _first_of_each(callbacks: list[Callback], kinds: tuple[type, ...]) -> list[Callback]:
-    """``callbacks`` without the second and later instances of each type in ``kinds`` (order otherwise kept)."""
-    seen: set[type] = set()
-    out = []
-    for cb in callbacks:
-        kind = next((k for k in kinds if isinstance(cb, k)), None)
-        if kind is not None and kind in seen:
-            continue
-        if kind is not None:
-            seen.add(kind)
-        out.append(cb)
-    return out
-
-
 class ImpulseCLI(LightningCLI):
     """LightningCLI for :class:`impulsevit.module.ImageClassifier` and any :class:`BaseImageDataModule` subclass.
 
@@ -349,9 +333,8 @@ class ImpulseCLI(LightningCLI):
     defaults added when the recipe does not set them: ``default_root_dir=<run_dir>``,
     ``TensorBoardLogger(save_dir=runs_dir, name=name, version="")``, the
     :class:`~impulsevit.checkpointing.AtomicCheckpointIO` plugin, ``precision`` = bf16-mixed on GPU / 32-true on CPU,
-    ``strategy: fsdp`` (FSDP1) refused in favour of ``fsdp2``, the
-    :class:`~impulsevit.callbacks.preemption.SlurmRequeue` callback (the one owner of SLURM requeueing, also for sbatch
-    scripts users write themselves) and ``seed_everything: 0``.
+    ``strategy: fsdp`` (FSDP1) refused in favour of ``fsdp2`` and ``seed_everything: 0``. Every other callback comes
+    from the model (:func:`impulsevit.callbacks.standard_callbacks`), as for a plain ``Trainer``.
     """
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
@@ -377,7 +360,6 @@ class ImpulseCLI(LightningCLI):
             save_config_callback=RunConfigSaver,
             save_config_kwargs={"overwrite": True},
             parser_class=ImpulseArgumentParser,
-            trainer_defaults={"callbacks": [RNGStateCheckpoint(), SlurmRequeue()]},
             auto_configure_optimizers=False,
             args=args,
             run=run,
@@ -452,11 +434,7 @@ class ImpulseCLI(LightningCLI):
         ckpt_cb = self._get(self.config_init, "checkpoint")
         if isinstance(ckpt_cb, ModelCheckpoint) and ckpt_cb.dirpath is None:
             ckpt_cb.dirpath = os.path.realpath(run_dir / "checkpoints")
-        trainer = super().instantiate_trainer(**kwargs)
-        # LightningCLI appends the default callbacks to the configured ones: a recipe or an sbatch script that names
-        # SlurmRequeue / RNGStateCheckpoint itself would otherwise run two (the configured one, listed first, stays)
-        trainer.callbacks = _first_of_each(trainer.callbacks, (SlurmRequeue, RNGStateCheckpoint))
-        return trainer
+        return super().instantiate_trainer(**kwargs)
 
     def instantiate_classes(self) -> None:
         """LightningCLI's instantiation; an invalid model or data setting becomes a one-line :class:`ConfigError`."""

@@ -67,6 +67,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from impulsevit import strategies as _strategies  # noqa: F401  (registers the `fsdp2` strategy name)
 from impulsevit.config import InitConfig, MixupConfig, OptimizerConfig, SchedulerConfig, as_config, resolve_lr
+from impulsevit.lightning_private import is_log_step
 
 __all__ = ["ImageClassifier", "check_image_size"]
 
@@ -232,22 +233,18 @@ class ImageClassifier(L.LightningModule):
         return self.backbone(images)
 
     def configure_callbacks(self) -> list[L.Callback]:
-        """The ``Initializer`` from ``init``; a ``NonFiniteLossGuard`` and a ``ThroughputLogger`` unless the trainer
-        already has a callback of that kind (so a user-configured one is kept)."""
-        from lightning.pytorch.callbacks import ThroughputMonitor
+        """:func:`impulsevit.callbacks.standard_callbacks` for this model's ``init``, minus the kinds the trainer already
+        has (a user-configured one is kept): the same set for a plain ``Trainer`` and for ``impulsevit fit``."""
+        from impulsevit.callbacks import standard_callbacks
 
-        from impulsevit.callbacks import Initializer, NonFiniteLossGuard, ThroughputLogger
-
-        have = list(self.trainer.callbacks) if self._trainer is not None else []
+        trainer = self._trainer
         cfg = self.init_cfg
-        out: list[L.Callback] = [
-            Initializer(cfg.method, seed=cfg.seed, options=cfg.options, log_attention=self.hparams.log_attention)
-        ]
-        if not any(isinstance(c, NonFiniteLossGuard) for c in have):
-            out.append(NonFiniteLossGuard())
-        if not any(isinstance(c, ThroughputMonitor) for c in have):
-            out.append(ThroughputLogger())
-        return out
+        return standard_callbacks(
+            init_method=cfg.method, init_seed=cfg.seed, init_options=cfg.options,
+            log_attention=self.hparams.log_attention,
+            existing=list(trainer.callbacks) if trainer is not None else [],
+            has_logger=bool(trainer.loggers) if trainer is not None else False,
+        )
 
     def configure_model(self) -> None:
         """Under the ``fsdp2`` strategy (``ModelParallelStrategy``): FSDP2 ``fully_shard`` per block, then the backbone.
@@ -352,7 +349,7 @@ class ImageClassifier(L.LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         # Lightning converts every prog_bar value with .item() after every batch, also the steps that did not log it:
         # the loss goes into the progress bar's dict as a Python float, read at log steps only
-        if self.trainer._logger_connector.should_update_logs and isinstance(outputs, dict) and "loss" in outputs:
+        if is_log_step(self.trainer) and isinstance(outputs, dict) and "loss" in outputs:
             self.trainer.progress_bar_metrics["loss"] = round(float(outputs["loss"].detach()), 4)
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
@@ -423,7 +420,9 @@ class ImageClassifier(L.LightningModule):
         )
         scheduler = self._build_scheduler(optimizer, plan)
         self.resolved = {"lr": lr, "global_batch_size": global_batch, **plan}
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1}}
+        # "name": the tag Lightning's LearningRateMonitor logs the lr under (lr/pg<i> with several param groups)
+        return {"optimizer": optimizer,
+                "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1, "name": "lr"}}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.resolved:
@@ -470,8 +469,3 @@ class ImageClassifier(L.LightningModule):
         if self.logger is not None and self.resolved:
             self.logger.log_hyperparams({"resolved": dict(self.resolved)})
 
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        if not self.trainer._logger_connector.should_update_logs:
-            return  # Lightning turns a logged float into a device tensor (a host -> device copy): log steps only
-        lr = max(g["lr"] for g in self.trainer.optimizers[0].param_groups)
-        self.log("lr", lr, on_step=True, on_epoch=False, prog_bar=False)

@@ -16,6 +16,7 @@ from impulsevit.cli import ImpulseCLI, prepare_argv
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "recipes" / "tiny_synthetic.yaml"
+LR_TAG = "lr/pg1"  # LearningRateMonitor's tag for the first param group (timm: no-decay, then decay)
 
 
 class StopAfterEpoch(L.Callback):

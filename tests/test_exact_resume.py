@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _cli_helpers import run_cli, scalars, subprocess_env
+from _cli_helpers import LR_TAG, run_cli, scalars, subprocess_env
 
 SUBSET = ["--data.init_args.train_subset=256", "--data.init_args.val_subset=64", "--data.init_args.batch_size=32",
           "--trainer.max_epochs=2", "--trainer.limit_val_batches=1", "--trainer.log_every_n_steps=1",
@@ -164,8 +164,8 @@ def test_resume_with_a_new_max_epochs_follows_the_new_plan(tmp_path, cache, stra
     assert "1 epochs x 8 steps = 8 steps" in lines[0] and "2 epochs x 8 steps = 16 steps" in lines[0]
     assert "from step 8" in lines[0]
     # the second epoch runs on the 16-step cosine, exactly as the uninterrupted 2-epoch run does
-    ref = dict(scalars(straight.runs / "torchvision", "lr"))
-    after = [(s, v) for s, v in scalars(tmp_path / "plan", "lr") if s >= STEPS_PER_EPOCH]
+    ref = dict(scalars(straight.runs / "torchvision", LR_TAG))
+    after = [(s, v) for s, v in scalars(tmp_path / "plan", LR_TAG) if s >= STEPS_PER_EPOCH]
     assert [s for s, _ in after] == list(range(STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH))
     assert after == [(s, ref[s]) for s, _ in after]
     assert final(tmp_path, "plan")["lr_plan"]["total_steps"] == 16

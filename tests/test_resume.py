@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from _cli_helpers import TINY, run_cli, scalars, state_dict, subprocess_env, tiny
+from _cli_helpers import LR_TAG, TINY, run_cli, scalars, state_dict, subprocess_env, tiny
 
 from impulsevit.checkpointing import (
     AtomicCheckpointIO,
@@ -64,7 +64,7 @@ def test_resume_at_epoch_boundary_is_bit_exact_and_does_not_reinitialize(tmp_pat
     assert different == []
     assert any(not torch.equal(stopped_at[k], b[k]) for k in b)  # the second epoch did train
     # the lr schedule continued where it stopped: same per-step lr as the uninterrupted run
-    assert scalars(tmp_path / "split", "lr") == scalars(tmp_path / "straight", "lr")
+    assert scalars(tmp_path / "split", LR_TAG) == scalars(tmp_path / "straight", LR_TAG)
 
 
 def test_mid_epoch_resume_neither_repeats_nor_skips_steps_and_is_bit_exact(tmp_path):
@@ -81,8 +81,8 @@ def test_mid_epoch_resume_neither_repeats_nor_skips_steps_and_is_bit_exact(tmp_p
     assert resumed.trainer.global_step == 8
     logged = [s for s, _ in scalars(tmp_path / "mid", "train/loss")]
     assert logged == [6, 7]  # exactly the two remaining steps of the epoch, then the run ends
-    ref_lr = dict(scalars(tmp_path / "ref", "lr"))
-    assert [(s, v) for s, v in scalars(tmp_path / "mid", "lr")] == [(6, ref_lr[6]), (7, ref_lr[7])]
+    ref_lr = dict(scalars(tmp_path / "ref", LR_TAG))
+    assert [(s, v) for s, v in scalars(tmp_path / "mid", LR_TAG)] == [(6, ref_lr[6]), (7, ref_lr[7])]
     final = torch.load(tmp_path / "mid" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     adam_steps = {int(s["step"]) for s in final["optimizer_states"][0]["state"].values()}
     assert adam_steps == {8}

@@ -51,11 +51,11 @@ def events(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 def test_training_scalars(events: dict) -> None:
     s = events["scalars"]
-    for tag in ("train/loss", "train/acc1", "val/loss", "val/acc1", "val/acc5", "val_ema/acc1", "lr"):
+    for tag in ("train/loss", "train/acc1", "val/loss", "val/acc1", "val/acc5", "val_ema/acc1", "lr/pg1", "lr/pg2"):
         assert tag in s, tag
     assert len(s["train/loss"]) == 12  # 6 steps per epoch x 2 epochs, logged every step
     assert len(s["val/acc1"]) == 2 and all(0.0 <= v <= 1.0 for _, v in s["val/acc1"])
-    assert s["lr"][0][1] < s["lr"][3][1]  # warmup
+    assert s["lr/pg1"][0][1] < s["lr/pg1"][3][1]  # warmup (LearningRateMonitor: one tag per param group)
 
 
 def test_throughput_scalars(events: dict) -> None:

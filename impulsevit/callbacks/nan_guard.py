@@ -29,16 +29,10 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
+from impulsevit.checkpointing import checkpoint_dir
 from impulsevit.io import commit, remove, temp_path
 
-__all__ = ["NonFiniteLossGuard", "checkpoint_dir"]
-
-
-def checkpoint_dir(trainer: L.Trainer) -> Path:
-    """Where the run's checkpoints live: the ModelCheckpoint's ``dirpath``, else ``<default_root_dir>/checkpoints``."""
-    cb = trainer.checkpoint_callback
-    dirpath = getattr(cb, "dirpath", None) if cb is not None else None
-    return Path(dirpath) if dirpath else Path(trainer.default_root_dir) / "checkpoints"
+__all__ = ["NonFiniteLossGuard"]
 
 
 class NonFiniteLossGuard(L.Callback):

@@ -65,7 +65,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from impulsevit.cluster.events import append_event
+from impulsevit.checkpointing import checkpoint_dir
 from impulsevit.io import commit, remove, temp_path
+from impulsevit.lightning_private import hand_back_signal_handlers
 
 __all__ = ["Preempted", "SlurmRequeue"]
 
@@ -127,13 +129,7 @@ class SlurmRequeue(Callback):
             signal.signal(sig, self._on_signal)
 
     def _uninstall(self, trainer: pl.Trainer) -> None:
-        # Lightning's _SignalConnector captured our handlers as "original" when it registered its own, and restores
-        # them in Trainer._teardown (which runs after on_exception): hand it the handlers we replaced instead.
-        originals = getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None)
-        if isinstance(originals, dict):
-            for sig, handler in self._previous.items():
-                if originals.get(sig) == self._on_signal:
-                    originals[sig] = handler
+        hand_back_signal_handlers(trainer, self._on_signal, self._previous)
         if threading.current_thread() is threading.main_thread():
             for sig, handler in self._previous.items():
                 if signal.getsignal(sig) == self._on_signal:
@@ -152,9 +148,7 @@ class SlurmRequeue(Callback):
                 append_event(self._events_log(trainer), **event)
 
     def checkpoint_path(self, trainer: pl.Trainer) -> Path:
-        cb = trainer.checkpoint_callback
-        dirpath = getattr(cb, "dirpath", None)
-        return Path(dirpath or Path(trainer.default_root_dir) / "checkpoints") / self.filename
+        return checkpoint_dir(trainer) / self.filename
 
     def _save(self, trainer: pl.Trainer, reason: str) -> Path:
         """All ranks: ``trainer.save_checkpoint`` into a temp name, then rank 0 renames it over the final path."""
@@ -203,11 +197,13 @@ class SlurmRequeue(Callback):
 
     # ----------------------------------------------------------------------------------------------------- hooks
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        # Only the first SlurmRequeue of the trainer acts (e.g. one from the CLI defaults and one from a recipe).
-        self._active = stage == "fit" and next(c for c in trainer.callbacks if isinstance(c, SlurmRequeue)) is self
+        self._active = stage == "fit"
         if not self._active:
             return
-        env = trainer._accelerator_connector.cluster_environment  # the object Lightning's _SignalConnector reads
+        # the environment of a multi-device strategy is the one Lightning's signal connector reads; a single-device
+        # strategy has none to reach publicly, but its requeue handler is not registered either, since ours is already
+        # installed (Lightning skips a signal that has a handler) — it only logs "Bypassing SIGTERM"
+        env = getattr(trainer.strategy, "cluster_environment", None)
         if isinstance(env, SLURMEnvironment) and env.auto_requeue:
             env.auto_requeue = False  # one requeue owner: this callback
         self._pending, self._exit_code, self._saved_step = _NONE, None, None

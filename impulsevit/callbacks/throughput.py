@@ -1,25 +1,24 @@
 """Throughput: images/s on the progress bar; images/s per device, FLOP/s and MFU (GPU) to the loggers.
 
-``ThroughputLogger`` is Lightning's ``ThroughputMonitor`` (which logs ``train/device/samples_per_sec``,
-``train/samples_per_sec``, ``train/device/flops_per_sec`` and, when the device's peak is known, ``train/device/mfu``
-every ``log_every_n_steps`` once its window is full) with one change and some additions:
+``ThroughputLogger`` is a callback on Lightning's public ``Throughput`` meter (``lightning.fabric``), logging the
+keys Lightning's ``ThroughputMonitor`` logs — ``train/samples_per_sec``, ``train/device/samples_per_sec``,
+``train/device/flops_per_sec`` and, when the device's peak is known, ``train/device/mfu`` — at every
+``log_every_n_steps`` once its window is full. What the stock ``ThroughputMonitor`` lacks:
 
-- training is timed at log steps only: Lightning's monitor calls ``torch.cuda.synchronize()`` after every batch
-  (for an exact clock), which stalls the host each step and, on rank 0 only, makes rank 0 the straggler of every
-  gradient all-reduce. Here the samples and batches are counted every batch on the host, and the clock is read
-  (after a synchronize) only at the steps that log; ``window_size`` counts log intervals (rates are averaged over
-  the last ``window_size - 1`` intervals). Validation keeps Lightning's per-batch timing;
-
-- ``flops_per_batch`` measured once per fit with ``torch.utils.flop_counter`` on a meta-device copy of the backbone
+- it calls ``torch.cuda.synchronize()`` after every batch (for an exact clock), which stalls the host each step and,
+  on rank 0 only, makes rank 0 the straggler of every gradient all-reduce. Here samples and batches are counted on
+  the host every batch and the clock is read (after a synchronize) only at the steps that log; ``window_size``
+  counts log intervals (rates are averaged over the last ``window_size - 1`` intervals);
+- ``flops_per_batch`` is measured once per fit with ``torch.utils.flop_counter`` on a meta-device copy of the backbone
   (forward + backward of one training batch; no memory, no compute), when the module offers ``build_backbone()``;
 - peak FLOP/s for chips Lightning's table misses or cannot match by name: ``torch.cuda.get_device_name`` says
   ``NVIDIA H200`` for the SXM part, which Lightning 2.6 does not map (Lightning#20660). Values here are **dense**
   (no 2:4 sparsity) datasheet numbers, the convention MFU uses;
-- a smoothed global images/s shown on the progress bar (``img/s``; host-side timing between batch ends, no
+- a smoothed global images/s on the progress bar (``img/s``; host-side timing between batch ends, no
   synchronisation: on a GPU it follows the rate at which the host enqueues steps, which equals the device's rate once
   the queue is full).
 
-Not supported: MFU on CPU (no peak known); variable batch sizes (the ``ThroughputMonitor`` assumption).
+Not supported: validation / test throughput (training only); MFU on CPU (no peak known); variable batch sizes.
 """
 
 from __future__ import annotations
@@ -30,11 +29,12 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.fabric.utilities.throughput import measure_flops
-from lightning.pytorch.callbacks import ThroughputMonitor
+from lightning.fabric.utilities.throughput import Throughput, get_available_flops, measure_flops
 from torch import nn
 
-__all__ = ["ThroughputLogger", "peak_flops", "training_flops", "DENSE_PEAK_FLOPS"]
+from impulsevit.lightning_private import is_log_step
+
+__all__ = ["DENSE_PEAK_FLOPS", "ThroughputLogger", "compute_dtype", "device_peak_flops", "peak_flops", "training_flops"]
 
 # Dense peak FLOP/s per dtype ("tf32" = fp32 matmuls on tensor cores). NVIDIA H200 datasheet (SXM / NVL).
 DENSE_PEAK_FLOPS: dict[str, dict[Any, float]] = {
@@ -62,8 +62,33 @@ def training_flops(model: nn.Module, images: torch.Tensor) -> int:
     return int(measure_flops(model, lambda: model(images), loss_fn=torch.Tensor.sum))
 
 
-class ThroughputLogger(ThroughputMonitor):
-    """Lightning's ``ThroughputMonitor`` for ``(images, labels)`` batches, with FLOPs, H200 peaks and ``img/s``.
+_PRECISION_DTYPES: dict[str, torch.dtype] = {
+    "bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16, "16-mixed": torch.float16, "16-true": torch.float16,
+    "32-true": torch.float32, "64-true": torch.float64,
+}
+
+
+def compute_dtype(precision: str) -> torch.dtype | None:
+    """The matmul dtype of a Lightning ``Trainer.precision`` string (``bf16-mixed`` -> bfloat16); None if unknown."""
+    return _PRECISION_DTYPES.get(str(precision))
+
+
+def device_peak_flops(device: torch.device, precision: str) -> int | None:
+    """Dense peak FLOP/s of ``device`` under ``precision`` (fp32 matmuls count as TF32 when enabled): this module's
+    table, then Lightning's ``get_available_flops``; None on CPU or for an unknown chip."""
+    if device.type != "cuda":
+        return None
+    dtype: torch.dtype | str | None = compute_dtype(precision)
+    if dtype is None:
+        return None
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        dtype = "tfloat32"
+    peak = peak_flops(torch.cuda.get_device_name(device), dtype)
+    return int(peak) if peak is not None else get_available_flops(device, dtype)
+
+
+class ThroughputLogger(L.Callback):
+    """Training throughput, FLOP/s and MFU to the loggers at log steps; a smoothed ``img/s`` on the progress bar.
 
     Args:
         window_size: log intervals in the ``Throughput`` window (metrics appear once it is full: after
@@ -78,25 +103,23 @@ class ThroughputLogger(ThroughputMonitor):
         smoothing: float = 0.9,
         batch_size_fn: Callable[[Any], int] | None = None,
     ) -> None:
-        super().__init__(batch_size_fn=batch_size_fn or (lambda batch: int(batch[0].shape[0])), window_size=window_size)
+        if window_size < 2:
+            raise ValueError(f"ThroughputLogger window_size must be >= 2 (a rate needs two clock readings), got "
+                             f"{window_size}")
+        self.window_size = window_size
         self.smoothing = smoothing
-        self._last: float | None = None
+        self.batch_size_fn = batch_size_fn or (lambda batch: int(batch[0].shape[0]))
+        self.meter: Throughput | None = None
         self.images_per_sec: float | None = None
+        self._samples = self._batches = self._batches_logged = 0
+        self._t0 = 0.0
+        self._paused: float | None = None
+        self._last: float | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        super().setup(trainer, pl_module, stage)
-        device = trainer.strategy.root_device
-        if self.available_flops is None and device.type == "cuda":
-            from lightning.fabric.utilities.throughput import _plugin_to_compute_dtype
-
-            dtype = _plugin_to_compute_dtype(trainer.precision_plugin)
-            if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
-                dtype = "tfloat32"
-            peak = peak_flops(torch.cuda.get_device_name(device), dtype)
-            if peak is not None:
-                self.available_flops = int(peak)
-                for tp in self._throughputs.values():
-                    tp.available_flops = self.available_flops
+        if stage == "fit":
+            peak = device_peak_flops(trainer.strategy.root_device, trainer.precision)
+            self.meter = Throughput(available_flops=peak, world_size=trainer.world_size, window_size=self.window_size)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # after the module's own setup() validated the data / backbone pairing
@@ -118,33 +141,53 @@ class ThroughputLogger(ThroughputMonitor):
         except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError):
             return None  # an op without a meta kernel / FLOP formula: log throughput without FLOPs
 
-    def _update(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, iter_num: int) -> None:
-        from lightning.pytorch.trainer.states import RunningStage
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.meter is not None:
+            self.meter.reset()
+        self._samples = self._batches = self._batches_logged = 0
+        self._t0 = time.perf_counter()
 
-        stage = trainer.state.stage
-        if stage == RunningStage.TRAINING and not trainer._logger_connector.should_update_logs:
-            # count on the host only; the clock (and its device synchronize) waits for the next log step
-            if self.length_fn is not None:
-                self._lengths[stage] += self.length_fn(batch)
-            self._samples[stage] += self.batch_size_fn(batch)
-            self._batches[stage] += 1
-            return
-        super()._update(trainer, pl_module, batch, iter_num)
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._last = None  # do not count the validation / epoch boundary as training time (progress bar)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._paused = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking and self._paused is not None:
+            self._t0 += time.perf_counter() - self._paused  # validation time is not training time
+        self._paused = None
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        n = self.batch_size_fn(batch)
+        self._samples += n
+        self._batches += 1
+        log_step = is_log_step(trainer)
         now = time.perf_counter()
         if self._last is not None and now > self._last:
-            rate = self.batch_size_fn(batch) * trainer.world_size / (now - self._last)
+            rate = n * trainer.world_size / (now - self._last)
             s = self.smoothing
             self.images_per_sec = rate if self.images_per_sec is None else s * self.images_per_sec + (1 - s) * rate
             # a float given to self.log becomes a device tensor read back after every batch: write the progress
             # bar's dict directly (a Python float), at log steps
-            if trainer._logger_connector.should_update_logs:
+            if log_step:
                 trainer.progress_bar_metrics["img/s"] = round(self.images_per_sec, 1)
         self._last = now
+        if log_step and self.meter is not None and trainer.is_global_zero:
+            self._log(trainer, pl_module)
 
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._last = None  # do not count the validation / epoch boundary as training time
+    def _log(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Read the clock (after the device's queue drained) and log the meter's metrics, prefixed ``train/``."""
+        assert self.meter is not None
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize()
+        per_batch = getattr(pl_module, "flops_per_batch", None)
+        since = self._batches - self._batches_logged  # flops: per device, since the previous update
+        self.meter.update(time=time.perf_counter() - self._t0, batches=self._batches, samples=self._samples,
+                          flops=None if per_batch is None else per_batch * since)
+        self._batches_logged = self._batches
+        metrics = {f"train/{k}": v for k, v in self.meter.compute().items()}
+        for lg in trainer.loggers:
+            lg.log_metrics(metrics, step=trainer.global_step)

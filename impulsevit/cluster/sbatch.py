@@ -4,8 +4,9 @@ The script asks for ``--nodes`` × ``--ntasks-per-node`` tasks (one task per GPU
 process), launches them with ``srun``, and runs ``impulsevit fit --recipe R --name N --runs-dir D --resume auto`` with
 ``--trainer.num_nodes``/``--trainer.devices`` equal to the allocation (Lightning's ``SLURMEnvironment`` refuses a
 mismatch). It asks SLURM for ``--signal=USR1@<lead>`` (sent to every task ``lead`` seconds before the time limit) and
-``--requeue``, and adds the :class:`~impulsevit.callbacks.preemption.SlurmRequeue` callback (checkpoint at the next
-step boundary, then ``scontrol requeue``) to the trainer's callbacks. The run directory is fixed in the script, so
+``--requeue``; every ``impulsevit fit`` runs the :class:`~impulsevit.callbacks.preemption.SlurmRequeue` callback
+(checkpoint at the next step boundary, then ``scontrol requeue``; one of the model's standard callbacks), so the
+script adds none. The run directory is fixed in the script, so
 a requeued job (same job id, ``SLURM_RESTART_COUNT`` + 1) resumes from the newest checkpoint in the same directory.
 Output goes to ``<run dir>/slurm/<job id>.out`` (appended across restarts) and every start and exit is recorded in
 ``<run dir>/slurm/events.log``, so the job's state can be read from the run directory without ``squeue``/``sacct``
@@ -40,7 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SIGNAL = "USR1"
-REQUEUE_CALLBACK = "impulsevit.callbacks.preemption.SlurmRequeue"  # the job's one requeue owner
 
 
 @dataclass(frozen=True)
@@ -256,7 +256,7 @@ def fit_command(job: FitJob, opts: SlurmOptions) -> list[str]:
         "fit", "--recipe", job.recipe, "--name", name, "--runs-dir", runs_dir, "--resume", "auto",
         f"--trainer.accelerator={'gpu' if opts.gpus_per_node > 0 else 'cpu'}",
         f"--trainer.devices={opts.ntasks_per_node}", f"--trainer.num_nodes={opts.nodes}",
-        f"--trainer.callbacks+={REQUEUE_CALLBACK}", *overrides,
+        *overrides,
     ]
 
 

@@ -1,0 +1,72 @@
+"""The one place a run's callbacks are assembled: :func:`standard_callbacks`.
+
+``ImageClassifier.configure_callbacks`` returns it, so a plain ``L.Trainer(...).fit(ImageClassifier(...), dm)`` and
+``impulsevit fit`` get the same set; the CLI adds only what is about its run directory (the ``checkpoint`` group's
+:class:`~impulsevit.checkpointing.RunCheckpoint`, the resolved-config writer). A kind the trainer already has (the
+user passed one in ``callbacks=[...]``, a recipe's ``trainer.callbacks``, an sbatch script's) is kept as configured
+and not added again; two instances of a kind that must have one owner is an error, not a silent choice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
+
+from impulsevit.callbacks.initializer import Initializer
+from impulsevit.callbacks.nan_guard import NonFiniteLossGuard
+from impulsevit.callbacks.preemption import SlurmRequeue
+from impulsevit.callbacks.throughput import ThroughputLogger
+from impulsevit.checkpointing import RNGStateCheckpoint
+
+__all__ = ["SINGLE_OWNER", "standard_callbacks"]
+
+# kinds whose second instance would act twice on one event (two requeues, two re-seedings per batch, two inits)
+SINGLE_OWNER: tuple[type[L.Callback], ...] = (Initializer, SlurmRequeue, RNGStateCheckpoint)
+
+
+def standard_callbacks(
+    *,
+    init_method: str,
+    init_seed: int,
+    init_options: Mapping[str, Any],
+    log_attention: bool,
+    existing: Sequence[L.Callback] = (),
+    has_logger: bool = True,
+) -> list[L.Callback]:
+    """The callbacks every ``ImageClassifier`` fit runs with, minus the kinds already in ``existing``.
+
+    In order: :class:`Initializer` (the recipe's ``model.init``, once per run at ``on_fit_start``),
+    :class:`RNGStateCheckpoint` (per-rank seeds, RNG state in checkpoints), :class:`SlurmRequeue` (the one owner of
+    SIGUSR1 / SIGTERM / SIGINT: checkpoint at a step boundary, requeue), :class:`NonFiniteLossGuard`,
+    :class:`ThroughputLogger` (skipped when any ``ThroughputMonitor`` is there) and, with a logger, Lightning's
+    ``LearningRateMonitor`` (per-step lr, ``lr`` or ``lr/pg<i>`` per param group).
+
+    Raises:
+        ValueError: ``existing`` holds two instances of a kind in :data:`SINGLE_OWNER` (names the kind).
+    """
+    for kind in SINGLE_OWNER:
+        count = sum(isinstance(c, kind) for c in existing)
+        if count > 1:
+            raise ValueError(f"trainer.callbacks has {count} {kind.__name__} callbacks; a run has exactly one (it is "
+                             f"added by default: remove the extra ones from the recipe / command line)")
+
+    def missing(*kinds: type[L.Callback]) -> bool:
+        return not any(isinstance(c, kinds) for c in existing)
+
+    out: list[L.Callback] = []
+    if missing(Initializer):
+        out.append(Initializer(init_method, seed=init_seed, options=dict(init_options), log_attention=log_attention))
+    if missing(RNGStateCheckpoint):
+        out.append(RNGStateCheckpoint())
+    if missing(SlurmRequeue):
+        out.append(SlurmRequeue())
+    if missing(NonFiniteLossGuard):
+        out.append(NonFiniteLossGuard())
+    if missing(ThroughputLogger, ThroughputMonitor):
+        out.append(ThroughputLogger())
+    if has_logger and missing(LearningRateMonitor):
+        out.append(LearningRateMonitor(logging_interval="step"))
+    return out

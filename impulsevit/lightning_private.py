@@ -1,0 +1,44 @@
+"""Every Lightning internal impulsevit reads, in one place, each with why no public API does the job.
+
+Lightning is pinned to one minor version in ``setup.cfg`` because of this module; ``tests/test_lightning_private.py``
+exercises each function on the installed version, so an upgrade that moves one of these fails there, by name, instead
+of somewhere in a training run. Code elsewhere in the package calls these functions and never reaches into
+``trainer._*`` itself.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from lightning.pytorch import Trainer
+
+__all__ = ["is_log_step", "hand_back_signal_handlers"]
+
+
+def is_log_step(trainer: Trainer) -> bool:
+    """Whether the current training batch is one whose metrics Lightning sends to the loggers (every
+    ``log_every_n_steps`` batches that step the optimizer, and the step where ``should_stop`` is set).
+
+    Why private: Lightning's cadence lives in ``_LoggerConnector.should_update_logs`` (it counts batches that stepped
+    the optimizer, a loop-internal counter); ``Trainer`` exposes no public equivalent. Reading it lets the training
+    step touch the device (progress-bar values, throughput clock) only at the steps that log anyway.
+    """
+    return bool(trainer._logger_connector.should_update_logs)
+
+
+def hand_back_signal_handlers(trainer: Trainer, mine: Callable[..., Any],
+                              previous: dict[int, Any]) -> None:
+    """Make Lightning's end-of-fit signal restore put back ``previous`` wherever it would restore ``mine``.
+
+    Lightning's ``_SignalConnector`` records the handlers installed when it registers its own (after the callbacks'
+    ``setup``) and re-installs them in ``Trainer._teardown``; a callback that installed ``mine`` in ``setup`` would be
+    re-installed after the fit ended. Why private: the recorded handlers (``_original_handlers``) have no public
+    accessor, and no hook runs after ``_teardown``.
+    """
+    originals = getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None)
+    if isinstance(originals, dict):
+        for sig, handler in previous.items():
+            if originals.get(sig) == mine:
+                originals[sig] = handler if handler is not None else signal.SIG_DFL
