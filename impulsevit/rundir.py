@@ -21,6 +21,7 @@ import socket
 import time
 from pathlib import Path
 
+from impulsevit.cluster.events import slurm_job_id
 from impulsevit.errors import ConfigError, RunDirError
 from impulsevit.io import disk_errors, remove
 
@@ -55,13 +56,6 @@ def launch_rank() -> int:
     return max((int(r) for r in ranks if r and r.isdigit()), default=0)
 
 
-def _job_id() -> str | None:
-    array = os.environ.get("SLURM_ARRAY_JOB_ID")
-    if array and os.environ.get("SLURM_ARRAY_TASK_ID"):
-        return f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-    return os.environ.get("SLURM_JOB_ID")
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -87,7 +81,7 @@ class RunDirLock:
         self.created_dir = False
 
     def owner(self) -> dict:
-        return {"host": socket.gethostname(), "pid": os.getpid(), "job": _job_id(),
+        return {"host": socket.gethostname(), "pid": os.getpid(), "job": slurm_job_id(),
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
     def _takeover_reason(self, other: dict) -> str | None:

@@ -13,7 +13,8 @@ from impulsevit.memory import reuse_large_allocations
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
-_PROBE = textwrap.dedent(
+# glibc's allocator statistics in a fresh interpreter (``libc.mallinfo2().hblkhd``: bytes served by mmap)
+_MALLINFO = textwrap.dedent(
     """
     import ctypes, sys
     class MallInfo2(ctypes.Structure):
@@ -21,6 +22,11 @@ _PROBE = textwrap.dedent(
                     "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = MallInfo2
+    """
+)
+
+_PROBE = _MALLINFO + textwrap.dedent(
+    """
     from impulsevit.memory import reuse_large_allocations
     applied = reuse_large_allocations() if sys.argv[1] == "on" else False
     import torch
@@ -59,14 +65,8 @@ def test_user_choices_are_respected(monkeypatch):
     assert reuse_large_allocations() is False
 
 
-_CLI_PROBE = textwrap.dedent(
+_CLI_PROBE = _MALLINFO + textwrap.dedent(
     """
-    import ctypes, sys
-    class MallInfo2(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in
-                    "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = MallInfo2
     import torch
     from impulsevit import cli
 

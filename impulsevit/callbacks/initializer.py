@@ -38,15 +38,11 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import nn
 
 from impulsevit.callbacks.attention_logging import log_attention
-from impulsevit.init import InitReport, initialize, make_generator, resolve_method
+from impulsevit.init import InitReport, initialize, is_dtensor, make_generator, resolve_method
 
 __all__ = ["Initializer", "generator_digest", "tensor_digests", "verify_same_on_all_ranks"]
 
 log = logging.getLogger(__name__)
-
-
-def _is_dtensor(t: torch.Tensor) -> bool:
-    return hasattr(t, "device_mesh") and hasattr(t, "placements")
 
 
 def tensor_digests(model: nn.Module) -> tuple[list[str], torch.Tensor]:
@@ -56,7 +52,7 @@ def tensor_digests(model: nn.Module) -> tuple[list[str], torch.Tensor]:
     rows: list[torch.Tensor] = []
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         data = t.data if isinstance(t, nn.Parameter) else t
-        if _is_dtensor(data) or not (data.is_floating_point() or data.dtype in (torch.int64, torch.int32)):
+        if is_dtensor(data) or not (data.is_floating_point() or data.dtype in (torch.int64, torch.int32)):
             continue
         flat = data.detach().reshape(-1).to(device="cpu", dtype=torch.float64)
         w = torch.linspace(1.0, 2.0, flat.numel(), dtype=torch.float64)

@@ -64,7 +64,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from impulsevit.cluster.events import append_event
+from impulsevit.cluster.events import append_event, slurm_job_id
 from impulsevit.checkpointing import checkpoint_dir
 from impulsevit.io import commit, remove, temp_path
 from impulsevit.lightning_private import hand_back_signal_handlers
@@ -79,14 +79,6 @@ EXIT_CODES = {_INTERRUPT: 130, _STOP: 143}  # 128 + signal number, what a shell 
 class Preempted(SystemExit):
     """Raised on every rank after the preemption checkpoint (and requeue); exit code 0 when requeued, 143 after
     SIGTERM, 130 after SIGINT."""
-
-
-def slurm_job_id() -> str | None:
-    """``$SLURM_JOB_ID``, or ``<array job id>_<task id>`` inside an array job; ``None`` outside SLURM."""
-    array = os.environ.get("SLURM_ARRAY_JOB_ID")
-    if array and os.environ.get("SLURM_ARRAY_TASK_ID"):
-        return f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-    return os.environ.get("SLURM_JOB_ID")
 
 
 class SlurmRequeue(Callback):

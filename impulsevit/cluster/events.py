@@ -19,6 +19,14 @@ import time
 from pathlib import Path
 
 
+def slurm_job_id() -> str | None:
+    """``$SLURM_JOB_ID``, or ``<array job id>_<task id>`` inside an array job; ``None`` outside SLURM."""
+    array = os.environ.get("SLURM_ARRAY_JOB_ID")
+    if array and os.environ.get("SLURM_ARRAY_TASK_ID"):
+        return f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return os.environ.get("SLURM_JOB_ID")
+
+
 def events_path(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / "slurm" / "events.log"
 
@@ -26,9 +34,7 @@ def events_path(run_dir: str | os.PathLike) -> Path:
 def append_event(log_file: str | os.PathLike, /, **fields: object) -> None:
     """Append one ``key=value`` event line to ``log_file`` (timestamp, job id and restart count from the
     SLURM environment are added)."""
-    job = os.environ.get("SLURM_JOB_ID", "-")
-    if os.environ.get("SLURM_ARRAY_JOB_ID"):
-        job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ.get('SLURM_ARRAY_TASK_ID', '')}"
+    job = slurm_job_id() or "-"
     head = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} job={job} restart={os.environ.get('SLURM_RESTART_COUNT', '0')}"
     body = " ".join(f"{k}={str(v).replace(' ', '_')}" for k, v in fields.items())
     path = Path(log_file)

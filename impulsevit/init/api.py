@@ -228,6 +228,11 @@ def check_options(method: str, given: Mapping[str, Any], defaults: Mapping[str, 
     return {**defaults, **given}
 
 
+def is_dtensor(t: torch.Tensor) -> bool:
+    """Whether ``t`` (a tensor, or a parameter's ``.data``) is a ``DTensor`` (e.g. an FSDP2 shard)."""
+    return hasattr(t, "device_mesh") and hasattr(t, "placements")
+
+
 def read_full(t: torch.Tensor) -> torch.Tensor:
     """The full value of a parameter / buffer, as a plain tensor (gathers FSDP2 ``DTensor`` shards)."""
     t = t.data if isinstance(t, nn.Parameter) else t
@@ -247,7 +252,7 @@ def write_full_(t: torch.Tensor, value: torch.Tensor) -> None:
     data = t.data if isinstance(t, nn.Parameter) else t
     if tuple(value.shape) != tuple(data.shape):
         raise ValueError(f"shape mismatch writing parameter: expected {tuple(data.shape)}, got {tuple(value.shape)}")
-    if hasattr(data, "device_mesh") and hasattr(data, "placements"):
+    if is_dtensor(data):
         from torch.distributed.tensor import distribute_tensor
 
         target = data.to_local()

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from impulsevit.init.api import InitResult, check_options, read_full, register, write_full_
+from impulsevit.init.api import InitResult, check_options, is_dtensor, read_full, register, write_full_
 from impulsevit.init.rng import RandomFill, seed_from
 
 __all__ = ["RandomFill", "torch_default_fills", "torch_defaults", "timm_defaults", "write_values", "TOKEN_PARAMS"]
@@ -199,14 +199,10 @@ def timm_defaults(model: nn.Module, generator: torch.Generator, mode: str = "") 
 
 def _fill_in_place(target: torch.Tensor, fill: RandomFill) -> None:
     data = target.data if isinstance(target, nn.Parameter) else target
-    if data.device.type == "cpu" and data.dtype == torch.float32 and data.is_contiguous() and not _is_dtensor(data):
+    if data.device.type == "cpu" and data.dtype == torch.float32 and data.is_contiguous() and not is_dtensor(data):
         fill.fill_(data)
     else:
         write_full_(target, fill.materialize())
-
-
-def _is_dtensor(t: torch.Tensor) -> bool:
-    return hasattr(t, "device_mesh") and hasattr(t, "placements")
 
 
 def write_values(model: nn.Module, values: Mapping[str, Value]) -> None:
