@@ -324,7 +324,10 @@ class RunCheckpoint(ModelCheckpoint):
     ``last.ckpt`` (``save_last``) is written by this class, not by Lightning's ``ModelCheckpoint``: at the end of
     every training epoch (after that epoch's validation and top-k save, so it carries the updated top-k state), every
     ``every_n_train_steps`` optimizer steps, and at the step where a callback sets ``trainer.should_stop``
-    (``max_time``, early stopping mid-epoch, ...) — each at most once per global step.
+    (``max_time``, early stopping mid-epoch, ...) — each at most once per global step. A step whose ``last.ckpt`` is
+    written gets no later top-k save (as in Lightning, one checkpoint state per step): after a mid-epoch stop the
+    epoch-end hooks would otherwise save a top-k file whose loop state reads "epoch finished", newer than
+    ``last.ckpt``, and ``--resume auto`` would skip the rest of the interrupted epoch.
 
     What the stock part lacks: Lightning 2.6 writes ``last.ckpt`` only when a top-k checkpoint was saved at the same
     step, so an epoch whose monitored metric did not improve leaves ``last.ckpt`` behind (a resume would silently redo
@@ -393,5 +396,10 @@ class RunCheckpoint(ModelCheckpoint):
             self.write_last(trainer)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        super().on_train_epoch_end(trainer, pl_module)
+        if self._last_step != trainer.global_step:
+            super().on_train_epoch_end(trainer, pl_module)
         self.write_last(trainer)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._last_step != trainer.global_step:
+            super().on_validation_end(trainer, pl_module)
