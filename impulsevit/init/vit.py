@@ -10,9 +10,10 @@ logits), relative / rotary position encodings (ROPE ViTs, Swin — see the ``swi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -250,47 +251,50 @@ def _value_proj(c: torch.Tensor, gain: float) -> tuple[torch.Tensor, torch.Tenso
 
 
 _T = TypeVar("_T")
+Submit = Callable[[Callable[[], Any]], Future[Any]]
+"""``submit(task) -> Future``: starts a pure, generator-free task (see :func:`solver_threads`)."""
 
 
-class _Solver:
-    """Runs pure, generator-free tasks on ``torch.get_num_threads()`` worker threads while the caller keeps drawing
-    random numbers on its own thread (LAPACK / BLAS release the GIL). Inside the ``with`` block torch uses one
-    intra-op thread (the tasks are the parallelism, no oversubscription); the caller's setting is restored on exit,
-    also on error. With one thread, tasks run at ``submit``. Results never depend on the thread count: every draw
-    happens on the calling thread, in program order."""
+def _run_inline(task: Callable[[], _T]) -> Future[_T]:
+    """Run ``task`` now, on this thread; its result or exception in a done ``Future`` (as from a worker)."""
+    done: Future[_T] = Future()
+    try:
+        done.set_result(task())
+    except BaseException as exc:  # re-raised by .result(), as from a worker
+        done.set_exception(exc)
+    return done
 
-    def __enter__(self) -> _Solver:
-        self._threads = torch.get_num_threads()
-        # each worker sets its own intra-op count (OpenMP's is per thread: left at the default, every worker ran
-        # BLAS/LAPACK on all cores and the impulse solve differed from run to run by ~1e-5)
-        self._pool = (ThreadPoolExecutor(self._threads, initializer=torch.set_num_threads, initargs=(1,))
-                      if self._threads > 1 else None)
-        if self._pool is not None:
+
+@contextlib.contextmanager
+def solver_threads() -> Iterator[Submit]:
+    """Worker threads for the solves: yields ``submit(task) -> Future``, which runs pure, generator-free tasks on
+    ``torch.get_num_threads()`` worker threads while the caller keeps drawing random numbers on its own thread
+    (LAPACK / BLAS release the GIL).
+
+    Inside the ``with`` block torch uses one intra-op thread (the tasks are the parallelism, no oversubscription); the
+    caller's setting is restored on exit, also on error. With one thread, tasks run at ``submit``, on the caller's
+    thread. Results never depend on the thread count: every draw happens on the calling thread, in program order.
+    """
+    threads = torch.get_num_threads()
+    # each worker sets its own intra-op count (OpenMP's is per thread: left at the default, every worker ran
+    # BLAS/LAPACK on all cores and the impulse solve differed from run to run by ~1e-5)
+    pool = ThreadPoolExecutor(threads, initializer=torch.set_num_threads, initargs=(1,)) if threads > 1 else None
+    try:
+        if pool is not None:
             torch.set_num_threads(1)
-        return self
-
-    def submit(self, fn: Callable[[], _T]) -> Future[_T]:
-        if self._pool is not None:
-            return self._pool.submit(fn)
-        done: Future[_T] = Future()
+        yield pool.submit if pool is not None else _run_inline
+    finally:
         try:
-            done.set_result(fn())
-        except BaseException as exc:  # re-raised by .result(), as from a worker
-            done.set_exception(exc)
-        return done
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True, cancel_futures=True)
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
         finally:
-            torch.set_num_threads(self._threads)
+            torch.set_num_threads(threads)
 
 
 def _run_parallel(tasks: Sequence[Callable[[], _T]]) -> list[_T]:
-    """All ``tasks`` on a :class:`_Solver`; results in task order."""
-    with _Solver() as solver:
-        futures = [solver.submit(t) for t in tasks]
+    """All ``tasks`` on :func:`solver_threads`; results in task order."""
+    with solver_threads() as submit:
+        futures = [submit(t) for t in tasks]
         return [f.result() for f in futures]
 
 
@@ -365,15 +369,15 @@ def impulse_vit(model: nn.Module, generator: torch.Generator, options: dict[str,
     per_layer: list[list[tuple[int, int]]] = []
     noises: list[torch.Tensor] = []
     redraw = opts["offsets_per_layer"] and opts["offsets"] == "random"
-    with _Solver() as solver:
+    with solver_threads() as submit:
         vp_futures, qk_futures = [], []
         for li in range(len(lay.attn_names)):
             per_layer.append(draw_offsets() if (redraw and li) else shared)
             noises.append(imp.draw_noise(lay.num_heads, n, generator, std=opts["noise_std"], clip=opts["noise_clip"]))
             if mimetic_value:
                 c = imp.draw_value_matrix(lay.dim, generator, opts["value_alpha"], opts["value_beta"])
-                vp_futures.append(solver.submit(functools.partial(_value_proj, c, opts["gain_v"])))
-            qk_futures.append(solver.submit(functools.partial(solve, li)))
+                vp_futures.append(submit(functools.partial(_value_proj, c, opts["gain_v"])))
+            qk_futures.append(submit(functools.partial(solve, li)))
         vps = [f.result() for f in vp_futures]
         sols = [f.result() for f in qk_futures]
 
