@@ -80,6 +80,77 @@ def is_vit(model: nn.Module) -> bool:
     return any(hasattr(getattr(b, "attn", None), "qkv") for b in blocks.children())
 
 
+def _check_position_encoding(model: nn.Module, name: str) -> None:
+    """Refuse rotary and shared relative position encodings (they change the logits the impulse solve designs)."""
+    if getattr(model, "rope", None) is not None:
+        raise ValueError(
+            f"{name} uses rotary position embeddings (`rope`), which rotate Q and K per token: the designed Q/K "
+            "logits would not hold; not supported (build it without rope, or use init 'torch' / 'timm')"
+        )
+    for shared in ("rel_pos_bias", "shared_rel_pos"):
+        if getattr(model, shared, None) is not None:
+            raise ValueError(
+                f"{name} uses a shared relative position bias (`{shared}`) added to the attention logits; not "
+                "supported by the ViT adapter (it needs an absolute `pos_embed` as pseudo-input and plain logits)"
+            )
+
+
+def _block_attention(name: str, index: int, block: nn.Module) -> nn.Module:
+    """Block ``index``'s attention, checked: timm's fused-qkv ``Attention`` without a relative position bias or
+    ``qk_norm``."""
+    attn = getattr(block, "attn", None)
+    for rel in ("relative_position_bias_table", "rel_pos"):
+        if getattr(attn, rel, None) is not None:
+            raise ValueError(
+                f"{name}: block {index} attention has a relative position bias (`{rel}`) added to its logits; not "
+                "supported by the ViT adapter (it needs an absolute `pos_embed` as pseudo-input and plain logits)"
+            )
+    if attn is None or not _is_fused_attention(attn):
+        raise ValueError(
+            f"{name}: block {index} has no timm-style attention with a fused `qkv` Linear (3·heads·head_dim outputs), "
+            "`proj`, `num_heads`, `head_dim` — separate q/k/v projections are not supported"
+        )
+    for norm in ("q_norm", "k_norm"):
+        if not isinstance(getattr(attn, norm, nn.Identity()), nn.Identity):
+            raise ValueError(f"{name}: block {index} uses {norm} (qk_norm=True), which would undo the designed Q/K")
+    return attn
+
+
+def _token_grid(model: nn.Module, grid: Sequence[int] | None) -> tuple[int, int] | None:
+    """``(H, W)``: the ``grid`` override if given (checked), else ``patch_embed.grid_size``, else ``None``."""
+    if grid is None:
+        grid_size = getattr(getattr(model, "patch_embed", None), "grid_size", None)
+        return (int(grid_size[0]), int(grid_size[1])) if grid_size is not None and len(grid_size) == 2 else None
+    if len(grid) != 2 or min(grid) < 1:
+        raise ValueError(f"grid must be (H, W) with positive ints, got {grid!r}")
+    return int(grid[0]), int(grid[1])
+
+
+def _pos_embed_patch_rows(
+    model: nn.Module, name: str, pos: torch.Tensor | None, grid: tuple[int, int] | None, dim: int, num_prefix: int
+) -> slice:
+    """The rows of ``pos_embed[0]`` that belong to the patch tokens, after checking that there is an absolute
+    ``(1, L, D)`` position embedding with one row per patch of the known ``grid`` (plus the prefix rows unless
+    ``no_embed_class``)."""
+    if pos is None:
+        raise ValueError(
+            f"{name} has no absolute position embedding (`pos_embed` is None / pos_embed='none'); impulse init "
+            "uses it as the pseudo-input"
+        )
+    if grid is None:
+        raise ValueError(f"{name}: unknown token grid (no `patch_embed.grid_size`); pass the option grid=(H, W)")
+    if pos.dim() != 3 or pos.shape[0] != 1 or pos.shape[2] != dim:
+        raise ValueError(f"{name}.pos_embed must be (1, L, {dim}), got {tuple(pos.shape)}")
+    n = grid[0] * grid[1]
+    embed_prefix = 0 if getattr(model, "no_embed_class", False) else num_prefix
+    if pos.shape[1] != n + embed_prefix:
+        raise ValueError(
+            f"{name}.pos_embed has {pos.shape[1]} rows, expected {n} patch tokens of the {grid[0]}x{grid[1]} "
+            f"grid + {embed_prefix} prefix rows"
+        )
+    return slice(embed_prefix, embed_prefix + n)
+
+
 def vit_layout(model: nn.Module, *, need_pos_embed: bool, grid: Sequence[int] | None = None) -> VitLayout:
     """Locate blocks, attention, prefix tokens, pos_embed rows and the token grid of a timm ViT.
 
@@ -94,71 +165,20 @@ def vit_layout(model: nn.Module, *, need_pos_embed: bool, grid: Sequence[int] | 
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, nn.Module) or len(list(blocks.children())) == 0:
         raise ValueError(f"{name} has no transformer `blocks`: not a timm VisionTransformer")
-    if getattr(model, "rope", None) is not None:
-        raise ValueError(
-            f"{name} uses rotary position embeddings (`rope`), which rotate Q and K per token: the designed Q/K "
-            "logits would not hold; not supported (build it without rope, or use init 'torch' / 'timm')"
-        )
-    for shared in ("rel_pos_bias", "shared_rel_pos"):
-        if getattr(model, shared, None) is not None:
-            raise ValueError(
-                f"{name} uses a shared relative position bias (`{shared}`) added to the attention logits; not "
-                "supported by the ViT adapter (it needs an absolute `pos_embed` as pseudo-input and plain logits)"
-            )
-    attns, names = [], []
-    for i, blk in enumerate(blocks.children()):
-        attn = getattr(blk, "attn", None)
-        for rel in ("relative_position_bias_table", "rel_pos"):
-            if getattr(attn, rel, None) is not None:
-                raise ValueError(
-                    f"{name}: block {i} attention has a relative position bias (`{rel}`) added to its logits; not "
-                    "supported by the ViT adapter (it needs an absolute `pos_embed` as pseudo-input and plain logits)"
-                )
-        if attn is None or not _is_fused_attention(attn):
-            raise ValueError(
-                f"{name}: block {i} has no timm-style attention with a fused `qkv` Linear (3·heads·head_dim outputs), "
-                "`proj`, `num_heads`, `head_dim` — separate q/k/v projections are not supported"
-            )
-        for norm in ("q_norm", "k_norm"):
-            if not isinstance(getattr(attn, norm, nn.Identity()), nn.Identity):
-                raise ValueError(f"{name}: block {i} uses {norm} (qk_norm=True), which would undo the designed Q/K")
-        attns.append(attn)
-        names.append(f"blocks.{i}.attn")
+    _check_position_encoding(model, name)
+    attns = [_block_attention(name, i, block) for i, block in enumerate(blocks.children())]
+    attn_names = [f"blocks.{i}.attn" for i in range(len(attns))]
     h, d = attns[0].num_heads, attns[0].head_dim
     dim = attns[0].qkv.in_features
     if any((a.num_heads, a.head_dim, a.qkv.in_features) != (h, d, dim) for a in attns):
         raise ValueError(f"{name}: blocks differ in heads / head_dim / width; not supported")
     num_prefix = int(getattr(model, "num_prefix_tokens", 1 if getattr(model, "cls_token", None) is not None else 0))
-    if grid is None:
-        gs = getattr(getattr(model, "patch_embed", None), "grid_size", None)
-        grid_t = (int(gs[0]), int(gs[1])) if gs is not None and len(gs) == 2 else None
-    else:
-        if len(grid) != 2 or min(grid) < 1:
-            raise ValueError(f"grid must be (H, W) with positive ints, got {grid!r}")
-        grid_t = (int(grid[0]), int(grid[1]))
+    token_grid = _token_grid(model, grid)
     pos = getattr(model, "pos_embed", None)
-    pos_name, rows = None, None
-    if isinstance(pos, torch.Tensor):
-        pos_name = "pos_embed"
-    if need_pos_embed:
-        if pos_name is None:
-            raise ValueError(
-                f"{name} has no absolute position embedding (`pos_embed` is None / pos_embed='none'); impulse init "
-                "uses it as the pseudo-input"
-            )
-        if grid_t is None:
-            raise ValueError(f"{name}: unknown token grid (no `patch_embed.grid_size`); pass the option grid=(H, W)")
-        if pos.dim() != 3 or pos.shape[0] != 1 or pos.shape[2] != dim:
-            raise ValueError(f"{name}.pos_embed must be (1, L, {dim}), got {tuple(pos.shape)}")
-        n = grid_t[0] * grid_t[1]
-        embed_prefix = 0 if getattr(model, "no_embed_class", False) else num_prefix
-        if pos.shape[1] != n + embed_prefix:
-            raise ValueError(
-                f"{name}.pos_embed has {pos.shape[1]} rows, expected {n} patch tokens of the {grid_t[0]}x{grid_t[1]} "
-                f"grid + {embed_prefix} prefix rows"
-            )
-        rows = slice(embed_prefix, embed_prefix + n)
-    return VitLayout(name, names, attns, dim, h, d, grid_t, pos_name, rows, num_prefix)
+    pos = pos if isinstance(pos, torch.Tensor) else None
+    patch_rows = _pos_embed_patch_rows(model, name, pos, token_grid, dim, num_prefix) if need_pos_embed else None
+    pos_name = "pos_embed" if pos is not None else None
+    return VitLayout(name, attn_names, attns, dim, h, d, token_grid, pos_name, patch_rows, num_prefix)
 
 
 IMPULSE_DEFAULTS: dict[str, Any] = {
