@@ -43,8 +43,8 @@ def as_tensor(value: Value) -> torch.Tensor:
     return value.materialize() if isinstance(value, RandomFill) else value
 
 
-def _uniform(shape: torch.Size, bound: float, g: torch.Generator) -> RandomFill:
-    return RandomFill(tuple(shape), "uniform", float(bound), seed_from(g))
+def _uniform(shape: torch.Size, bound: float, generator: torch.Generator) -> RandomFill:
+    return RandomFill(tuple(shape), "uniform", float(bound), seed_from(generator))
 
 
 def _fan_in(weight_shape: torch.Size) -> int:

@@ -75,23 +75,23 @@ def _apply(
     writes, offsets, notes = [], [], []
     resolved: dict[str, Any] = dict(opts)
     for name, conv, k, pad in convs:
-        c = conv.out_channels
+        channels = conv.out_channels
         if kind == "random":
-            w = _uniform((c, 1, k, k), 1.0 / k, generator)
+            w = _uniform((channels, 1, k, k), 1.0 / k, generator)
         else:
             taps = 1 if kind == "impulse" else (k * k if opts["taps"] is None else int(opts["taps"]))
             if not 1 <= taps <= k * k:
                 raise ValueError(f"box (convmixer): taps must be in [1, {k * k}] for kernel {k}, got {taps}")
             scale = math.sqrt(1.0 / (k * taps)) if opts["scale"] is None else float(opts["scale"])
             if taps == k * k:
-                pos = torch.arange(k * k).expand(c, -1)
+                pos = torch.arange(k * k).expand(channels, -1)
             elif taps == 1:
-                pos = torch.randint(0, k * k, (c, 1), generator=generator)
+                pos = torch.randint(0, k * k, (channels, 1), generator=generator)
             else:
-                pos = torch.argsort(torch.rand(c, k * k, generator=generator), dim=1)[:, :taps]
-            w = torch.zeros(c, k * k, dtype=torch.float64)
+                pos = torch.argsort(torch.rand(channels, k * k, generator=generator), dim=1)[:, :taps]
+            w = torch.zeros(channels, k * k, dtype=torch.float64)
             w.scatter_(1, pos, scale)
-            w = w.view(c, 1, k, k)
+            w = w.view(channels, 1, k, k)
             if kind == "impulse":
                 flat = pos[:, 0]
                 offsets.append([(int(p) // k - pad, int(p) % k - pad) for p in flat])
@@ -103,7 +103,7 @@ def _apply(
         if tuple(w.shape) != tuple(conv.weight.shape):
             raise ValueError(f"{type(model).__name__}: {name} weight has shape {tuple(conv.weight.shape)}, "
                              f"expected {tuple(w.shape)}")
-        b = _uniform((c,), 1.0 / k, generator) if conv.bias is not None else None
+        b = _uniform((channels,), 1.0 / k, generator) if conv.bias is not None else None
         writes.append((conv, w, b))
     for conv, w, b in writes:
         write_full_(conv.weight, w)
@@ -150,18 +150,18 @@ def convmixer_filter_summary(taps: list[torch.Tensor]) -> list[dict[str, float]]
     share of ``|w|`` on the largest tap, ``entropy`` (nats) of the normalised ``|w|`` over taps, ``distinct`` = number
     of distinct argmax taps used, ``distance`` = mean distance (in pixels) of the taps' ``|w|`` mass from the centre."""
     out = []
-    for t in taps:
-        c, k, _ = t.shape
-        a = t.abs().reshape(c, k * k)
-        p = a / a.sum(-1, keepdim=True).clamp_min(1e-12)
-        peak = p.max(-1).values
+    for filters in taps:
+        channels, k, _ = filters.shape
+        magnitude = filters.abs().reshape(channels, k * k)
+        share = magnitude / magnitude.sum(-1, keepdim=True).clamp_min(1e-12)
+        peak = share.max(-1).values
         ys, xs = torch.meshgrid(torch.arange(k), torch.arange(k), indexing="ij")
         dist = ((ys - (k - 1) / 2) ** 2 + (xs - (k - 1) / 2) ** 2).float().sqrt().flatten()
         out.append({
             "one_hot": float((peak >= 0.99).float().mean()),
             "peak_share": float(peak.mean()),
-            "entropy": float(-(p * p.clamp_min(1e-12).log()).sum(-1).mean()) + 0.0,
-            "distinct": float(p.argmax(-1).unique().numel()),
-            "distance": float((p * dist).sum(-1).mean()),
+            "entropy": float(-(share * share.clamp_min(1e-12).log()).sum(-1).mean()) + 0.0,
+            "distinct": float(share.argmax(-1).unique().numel()),
+            "distance": float((share * dist).sum(-1).mean()),
         })
     return out

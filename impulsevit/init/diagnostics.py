@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from impulsevit.init import impulse as imp
+from impulsevit.init import impulse
 from impulsevit.init.api import InitReport, _load_builtin, read_full
-from impulsevit.init.vit import is_vit, patch_pseudo_input, vit_layout
+from impulsevit.init.vit import VitLayout, is_vit, patch_pseudo_input, vit_layout
 
 __all__ = [
     "AttentionMaps",
@@ -89,40 +89,52 @@ def attention_maps(model: nn.Module, images: torch.Tensor | None = None) -> Atte
 
 @register_attention_maps(matches=is_vit)
 def _vit_maps(model: nn.Module, images: torch.Tensor | None) -> AttentionMaps:
-    lay = vit_layout(model, need_pos_embed=images is None)
+    layout = vit_layout(model, need_pos_embed=images is None)
     if images is None:
-        pe = read_full(model.get_parameter(lay.pos_name)).detach().float()
-        rows = pe[0, lay.patch_rows]
-        maps = []
-        for i, attn in enumerate(lay.attns):
-            norm = getattr(model.blocks[i], "norm1", None)
-            x = norm(rows) if norm is not None else patch_pseudo_input(pe, lay.patch_rows).float()
-            maps.append(_head_attention(attn, x.unsqueeze(0), bias=False)[0])
-        return AttentionMaps(maps, lay.grid, 0, "pseudo-input")
+        return _vit_pseudo_input_maps(model, layout)
+    return _vit_image_maps(model, layout, images)
+
+
+def _vit_pseudo_input_maps(model: nn.Module, layout: VitLayout) -> AttentionMaps:
+    """Each block's attention on its ``norm1`` of the patch rows of ``pos_embed`` (``LN0`` without ``norm1``), without
+    qkv bias: patch tokens only, ``(h, N, N)``."""
+    pos_embed = read_full(model.get_parameter(layout.pos_name)).detach().float()
+    patch_rows = pos_embed[0, layout.patch_rows]
+    maps = []
+    for i, attn in enumerate(layout.attns):
+        norm = getattr(model.blocks[i], "norm1", None)
+        tokens = norm(patch_rows) if norm is not None else patch_pseudo_input(pos_embed, layout.patch_rows).float()
+        maps.append(_head_attention(attn, tokens.unsqueeze(0), bias=False)[0])
+    return AttentionMaps(maps, layout.grid, 0, "pseudo-input")
+
+
+def _vit_image_maps(model: nn.Module, layout: VitLayout, images: torch.Tensor) -> AttentionMaps:
+    """Each block's attention in the real forward of ``images`` (in eval mode; the mode is restored), with biases,
+    averaged over the batch: ``(h, L, L)``, prefix tokens first."""
     captured: list[torch.Tensor] = []
     hooks = [
         a.register_forward_pre_hook(lambda m, args: captured.append(_head_attention(m, args[0], True).mean(0)))
-        for a in lay.attns
+        for a in layout.attns
     ]
     was_training = model.training
     try:
         model.eval()
         model(images)
     finally:
-        for hk in hooks:
-            hk.remove()
+        for hook in hooks:
+            hook.remove()
         model.train(was_training)
-    return AttentionMaps(captured, lay.grid, lay.num_prefix, "images")
+    return AttentionMaps(captured, layout.grid, layout.num_prefix, "images")
 
 
 def _head_attention(attn: nn.Module, x: torch.Tensor, bias: bool) -> torch.Tensor:
     """Softmax attention ``(B, h, T, T)`` of a timm ``Attention`` on tokens ``x`` ``(B, T, D)``, float32."""
-    w, b = attn.qkv.weight.float(), attn.qkv.bias
-    qkv = x.float() @ w.T
-    if bias and b is not None:
-        qkv = qkv + b.float()
-    bsz, t, _ = x.shape
-    qkv = qkv.reshape(bsz, t, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+    weight, qkv_bias = attn.qkv.weight.float(), attn.qkv.bias
+    qkv = x.float() @ weight.T
+    if bias and qkv_bias is not None:
+        qkv = qkv + qkv_bias.float()
+    batch, num_tokens, _ = x.shape
+    qkv = qkv.reshape(batch, num_tokens, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
     q, k = attn.q_norm(qkv[0]), attn.k_norm(qkv[1])
     scale = getattr(attn, "scale", attn.head_dim**-0.5)
     return torch.softmax((q * scale) @ k.transpose(-2, -1), dim=-1)
@@ -199,31 +211,57 @@ def summarize(
         raise ValueError(f"offsets has {len(offsets)} layers, maps has {len(maps)}")
     H, W = grid
     n = H * W
-    r = torch.arange(n) // W
-    c = torch.arange(n) % W
-    dist = torch.sqrt(((r[:, None] - r[None]) ** 2 + (c[:, None] - c[None]) ** 2).float())
+    token_row = torch.arange(n) // W
+    token_col = torch.arange(n) % W
+    token_distance = torch.sqrt(
+        ((token_row[:, None] - token_row[None]) ** 2 + (token_col[:, None] - token_col[None]) ** 2).float()
+    )
     out = Summary()
-    for li, a in enumerate(maps):
-        a = a.float()
-        if a.shape[-1] != n + prefix:
-            raise ValueError(f"layer {li}: maps have {a.shape[-1]} tokens, expected {n} + {prefix} prefix")
-        rows = a[:, prefix : prefix + n]  # patch queries, all keys
-        ent = -(rows * rows.clamp_min(1e-30).log()).sum(-1).mean(-1)
-        distance = (rows[:, :, prefix:] * dist).sum(-1).mean(-1)
-        for hi in range(a.shape[0]):
-            off = None
+    for layer, layer_maps in enumerate(maps):
+        layer_maps = layer_maps.float()
+        if layer_maps.shape[-1] != n + prefix:
+            raise ValueError(f"layer {layer}: maps have {layer_maps.shape[-1]} tokens, expected {n} + {prefix} prefix")
+        rows = layer_maps[:, prefix : prefix + n]  # patch queries, all keys
+        entropy = -(rows * rows.clamp_min(1e-30).log()).sum(-1).mean(-1)
+        distance = (rows[:, :, prefix:] * token_distance).sum(-1).mean(-1)
+        for head in range(layer_maps.shape[0]):
+            offset = None
             mass = hit = border = float("nan")
             if offsets is not None:
-                off = tuple(offsets[0 if len(offsets) == 1 else li][hi])
-                idx = imp.shift_index(H, W, off)
-                m = max(1, abs(off[0]), abs(off[1]))
-                interior = torch.nonzero((r >= m) & (r < H - m) & (c >= m) & (c < W - m)).squeeze(1)
-                if interior.numel():
-                    tgt = idx[interior] + prefix
-                    mass = rows[hi, interior, tgt].mean().item()
-                    hit = (rows[hi, interior].argmax(-1) == tgt).float().mean().item()
-                off_grid = torch.nonzero(idx < 0).squeeze(1)
-                if off_grid.numel():
-                    border = rows[hi, off_grid].max(-1).values.mean().item()
-            out.append(HeadSummary(li, hi, off, mass, hit, border, ent[hi].item(), distance[hi].item()))
+                offset = tuple(offsets[0 if len(offsets) == 1 else layer][head])
+                mass, hit, border = _target_scores(rows[head], offset, grid, prefix, token_row, token_col)
+            out.append(HeadSummary(layer, head, offset, mass, hit, border, entropy[head].item(), distance[head].item()))
     return out
+
+
+def _target_scores(
+    head_rows: torch.Tensor,
+    offset: tuple[int, int],
+    grid: tuple[int, int],
+    prefix: int,
+    token_row: torch.Tensor,
+    token_col: torch.Tensor,
+) -> tuple[float, float, float]:
+    """``(target_mass, hit_rate, border_max)`` of one head (see :class:`HeadSummary`; ``nan`` where no query counts).
+
+    Args:
+        head_rows: the head's patch-query rows over all keys, ``(N, T)``.
+        offset: the head's ``(dy, dx)``.
+        prefix: prefix tokens before the patch keys.
+        token_row, token_col: grid row / column of every patch token, ``(N,)``.
+    """
+    H, W = grid
+    target_of = impulse.shift_index(H, W, offset)
+    margin = max(1, abs(offset[0]), abs(offset[1]))
+    mass = hit = border = float("nan")
+    interior = torch.nonzero(
+        (token_row >= margin) & (token_row < H - margin) & (token_col >= margin) & (token_col < W - margin)
+    ).squeeze(1)
+    if interior.numel():
+        targets = target_of[interior] + prefix
+        mass = head_rows[interior, targets].mean().item()
+        hit = (head_rows[interior].argmax(-1) == targets).float().mean().item()
+    off_grid = torch.nonzero(target_of < 0).squeeze(1)
+    if off_grid.numel():
+        border = head_rows[off_grid].max(-1).values.mean().item()
+    return mass, hit, border

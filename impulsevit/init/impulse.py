@@ -102,19 +102,19 @@ def impulse_offsets(
     if num_heads < 1:
         raise ValueError(f"num_heads must be >= 1, got {num_heads}")
     table = kernel_offsets(kernel_size)
-    k2 = len(table)
+    num_positions = len(table)
     if mode == "fixed":
-        return [table[i % k2] for i in range(num_heads)]
+        return [table[i % num_positions] for i in range(num_heads)]
     if mode != "random":
         raise ValueError(f"offset mode must be 'fixed' or 'random', got {mode!r}")
     if generator is None:
         raise ValueError("random offsets need a torch.Generator")
     if replacement:
-        idx = torch.randint(0, k2, (num_heads,), generator=generator).tolist()
+        positions = torch.randint(0, num_positions, (num_heads,), generator=generator).tolist()
     else:
-        blocks = [torch.randperm(k2, generator=generator) for _ in range(-(-num_heads // k2))]
-        idx = torch.cat(blocks)[:num_heads].tolist()
-    return [table[j] for j in idx]
+        blocks = [torch.randperm(num_positions, generator=generator) for _ in range(-(-num_heads // num_positions))]
+        positions = torch.cat(blocks)[:num_heads].tolist()
+    return [table[j] for j in positions]
 
 
 def shift_index(height: int, width: int, offset: Offset, boundary: Boundary = "zero") -> torch.Tensor:
@@ -127,13 +127,13 @@ def shift_index(height: int, width: int, offset: Offset, boundary: Boundary = "z
     dy, dx = offset
     r = torch.arange(height).view(-1, 1).expand(height, width)
     c = torch.arange(width).view(1, -1).expand(height, width)
-    rr, cc = r + dy, c + dx
+    target_r, target_c = r + dy, c + dx
     if boundary == "circular":
-        return ((rr % height) * width + cc % width).reshape(-1)
+        return ((target_r % height) * width + target_c % width).reshape(-1)
     if boundary != "zero":
         raise ValueError(f"boundary must be 'zero' or 'circular', got {boundary!r}")
-    inside = (rr >= 0) & (rr < height) & (cc >= 0) & (cc < width)
-    return torch.where(inside, rr * width + cc, torch.full_like(rr, -1)).reshape(-1)
+    inside = (target_r >= 0) & (target_r < height) & (target_c >= 0) & (target_c < width)
+    return torch.where(inside, target_r * width + target_c, torch.full_like(target_r, -1)).reshape(-1)
 
 
 def impulse_indicator(height: int, width: int, offset: Offset, boundary: Boundary = "zero") -> torch.Tensor:
@@ -141,8 +141,8 @@ def impulse_indicator(height: int, width: int, offset: Offset, boundary: Boundar
     idx = shift_index(height, width, offset, boundary)
     n = height * width
     s = torch.zeros(n, n, dtype=torch.float64)
-    q = torch.nonzero(idx >= 0).squeeze(1)
-    s[q, idx[q]] = 1.0
+    valid = torch.nonzero(idx >= 0).squeeze(1)
+    s[valid, idx[valid]] = 1.0
     return s
 
 
@@ -239,19 +239,21 @@ class QKSolution:
     target_logit: torch.Tensor
 
 
-def _target_gather(pi: PseudoInput, height: int, width: int, offsets: Sequence[Offset], boundary: Boundary):
-    """Per head: valid query indices and their target indices (lists of LongTensors)."""
-    qs, ts = [], []
-    for off in offsets:
-        idx = shift_index(height, width, off, boundary)
-        q = torch.nonzero(idx >= 0).squeeze(1)
-        qs.append(q)
-        ts.append(idx[q])
-    return qs, ts
+def _target_pairs(
+    height: int, width: int, offsets: Sequence[Offset], boundary: Boundary
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per head: the indices of the queries whose target is on the grid, and of their target keys (LongTensors)."""
+    queries, targets = [], []
+    for offset in offsets:
+        target_of = shift_index(height, width, offset, boundary)
+        valid = torch.nonzero(target_of >= 0).squeeze(1)
+        queries.append(valid)
+        targets.append(target_of[valid])
+    return queries, targets
 
 
 def solve_qk(
-    pi: PseudoInput,
+    pseudo: PseudoInput,
     height: int,
     width: int,
     offsets: Sequence[Offset],
@@ -269,7 +271,7 @@ def solve_qk(
     """Closed-form Q/K of one layer, all heads batched (``docs/method.md`` §2.4, subspace formulation).
 
     Args:
-        pi: the factored pseudo-input (:func:`factor_pseudo_input`), ``N = height·width`` rows.
+        pseudo: the factored pseudo-input (:func:`factor_pseudo_input`), ``N = height·width`` rows.
         offsets: ``h`` offsets.
         noise: ``(h, N, N)`` the draw of :func:`draw_noise` for this layer.
         head_dim: ``d``; the logit scale ``1/√d`` is the model's.
@@ -288,23 +290,23 @@ def solve_qk(
     """
     h = len(offsets)
     n = height * width
-    if pi.u.shape[0] != n:
-        raise ValueError(f"pseudo-input has {pi.u.shape[0]} rows, grid {height}x{width} has {n} tokens")
+    if pseudo.u.shape[0] != n:
+        raise ValueError(f"pseudo-input has {pseudo.u.shape[0]} rows, grid {height}x{width} has {n} tokens")
     if tuple(noise.shape) != (h, n, n):
         raise ValueError(f"noise must be (h, N, N) = ({h}, {n}, {n}), got {tuple(noise.shape)}")
-    u, s, v, r = pi.u, pi.s, pi.v, pi.rank
-    qs, ts = _target_gather(pi, height, width, offsets, boundary)
+    u, s, v, r = pseudo.u, pseudo.s, pseudo.v, pseudo.rank
+    queries, targets = _target_pairs(height, width, offsets, boundary)
     e = noise.to(dtype)
     # X_i = U_rᵀ T_i U_r with T_i = a S_i + b (E_i − E_i ⊙ S_i)
-    uc = u.to(dtype)
-    x = noise_scale * torch.matmul(uc.T, torch.matmul(e, uc)).double()  # (h, r, r)
+    u_cast = u.to(dtype)
+    x = noise_scale * torch.matmul(u_cast.T, torch.matmul(e, u_cast)).double()  # (h, r, r)
     for i in range(h):
-        q, t = qs[i], ts[i]
-        if q.numel() == 0:
+        query, target = queries[i], targets[i]
+        if query.numel() == 0:
             continue
-        uq, ut = u[q], u[t]  # (m, r)
-        on = e[i, q, t].double()  # (m,) noise entries that S replaces
-        x[i] += uq.T @ ((on_value - noise_scale * on).unsqueeze(1) * ut)
+        u_query, u_target = u[query], u[target]  # (m, r)
+        replaced = e[i, query, target].double()  # (m,) noise entries that S replaces
+        x[i] += u_query.T @ ((on_value - noise_scale * replaced).unsqueeze(1) * u_target)
     inv_s = 1.0 / s
     m = inv_s.view(1, -1, 1) * x * inv_s.view(1, 1, -1)  # M_i = Σ⁻¹ X_i Σ⁻¹
     a, mu, ct = torch.linalg.svd(m)  # (h, r, r), (h, r), (h, r, r)
@@ -312,17 +314,17 @@ def solve_qk(
     root = mu.sqrt()
     nuclear = mu.sum(1)  # ‖F_i‖² = ‖G_i‖² = Σ μ
     # target entries of Π T Π: U_r[q] X U_r[t]ᵀ  (Λ_i = c_i Π T_i Π)
-    tgt = torch.full((h,), float("nan"), dtype=torch.float64)
+    target_mean = torch.full((h,), float("nan"), dtype=torch.float64)
     for i in range(h):
-        if qs[i].numel():
-            tgt[i] = ((u[qs[i]] @ x[i]) * u[ts[i]]).sum(1).mean()
+        if queries[i].numel():
+            target_mean[i] = ((u[queries[i]] @ x[i]) * u[targets[i]]).sum(1).mean()
     sqrt_d = math.sqrt(head_dim)
     if normalize == "frobenius":
         coef = torch.full((h,), gain, dtype=torch.float64) / nuclear.sqrt()  # applied to each factor
     elif normalize == "logit":
-        # Λ_i = coef² / √d · Π T Π  ⇒ coef² = target_logit · √d / tgt_i
-        ok = torch.isfinite(tgt) & (tgt > 0)
-        coef = torch.where(ok, (target_logit * sqrt_d / tgt.clamp_min(1e-300)).sqrt(), gain / nuclear.sqrt())
+        # Λ_i = coef² / √d · Π T Π  ⇒ coef² = target_logit · √d / target_mean_i
+        ok = torch.isfinite(target_mean) & (target_mean > 0)
+        coef = torch.where(ok, (target_logit * sqrt_d / target_mean.clamp_min(1e-300)).sqrt(), gain / nuclear.sqrt())
     else:
         raise ValueError(f"normalize must be 'frobenius' or 'logit', got {normalize!r}")
     # W_q^(i) = c_i (V_r A_i diag(√μ_i))ᵀ = (c_i diag(√μ_i) A_iᵀ) V_rᵀ, W_k^(i) likewise with C_i (= ctᵀ)
@@ -334,7 +336,7 @@ def solve_qk(
         pad = (0, 0, 0, head_dim - r)
         wq_r, wk_r = torch.nn.functional.pad(wq_r, pad), torch.nn.functional.pad(wk_r, pad)
     scale = coef**2 / sqrt_d
-    return QKSolution(wq=wq_r, wk=wk_r, scale=scale, target_logit=scale * tgt)
+    return QKSolution(wq=wq_r, wk=wk_r, scale=scale, target_logit=scale * target_mean)
 
 
 def _fix_signs(u: torch.Tensor, vh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -128,15 +128,19 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: dict[st
         raise ValueError(f"{type(model).__name__}: token-mixing hidden size S={s} < N={n} tokens; impulse needs S >= N "
                          "(raise mlp_ratio[0])")
     layout = opts["layout"]
-    k = opts["num_offsets"]
-    ks = int(opts["kernel_size"])
-    k = (s // n if layout != "factored" else ks * ks) if k is None else int(k)
-    if k < 1 or (layout != "factored" and k > s // n):
-        raise ValueError(f"impulse (mixer): num_offsets={k} must be in [1, S//N={s // n}] for layout {layout!r}")
+    kernel_size = int(opts["kernel_size"])
+    num_offsets = opts["num_offsets"]  # K
+    if num_offsets is None:
+        num_offsets = s // n if layout != "factored" else kernel_size * kernel_size
+    num_offsets = int(num_offsets)
+    if num_offsets < 1 or (layout != "factored" and num_offsets > s // n):
+        raise ValueError(
+            f"impulse (mixer): num_offsets={num_offsets} must be in [1, S//N={s // n}] for layout {layout!r}"
+        )
     gain_in = float(opts["gain_in"])
-    gain_out = 1.0 / math.sqrt(k) if opts["gain_out"] is None else float(opts["gain_out"])
-    offs = impulse_offsets(k, ks, opts["offsets"], generator=generator)
-    shifts = [impulse_indicator(grid[0], grid[1], o) for o in offs]  # (M x)_t = x_{t+o}, zero padding
+    gain_out = 1.0 / math.sqrt(num_offsets) if opts["gain_out"] is None else float(opts["gain_out"])
+    offsets = impulse_offsets(num_offsets, kernel_size, opts["offsets"], generator=generator)
+    shifts = [impulse_indicator(grid[0], grid[1], o) for o in offsets]  # (M x)_t = x_{t+o}, zero padding
     eye = torch.eye(n, dtype=torch.float64)
 
     writes = []
@@ -148,12 +152,12 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: dict[st
             w2.zero_()
             w2[:, :n] = gain_out * sum(shifts)
         else:
-            for b, m in enumerate(shifts):
-                w1[b * n:(b + 1) * n] = gain_in * m
+            for block, shift in enumerate(shifts):
+                w1[block * n:(block + 1) * n] = gain_in * shift
             if layout == "blocks":
                 w2.zero_()
-                for b in range(k):
-                    w2[:, b * n:(b + 1) * n] = gain_out * eye
+                for block in range(num_offsets):
+                    w2[:, block * n:(block + 1) * n] = gain_out * eye
         writes.append((mlp, w1, w2))
     for mlp, w1, w2 in writes:
         write_full_(mlp.fc1.weight, w1)
@@ -163,16 +167,16 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: dict[st
         for lin in (mlp.fc1, mlp.fc2):
             if lin.bias is not None:
                 write_full_(lin.bias, torch.zeros_like(read_full(lin.bias)))
-    note = f"grid {grid[0]}x{grid[1]} (N={n}), token hidden S={s}, {k} offsets, layout {layout}"
+    note = f"grid {grid[0]}x{grid[1]} (N={n}), token hidden S={s}, {num_offsets} offsets, layout {layout}"
     notes = []
     if layout == "blocks":
-        note += f"; {s - k * n} remainder hidden units (fc1 kept, fc2 columns zero)"
+        note += f"; {s - num_offsets * n} remainder hidden units (fc1 kept, fc2 columns zero)"
     notes.append(note)
-    if layout != "factored" and k == 1:
+    if layout != "factored" and num_offsets == 1:
         notes.append(f"only one offset (identity) fits S//N = {s // n}: token mixing starts as the identity; "
                      "layout='factored' gives the full kernel")
-    return InitResult(options={**opts, "num_offsets": k, "gain_out": gain_out},
-                      offsets=[list(offs) for _ in mlps], notes=notes)
+    return InitResult(options={**opts, "num_offsets": num_offsets, "gain_out": gain_out},
+                      offsets=[list(offsets) for _ in mlps], notes=notes)
 
 
 # ---------------------------------------------------------------------------------------------------- diagnostics
@@ -206,18 +210,20 @@ def mixer_kernel_summary(
     rows = [r * w + c for r in range(max(0, -min(dys)), h - max(0, max(dys)))
             for c in range(max(0, -min(dxs)), w - max(0, max(dxs)))]
     res = []
-    for k in kernels:
-        a = k.abs()
-        p = a / a.sum(-1, keepdim=True).clamp_min(1e-300)
+    for kernel in kernels:
+        magnitude = kernel.abs()
+        share = magnitude / magnitude.sum(-1, keepdim=True).clamp_min(1e-300)
         masses, hits = [], []
         for t in rows:
             taps = {t + dy * w + dx for dy, dx in offsets}
-            idx = torch.tensor(sorted(taps))
-            masses.append(float(p[t, idx].sum()))
-            hits.append(float(int(a[t].argmax()) in taps))
-        ent = float(-(p[rows] * p[rows].clamp_min(1e-300).log()).sum(-1).mean()) if rows else float("nan")
+            tap_index = torch.tensor(sorted(taps))
+            masses.append(float(share[t, tap_index].sum()))
+            hits.append(float(int(magnitude[t].argmax()) in taps))
+        entropy = (
+            float(-(share[rows] * share[rows].clamp_min(1e-300).log()).sum(-1).mean()) if rows else float("nan")
+        )
         res.append({"offset_mass": sum(masses) / max(1, len(masses)), "hit_rate": sum(hits) / max(1, len(hits)),
-                    "entropy": ent})
+                    "entropy": entropy})
     return res
 
 

@@ -97,14 +97,14 @@ def impulse_bias_table(
     wh, ww = window
     table = torch.zeros((2 * wh - 1) * (2 * ww - 1), len(offsets), dtype=torch.float64)
     misfit = []
-    for h, (dy, dx) in enumerate(offsets):
+    for head, (dy, dx) in enumerate(offsets):
         # any query that has the neighbour inside the window tells us the table row of this relative position
         r, c = max(0, -dy), max(0, -dx)
         if r + dy >= wh or c + dx >= ww or r >= wh or c >= ww:
-            misfit.append(h)
+            misfit.append(head)
             continue
-        idx = int(rel_index[r * ww + c, (r + dy) * ww + (c + dx)])
-        table[idx, h] = value
+        table_row = int(rel_index[r * ww + c, (r + dy) * ww + (c + dx)])
+        table[table_row, head] = value
     return table, misfit
 
 
@@ -128,9 +128,9 @@ def impulse_swin(model: nn.Module, generator: torch.Generator, options: dict[str
             generator, as in the earlier release — docs/method.md §3).
     """
     opts = check_options("impulse", options, _IMPULSE_DEFAULTS)
-    tm = float(opts["target_mass"])
-    if not 0.0 < tm < 1.0:
-        raise ValueError(f"impulse (swin): target_mass must be in (0, 1), got {tm}")
+    target_mass = float(opts["target_mass"])
+    if not 0.0 < target_mass < 1.0:
+        raise ValueError(f"impulse (swin): target_mass must be in (0, 1), got {target_mass}")
     if opts["bias"] is not None and not math.isfinite(float(opts["bias"])):
         raise ValueError(f"impulse (swin): bias must be a finite float, got {opts['bias']!r}")
     if opts["kernel_size"] not in (3, 5) or opts["offsets"] not in ("fixed", "random"):
@@ -148,17 +148,17 @@ def impulse_swin(model: nn.Module, generator: torch.Generator, options: dict[str
                 f"{type(model).__name__}: block {name!r} relative_position_bias_table has shape {table_shape}, "
                 f"expected ({(2 * wh - 1) * (2 * ww - 1)}, {heads}) for window {wh}x{ww}"
             )
-        offs = impulse_offsets(heads, opts["kernel_size"], opts["offsets"], generator=generator)
+        head_offsets = impulse_offsets(heads, opts["kernel_size"], opts["offsets"], generator=generator)
         if wh * ww < 2:
-            c = 0.0
+            bias = 0.0
         else:
-            c = float(opts["bias"]) if opts["bias"] is not None else _bias_for(tm, wh * ww)
-        table, misfit = impulse_bias_table(read_full(attn.relative_position_index), (wh, ww), offs, c)
+            bias = float(opts["bias"]) if opts["bias"] is not None else _bias_for(target_mass, wh * ww)
+        table, misfit = impulse_bias_table(read_full(attn.relative_position_index), (wh, ww), head_offsets, bias)
         if misfit:
             notes.append(f"{name}: window {wh}x{ww} cannot hold the offsets of heads {misfit}; their bias stays flat")
         plans.append((attn.relative_position_bias_table, table))
-        offsets.append(offs)
-        notes.append(f"{name}: window {wh}x{ww}, shift {tuple(blk.shift_size)}, bias c={c:.4f}")
+        offsets.append(head_offsets)
+        notes.append(f"{name}: window {wh}x{ww}, shift {tuple(blk.shift_size)}, bias c={bias:.4f}")
     for param, table in plans:
         write_full_(param, table)
     return InitResult(options=opts, offsets=offsets, notes=notes)
@@ -196,19 +196,20 @@ def mimetic_swin(model: nn.Module, generator: torch.Generator, options: dict[str
             raise ValueError(f"{type(model).__name__}: block {name!r} has heads·head_dim={attn_dim} != dim={dim}; "
                              "mimetic V/proj needs them equal (pass value='default')")
         shapes.append((dim, heads, attn_dim // heads))
-    new = []
-    for (_, blk), (dim, heads, hd) in zip(blocks, shapes):
-        w = read_full(blk.attn.qkv.weight).detach().to(torch.float64).clone()
-        wq, wk, _ = mimetic_qk_factors(dim, heads, hd, generator, float(opts["qk_alpha"]), float(opts["qk_beta"]))
-        w[:heads * hd] = wq.reshape(heads * hd, dim)
-        w[heads * hd:2 * heads * hd] = wk.reshape(heads * hd, dim)
+    writes = []
+    for (_, blk), (dim, heads, head_dim) in zip(blocks, shapes):
+        width = heads * head_dim
+        qkv = read_full(blk.attn.qkv.weight).detach().to(torch.float64).clone()
+        wq, wk, _ = mimetic_qk_factors(dim, heads, head_dim, generator, float(opts["qk_alpha"]), float(opts["qk_beta"]))
+        qkv[:width] = wq.reshape(width, dim)
+        qkv[width : 2 * width] = wk.reshape(width, dim)
         proj = None
         if opts["value"] == "mimetic":
             wv, proj, _ = value_proj_factors(dim, generator, float(opts["value_alpha"]), float(opts["value_beta"]))
-            w[2 * heads * hd:] = wv
-        new.append((blk.attn, w, proj))
-    for attn, w, proj in new:
-        write_full_(attn.qkv.weight, w)
+            qkv[2 * width :] = wv
+        writes.append((blk.attn, qkv, proj))
+    for attn, qkv, proj in writes:
+        write_full_(attn.qkv.weight, qkv)
         if proj is not None:
             write_full_(attn.proj.weight, proj)
     return InitResult(options=opts, notes=[f"{len(blocks)} Swin blocks"])
@@ -249,8 +250,8 @@ def swin_window_attention(model: nn.Module, images: torch.Tensor) -> list[dict[s
         with torch.no_grad():
             model(images)
     finally:
-        for h in hooks:
-            h.remove()
+        for hook in hooks:
+            hook.remove()
         for attn, flag in fused:
             attn.fused_attn = flag
     return records
@@ -276,27 +277,28 @@ def swin_summary(
     from :func:`swin_attention_maps`. ``offsets`` default to :func:`impulse_offsets` per block."""
     maps = swin_attention_maps(model, images)
     out = []
-    for li, ((_, blk), amap) in enumerate(zip(swin_blocks(model), maps)):
+    for layer, ((_, blk), block_maps) in enumerate(zip(swin_blocks(model), maps)):
         wh, ww = _window(blk)
-        offs = offsets[li] if offsets is not None else impulse_offsets(amap.shape[0])
+        head_offsets = offsets[layer] if offsets is not None else impulse_offsets(block_maps.shape[0])
         ys, xs = torch.meshgrid(torch.arange(wh), torch.arange(ww), indexing="ij")
         ys, xs = ys.flatten().float(), xs.flatten().float()
         dist = ((ys[:, None] - ys[None]) ** 2 + (xs[:, None] - xs[None]) ** 2).sqrt()
         rows = []
-        for h, (dy, dx) in enumerate(offs):
-            a = amap[h]
-            ent = -(a.clamp_min(1e-12).log() * a).sum(-1).mean()
-            q_idx, k_idx = [], []
+        for head, (dy, dx) in enumerate(head_offsets):
+            attn = block_maps[head]
+            entropy = -(attn.clamp_min(1e-12).log() * attn).sum(-1).mean()
+            query_list, key_list = [], []
             for r in range(wh):
                 for c in range(ww):
                     if 0 <= r + dy < wh and 0 <= c + dx < ww:
-                        q_idx.append(r * ww + c)
-                        k_idx.append((r + dy) * ww + c + dx)
-            qi, ki = torch.tensor(q_idx, dtype=torch.long), torch.tensor(k_idx, dtype=torch.long)
-            mass = a[qi, ki].mean() if q_idx else torch.tensor(float("nan"))
-            hit = (a[qi].argmax(-1) == ki).float().mean() if q_idx else torch.tensor(float("nan"))
-            rows.append({"target_mass": float(mass), "hit_rate": float(hit), "entropy": float(ent),
-                         "distance": float((a * dist).sum(-1).mean())})
+                        query_list.append(r * ww + c)
+                        key_list.append((r + dy) * ww + c + dx)
+            queries = torch.tensor(query_list, dtype=torch.long)
+            keys = torch.tensor(key_list, dtype=torch.long)
+            mass = attn[queries, keys].mean() if query_list else torch.tensor(float("nan"))
+            hit = (attn[queries].argmax(-1) == keys).float().mean() if query_list else torch.tensor(float("nan"))
+            rows.append({"target_mass": float(mass), "hit_rate": float(hit), "entropy": float(entropy),
+                         "distance": float((attn * dist).sum(-1).mean())})
         out.append(rows)
     return out
 

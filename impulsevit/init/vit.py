@@ -10,16 +10,17 @@ logits), relative / rotary position encodings (ROPE ViTs, Swin — see the ``swi
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
-from impulsevit.init import impulse as imp
+from impulsevit.init import impulse
 from impulsevit.init.api import InitResult, check_options, read_full, register
 from impulsevit.init.baselines import Value, as_tensor, torch_default_fills, write_values
 
@@ -53,6 +54,11 @@ class VitLayout:
     patch_rows: slice | None
     num_prefix: int
 
+    @property
+    def attn_width(self) -> int:
+        """``A = h·d``: the width of the attention's Q, K and V (the rows of each third of ``qkv.weight``)."""
+        return self.num_heads * self.head_dim
+
 
 def _is_fused_attention(m: nn.Module) -> bool:
     qkv, proj = getattr(m, "qkv", None), getattr(m, "proj", None)
@@ -74,6 +80,77 @@ def is_vit(model: nn.Module) -> bool:
     return any(hasattr(getattr(b, "attn", None), "qkv") for b in blocks.children())
 
 
+def _check_position_encoding(model: nn.Module, name: str) -> None:
+    """Refuse rotary and shared relative position encodings (they change the logits the impulse solve designs)."""
+    if getattr(model, "rope", None) is not None:
+        raise ValueError(
+            f"{name} uses rotary position embeddings (`rope`), which rotate Q and K per token: the designed Q/K "
+            "logits would not hold; not supported (build it without rope, or use init 'torch' / 'timm')"
+        )
+    for shared in ("rel_pos_bias", "shared_rel_pos"):
+        if getattr(model, shared, None) is not None:
+            raise ValueError(
+                f"{name} uses a shared relative position bias (`{shared}`) added to the attention logits; not "
+                "supported by the ViT adapter (it needs an absolute `pos_embed` as pseudo-input and plain logits)"
+            )
+
+
+def _block_attention(name: str, index: int, block: nn.Module) -> nn.Module:
+    """Block ``index``'s attention, checked: timm's fused-qkv ``Attention`` without a relative position bias or
+    ``qk_norm``."""
+    attn = getattr(block, "attn", None)
+    for rel in ("relative_position_bias_table", "rel_pos"):
+        if getattr(attn, rel, None) is not None:
+            raise ValueError(
+                f"{name}: block {index} attention has a relative position bias (`{rel}`) added to its logits; not "
+                "supported by the ViT adapter (it needs an absolute `pos_embed` as pseudo-input and plain logits)"
+            )
+    if attn is None or not _is_fused_attention(attn):
+        raise ValueError(
+            f"{name}: block {index} has no timm-style attention with a fused `qkv` Linear (3·heads·head_dim outputs), "
+            "`proj`, `num_heads`, `head_dim` — separate q/k/v projections are not supported"
+        )
+    for norm in ("q_norm", "k_norm"):
+        if not isinstance(getattr(attn, norm, nn.Identity()), nn.Identity):
+            raise ValueError(f"{name}: block {index} uses {norm} (qk_norm=True), which would undo the designed Q/K")
+    return attn
+
+
+def _token_grid(model: nn.Module, grid: Sequence[int] | None) -> tuple[int, int] | None:
+    """``(H, W)``: the ``grid`` override if given (checked), else ``patch_embed.grid_size``, else ``None``."""
+    if grid is None:
+        grid_size = getattr(getattr(model, "patch_embed", None), "grid_size", None)
+        return (int(grid_size[0]), int(grid_size[1])) if grid_size is not None and len(grid_size) == 2 else None
+    if len(grid) != 2 or min(grid) < 1:
+        raise ValueError(f"grid must be (H, W) with positive ints, got {grid!r}")
+    return int(grid[0]), int(grid[1])
+
+
+def _pos_embed_patch_rows(
+    model: nn.Module, name: str, pos: torch.Tensor | None, grid: tuple[int, int] | None, dim: int, num_prefix: int
+) -> slice:
+    """The rows of ``pos_embed[0]`` that belong to the patch tokens, after checking that there is an absolute
+    ``(1, L, D)`` position embedding with one row per patch of the known ``grid`` (plus the prefix rows unless
+    ``no_embed_class``)."""
+    if pos is None:
+        raise ValueError(
+            f"{name} has no absolute position embedding (`pos_embed` is None / pos_embed='none'); impulse init "
+            "uses it as the pseudo-input"
+        )
+    if grid is None:
+        raise ValueError(f"{name}: unknown token grid (no `patch_embed.grid_size`); pass the option grid=(H, W)")
+    if pos.dim() != 3 or pos.shape[0] != 1 or pos.shape[2] != dim:
+        raise ValueError(f"{name}.pos_embed must be (1, L, {dim}), got {tuple(pos.shape)}")
+    n = grid[0] * grid[1]
+    embed_prefix = 0 if getattr(model, "no_embed_class", False) else num_prefix
+    if pos.shape[1] != n + embed_prefix:
+        raise ValueError(
+            f"{name}.pos_embed has {pos.shape[1]} rows, expected {n} patch tokens of the {grid[0]}x{grid[1]} "
+            f"grid + {embed_prefix} prefix rows"
+        )
+    return slice(embed_prefix, embed_prefix + n)
+
+
 def vit_layout(model: nn.Module, *, need_pos_embed: bool, grid: Sequence[int] | None = None) -> VitLayout:
     """Locate blocks, attention, prefix tokens, pos_embed rows and the token grid of a timm ViT.
 
@@ -88,71 +165,20 @@ def vit_layout(model: nn.Module, *, need_pos_embed: bool, grid: Sequence[int] | 
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, nn.Module) or len(list(blocks.children())) == 0:
         raise ValueError(f"{name} has no transformer `blocks`: not a timm VisionTransformer")
-    if getattr(model, "rope", None) is not None:
-        raise ValueError(
-            f"{name} uses rotary position embeddings (`rope`), which rotate Q and K per token: the designed Q/K "
-            "logits would not hold; not supported (build it without rope, or use init 'torch' / 'timm')"
-        )
-    for shared in ("rel_pos_bias", "shared_rel_pos"):
-        if getattr(model, shared, None) is not None:
-            raise ValueError(
-                f"{name} uses a shared relative position bias (`{shared}`) added to the attention logits; not "
-                "supported by the ViT adapter (it needs an absolute `pos_embed` as pseudo-input and plain logits)"
-            )
-    attns, names = [], []
-    for i, blk in enumerate(blocks.children()):
-        attn = getattr(blk, "attn", None)
-        for rel in ("relative_position_bias_table", "rel_pos"):
-            if getattr(attn, rel, None) is not None:
-                raise ValueError(
-                    f"{name}: block {i} attention has a relative position bias (`{rel}`) added to its logits; not "
-                    "supported by the ViT adapter (it needs an absolute `pos_embed` as pseudo-input and plain logits)"
-                )
-        if attn is None or not _is_fused_attention(attn):
-            raise ValueError(
-                f"{name}: block {i} has no timm-style attention with a fused `qkv` Linear (3·heads·head_dim outputs), "
-                "`proj`, `num_heads`, `head_dim` — separate q/k/v projections are not supported"
-            )
-        for norm in ("q_norm", "k_norm"):
-            if not isinstance(getattr(attn, norm, nn.Identity()), nn.Identity):
-                raise ValueError(f"{name}: block {i} uses {norm} (qk_norm=True), which would undo the designed Q/K")
-        attns.append(attn)
-        names.append(f"blocks.{i}.attn")
+    _check_position_encoding(model, name)
+    attns = [_block_attention(name, i, block) for i, block in enumerate(blocks.children())]
+    attn_names = [f"blocks.{i}.attn" for i in range(len(attns))]
     h, d = attns[0].num_heads, attns[0].head_dim
     dim = attns[0].qkv.in_features
     if any((a.num_heads, a.head_dim, a.qkv.in_features) != (h, d, dim) for a in attns):
         raise ValueError(f"{name}: blocks differ in heads / head_dim / width; not supported")
     num_prefix = int(getattr(model, "num_prefix_tokens", 1 if getattr(model, "cls_token", None) is not None else 0))
-    if grid is None:
-        gs = getattr(getattr(model, "patch_embed", None), "grid_size", None)
-        grid_t = (int(gs[0]), int(gs[1])) if gs is not None and len(gs) == 2 else None
-    else:
-        if len(grid) != 2 or min(grid) < 1:
-            raise ValueError(f"grid must be (H, W) with positive ints, got {grid!r}")
-        grid_t = (int(grid[0]), int(grid[1]))
+    token_grid = _token_grid(model, grid)
     pos = getattr(model, "pos_embed", None)
-    pos_name, rows = None, None
-    if isinstance(pos, torch.Tensor):
-        pos_name = "pos_embed"
-    if need_pos_embed:
-        if pos_name is None:
-            raise ValueError(
-                f"{name} has no absolute position embedding (`pos_embed` is None / pos_embed='none'); impulse init "
-                "uses it as the pseudo-input"
-            )
-        if grid_t is None:
-            raise ValueError(f"{name}: unknown token grid (no `patch_embed.grid_size`); pass the option grid=(H, W)")
-        if pos.dim() != 3 or pos.shape[0] != 1 or pos.shape[2] != dim:
-            raise ValueError(f"{name}.pos_embed must be (1, L, {dim}), got {tuple(pos.shape)}")
-        n = grid_t[0] * grid_t[1]
-        embed_prefix = 0 if getattr(model, "no_embed_class", False) else num_prefix
-        if pos.shape[1] != n + embed_prefix:
-            raise ValueError(
-                f"{name}.pos_embed has {pos.shape[1]} rows, expected {n} patch tokens of the {grid_t[0]}x{grid_t[1]} "
-                f"grid + {embed_prefix} prefix rows"
-            )
-        rows = slice(embed_prefix, embed_prefix + n)
-    return VitLayout(name, names, attns, dim, h, d, grid_t, pos_name, rows, num_prefix)
+    pos = pos if isinstance(pos, torch.Tensor) else None
+    patch_rows = _pos_embed_patch_rows(model, name, pos, token_grid, dim, num_prefix) if need_pos_embed else None
+    pos_name = "pos_embed" if pos is not None else None
+    return VitLayout(name, attn_names, attns, dim, h, d, token_grid, pos_name, patch_rows, num_prefix)
 
 
 IMPULSE_DEFAULTS: dict[str, Any] = {
@@ -219,79 +245,216 @@ def _validate(method: str, opts: dict[str, Any], defaults: dict[str, Any]) -> No
 
 def patch_pseudo_input(pos_embed: torch.Tensor, rows: slice, eps: float = 1e-5) -> torch.Tensor:
     """``P = LN0(pe)``: the patch rows of a ``(1, L, D)`` position embedding, layer-normed, float64 ``(N, D)``."""
-    return imp.layer_norm_rows(pos_embed[0, rows].to(torch.float64), eps)
+    return impulse.layer_norm_rows(pos_embed[0, rows].to(torch.float64), eps)
 
 
-def _base_values(model: nn.Module, g: torch.Generator, base: str, skip: set[str]) -> tuple[dict[str, Value], list]:
+def _base_values(
+    model: nn.Module, generator: torch.Generator, base: str, skip: set[str]
+) -> tuple[dict[str, Value], list[str]]:
+    """The ``base`` init's values of every tensor not named in ``skip`` and its notes: ``'torch'`` = PyTorch defaults
+    drawn from ``generator`` (:func:`~impulsevit.init.baselines.torch_default_fills`), ``'keep'`` = none."""
     if base == "keep":
         return {}, []
-    return torch_default_fills(model, g, skip=skip)
+    return torch_default_fills(model, generator, skip=skip)
 
 
 def _current(model: nn.Module, values: dict[str, Value], name: str) -> torch.Tensor:
+    """The value of ``name`` before this initializer's own writes: its base value if it has one (materialised in
+    ``values``), else the model's tensor (float32, CPU)."""
     if name in values:
         values[name] = as_tensor(values[name])
         return values[name]
     return read_full(model.get_parameter(name)).detach().float().cpu()
 
 
-def _check_value_width(lay: VitLayout) -> None:
-    if lay.num_heads * lay.head_dim != lay.dim:
+def _attention_weight_names(layout: VitLayout) -> set[str]:
+    """Every block's ``qkv.weight`` and ``proj.weight``: what a mimetic value/proj overwrites entirely (the base init
+    then draws nothing for them)."""
+    return {f"{attn_name}.{linear}.weight" for attn_name in layout.attn_names for linear in ("qkv", "proj")}
+
+
+def _check_value_width(layout: VitLayout) -> None:
+    """The mimetic value/proj needs the attention width ``A = h·d`` equal to the embedding width ``D``."""
+    if layout.attn_width != layout.dim:
         raise ValueError(
-            f"{lay.model}: attention width {lay.num_heads * lay.head_dim} != embed dim {lay.dim}; the mimetic "
+            f"{layout.model}: attention width {layout.attn_width} != embed dim {layout.dim}; the mimetic "
             "value/proj needs them equal (use value='default')"
         )
 
 
-def _value_proj(c: torch.Tensor, gain: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _value_proj(value_matrix: torch.Tensor, gain: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(gain·w_v, gain·w_proj)``, float32: the balanced factors of a drawn value matrix ``C``
+    (:func:`impulsevit.init.impulse.value_proj_from`). Pure: runs on a worker thread."""
     # float32 factorisation: the product is stored in float32 anyway (error ~1e-6), at half the cost of float64
-    wv, wp = imp.value_proj_from(c.float(), dtype=torch.float32)
+    wv, wp = impulse.value_proj_from(value_matrix.float(), dtype=torch.float32)
     return gain * wv, gain * wp
 
 
+def _set_attention_values(
+    model: nn.Module,
+    layout: VitLayout,
+    values: dict[str, Value],
+    attn_name: str,
+    wq: torch.Tensor,
+    wk: torch.Tensor,
+    value_proj: tuple[torch.Tensor, torch.Tensor] | None,
+) -> None:
+    """Put one block's new ``qkv.weight`` into ``values``: its Q rows ``wq`` and K rows ``wk`` (``A × D`` each); with
+    ``value_proj = (w_v, w_proj)`` also its V rows and ``proj.weight``, else the V rows keep their base (or current)
+    value."""
+    width = layout.attn_width
+    key = f"{attn_name}.qkv.weight"
+    qkv = torch.empty(3 * width, layout.dim) if value_proj is not None else _current(model, values, key).clone()
+    qkv[:width] = wq
+    qkv[width : 2 * width] = wk
+    if value_proj is not None:
+        wv, wp = value_proj
+        qkv[2 * width :] = wv
+        values[f"{attn_name}.proj.weight"] = wp
+    values[key] = qkv
+
+
 _T = TypeVar("_T")
+Submit = Callable[[Callable[[], Any]], Future[Any]]
+"""``submit(task) -> Future``: starts a pure, generator-free task (see :func:`solver_threads`)."""
 
 
-class _Solver:
-    """Runs pure, generator-free tasks on ``torch.get_num_threads()`` worker threads while the caller keeps drawing
-    random numbers on its own thread (LAPACK / BLAS release the GIL). Inside the ``with`` block torch uses one
-    intra-op thread (the tasks are the parallelism, no oversubscription); the caller's setting is restored on exit,
-    also on error. With one thread, tasks run at ``submit``. Results never depend on the thread count: every draw
-    happens on the calling thread, in program order."""
+def _run_inline(task: Callable[[], _T]) -> Future[_T]:
+    """Run ``task`` now, on this thread; its result or exception in a done ``Future`` (as from a worker)."""
+    done: Future[_T] = Future()
+    try:
+        done.set_result(task())
+    except BaseException as exc:  # re-raised by .result(), as from a worker
+        done.set_exception(exc)
+    return done
 
-    def __enter__(self) -> _Solver:
-        self._threads = torch.get_num_threads()
-        # each worker sets its own intra-op count (OpenMP's is per thread: left at the default, every worker ran
-        # BLAS/LAPACK on all cores and the impulse solve differed from run to run by ~1e-5)
-        self._pool = (ThreadPoolExecutor(self._threads, initializer=torch.set_num_threads, initargs=(1,))
-                      if self._threads > 1 else None)
-        if self._pool is not None:
+
+@contextlib.contextmanager
+def solver_threads() -> Iterator[Submit]:
+    """Worker threads for the solves: yields ``submit(task) -> Future``, which runs pure, generator-free tasks on
+    ``torch.get_num_threads()`` worker threads while the caller keeps drawing random numbers on its own thread
+    (LAPACK / BLAS release the GIL).
+
+    Inside the ``with`` block torch uses one intra-op thread (the tasks are the parallelism, no oversubscription); the
+    caller's setting is restored on exit, also on error. With one thread, tasks run at ``submit``, on the caller's
+    thread. Results never depend on the thread count: every draw happens on the calling thread, in program order.
+    """
+    threads = torch.get_num_threads()
+    # each worker sets its own intra-op count (OpenMP's is per thread: left at the default, every worker ran
+    # BLAS/LAPACK on all cores and the impulse solve differed from run to run by ~1e-5)
+    pool = ThreadPoolExecutor(threads, initializer=torch.set_num_threads, initargs=(1,)) if threads > 1 else None
+    try:
+        if pool is not None:
             torch.set_num_threads(1)
-        return self
-
-    def submit(self, fn: Callable[[], _T]) -> Future[_T]:
-        if self._pool is not None:
-            return self._pool.submit(fn)
-        done: Future[_T] = Future()
+        yield pool.submit if pool is not None else _run_inline
+    finally:
         try:
-            done.set_result(fn())
-        except BaseException as exc:  # re-raised by .result(), as from a worker
-            done.set_exception(exc)
-        return done
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True, cancel_futures=True)
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
         finally:
-            torch.set_num_threads(self._threads)
+            torch.set_num_threads(threads)
 
 
 def _run_parallel(tasks: Sequence[Callable[[], _T]]) -> list[_T]:
-    """All ``tasks`` on a :class:`_Solver`; results in task order."""
-    with _Solver() as solver:
-        futures = [solver.submit(t) for t in tasks]
+    """All ``tasks`` on :func:`solver_threads`; results in task order."""
+    with solver_threads() as submit:
+        futures = [submit(t) for t in tasks]
         return [f.result() for f in futures]
+
+
+def _impulse_pos_embed(
+    model: nn.Module, layout: VitLayout, values: dict[str, Value], gain_pos: float
+) -> tuple[torch.Tensor, list[str]]:
+    """The ``pos_embed`` the impulse init writes (its base or current value times ``gain_pos``; a frozen table is used
+    as is) and a note when it is frozen.
+
+    Raises:
+        ValueError: the position embedding is not finite (e.g. left uninitialized with ``base='keep'``).
+    """
+    notes = []
+    pos = _current(model, values, layout.pos_name)
+    if model.get_parameter(layout.pos_name).requires_grad:
+        pos = pos * gain_pos
+    else:
+        notes.append("pos_embed is frozen (a fixed table): used as is, gain_pos not applied")
+    if not torch.isfinite(pos).all():
+        raise ValueError(f"{layout.model}.pos_embed is not finite (uninitialized?); use base='torch'")
+    return pos, notes
+
+
+def _pseudo_input_notes(pseudo: impulse.PseudoInput, num_tokens: int, head_dim: int, opts: dict[str, Any]) -> list[str]:
+    """Notes on the rank the Q/K solve runs at (below ``head_dim``: too few tokens, or a rank-deficient pseudo-input)
+    and on the Q/K scale rule (the Frobenius rule on a rank-deficient pseudo-input; the logit rule)."""
+    n, d = num_tokens, head_dim
+    notes = []
+    if pseudo.rank < d:
+        if pseudo.numerical_rank >= n:  # full row rank, just fewer tokens than head dims: the released math, exactly
+            notes.append(
+                f"rank {pseudo.rank} < head_dim {d}: solved at rank {pseudo.rank} (N = {n} tokens; rows beyond stay 0)"
+            )
+        else:
+            notes.append(
+                f"rank-deficient pseudo-input (numerical rank {pseudo.numerical_rank} < min(N={n}, head_dim={d}) at "
+                f"rtol {opts['rank_rtol']:g}, e.g. a sin-cos table): solved at rank {pseudo.rank}"
+            )
+    if opts["qk_normalize"] == "frobenius" and pseudo.numerical_rank < min(n, d):
+        notes.append(
+            "the released Frobenius scale collapses the logits on a numerically rank-deficient pseudo-input (near-"
+            "uniform attention); qk_normalize='logit' is the opt-in alternative (see the method card)"
+        )
+    if opts["qk_normalize"] == "logit":
+        notes.append(f"Q/K scaled so the mean target logit is {opts['target_logit']:g} (not ‖W‖_F = gain_qk)")
+    return notes
+
+
+def _draw_and_solve_layers(
+    layout: VitLayout, generator: torch.Generator, pseudo: impulse.PseudoInput, opts: dict[str, Any]
+) -> tuple[list[list[impulse.Offset]], list[impulse.QKSolution], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Every random draw of the layers, on this thread in the documented order, and their solves on
+    :func:`solver_threads`.
+
+    Draws the offsets (once; again for every layer after the first with ``offsets_per_layer`` and random offsets),
+    then per layer the target noise ``(h, N, N)`` and, with ``value='mimetic'``, the value matrix ``C``. Each layer's
+    Q/K solve (:func:`impulsevit.init.impulse.solve_qk`) and V/proj factorisation (:func:`_value_proj`), pure
+    functions of its draws, start on the worker threads as soon as the layer is drawn.
+
+    Returns:
+        Per layer: the heads' offsets, the Q/K solution and — only with ``value='mimetic'``, else an empty list — the
+        ``(w_v, w_proj)`` pair.
+    """
+    H, W = layout.grid
+
+    def draw_offsets() -> list[impulse.Offset]:
+        return impulse.impulse_offsets(
+            layout.num_heads, opts["kernel_size"], opts["offsets"], generator=generator, replacement=opts["replacement"]
+        )
+
+    def solve(offsets: list[impulse.Offset], noise: torch.Tensor) -> impulse.QKSolution:
+        return impulse.solve_qk(
+            pseudo, H, W, offsets, noise, layout.head_dim,
+            on_value=opts["on_value"], noise_scale=opts["noise_scale"], boundary=opts["boundary"],
+            gain=opts["gain_qk"], normalize=opts["qk_normalize"], target_logit=opts["target_logit"],
+            dtype=torch.float32,
+        )  # fmt: skip
+
+    shared = draw_offsets()
+    redraw = opts["offsets_per_layer"] and opts["offsets"] == "random"
+    layer_offsets: list[list[impulse.Offset]] = []
+    with solver_threads() as submit:
+        value_futures, qk_futures = [], []
+        for layer in range(len(layout.attn_names)):
+            offsets = draw_offsets() if (redraw and layer) else shared
+            layer_offsets.append(offsets)
+            noise = impulse.draw_noise(
+                layout.num_heads, H * W, generator, std=opts["noise_std"], clip=opts["noise_clip"]
+            )
+            if opts["value"] == "mimetic":
+                value_matrix = impulse.draw_value_matrix(layout.dim, generator, opts["value_alpha"], opts["value_beta"])
+                value_futures.append(submit(functools.partial(_value_proj, value_matrix, opts["gain_v"])))
+            qk_futures.append(submit(functools.partial(solve, offsets, noise)))
+        value_projs = [f.result() for f in value_futures]
+        qk_solutions = [f.result() for f in qk_futures]
+    return layer_offsets, qk_solutions, value_projs
 
 
 @register("impulse", family="vit", matches=is_vit)
@@ -304,96 +467,84 @@ def impulse_vit(model: nn.Module, generator: torch.Generator, options: dict[str,
     """
     opts = check_options("impulse", options, IMPULSE_DEFAULTS)
     _validate("impulse", opts, IMPULSE_DEFAULTS)
-    lay = vit_layout(model, need_pos_embed=True, grid=opts["grid"])
-    H, W = lay.grid
-    n, d = H * W, lay.head_dim
-    notes: list[str] = []
+    layout = vit_layout(model, need_pos_embed=True, grid=opts["grid"])
+    H, W = layout.grid
     if opts["kernel_size"] > min(H, W):
-        raise ValueError(f"{lay.model}: kernel_size {opts['kernel_size']} larger than the {H}x{W} token grid")
-    full = set()  # tensors overwritten entirely: the base init draws nothing for them
-    if opts["value"] == "mimetic":
-        full = {f"{a}.{w}.weight" for a in lay.attn_names for w in ("qkv", "proj")}
-    values, base_notes = _base_values(model, generator, opts["base"], full)
-    notes += base_notes
-
-    pos_param = model.get_parameter(lay.pos_name)
-    pos = _current(model, values, lay.pos_name)
-    if pos_param.requires_grad:
-        pos = pos * opts["gain_pos"]
-    else:
-        notes.append("pos_embed is frozen (a fixed table): used as is, gain_pos not applied")
-    if not torch.isfinite(pos).all():
-        raise ValueError(f"{lay.model}.pos_embed is not finite (uninitialized?); use base='torch'")
-    pi = imp.factor_pseudo_input(patch_pseudo_input(pos, lay.patch_rows), d, rtol=opts["rank_rtol"])
-    if pi.rank < d:
-        if pi.numerical_rank >= n:  # full row rank, just fewer tokens than head dims: the released math, exactly
-            notes.append(
-                f"rank {pi.rank} < head_dim {d}: solved at rank {pi.rank} (N = {n} tokens; rows beyond stay 0)"
-            )
-        else:
-            notes.append(
-                f"rank-deficient pseudo-input (numerical rank {pi.numerical_rank} < min(N={n}, head_dim={d}) at rtol "
-                f"{opts['rank_rtol']:g}, e.g. a sin-cos table): solved at rank {pi.rank}"
-            )
-    normalize = opts["qk_normalize"]
-    if normalize == "frobenius" and pi.numerical_rank < min(n, d):
-        notes.append(
-            "the released Frobenius scale collapses the logits on a numerically rank-deficient pseudo-input (near-"
-            "uniform attention); qk_normalize='logit' is the opt-in alternative (see the method card)"
-        )
-    if normalize == "logit":
-        notes.append(f"Q/K scaled so the mean target logit is {opts['target_logit']:g} (not ‖W‖_F = gain_qk)")
-
-    def draw_offsets() -> list[tuple[int, int]]:
-        return imp.impulse_offsets(
-            lay.num_heads, opts["kernel_size"], opts["offsets"], generator=generator, replacement=opts["replacement"]
-        )
-
+        raise ValueError(f"{layout.model}: kernel_size {opts['kernel_size']} larger than the {H}x{W} token grid")
     mimetic_value = opts["value"] == "mimetic"
+    # 1) the base init of every tensor not overwritten entirely
+    values, notes = _base_values(
+        model, generator, opts["base"], _attention_weight_names(layout) if mimetic_value else set()
+    )
+    # 2) the pseudo-input: the patch rows of the scaled pos_embed, layer-normed, factored
+    pos, pos_notes = _impulse_pos_embed(model, layout, values, opts["gain_pos"])
+    pseudo = impulse.factor_pseudo_input(
+        patch_pseudo_input(pos, layout.patch_rows), layout.head_dim, rtol=opts["rank_rtol"]
+    )
+    notes += pos_notes + _pseudo_input_notes(pseudo, H * W, layout.head_dim, opts)
     if mimetic_value:
-        _check_value_width(lay)
-    def solve(li: int) -> imp.QKSolution:
-        return imp.solve_qk(
-            pi, H, W, per_layer[li], noises[li], d,
-            on_value=opts["on_value"], noise_scale=opts["noise_scale"], boundary=opts["boundary"],
-            gain=opts["gain_qk"], normalize=normalize, target_logit=opts["target_logit"], dtype=torch.float32,
-        )  # fmt: skip
-
-    # every random draw in the documented order on this thread; each layer's Q/K solve and V/proj eigensolve (pure
-    # functions of its draws) start on the worker threads as soon as the layer is drawn
-    shared = draw_offsets()
-    per_layer: list[list[tuple[int, int]]] = []
-    noises: list[torch.Tensor] = []
-    redraw = opts["offsets_per_layer"] and opts["offsets"] == "random"
-    with _Solver() as solver:
-        vp_futures, qk_futures = [], []
-        for li in range(len(lay.attn_names)):
-            per_layer.append(draw_offsets() if (redraw and li) else shared)
-            noises.append(imp.draw_noise(lay.num_heads, n, generator, std=opts["noise_std"], clip=opts["noise_clip"]))
-            if mimetic_value:
-                c = imp.draw_value_matrix(lay.dim, generator, opts["value_alpha"], opts["value_beta"])
-                vp_futures.append(solver.submit(functools.partial(_value_proj, c, opts["gain_v"])))
-            qk_futures.append(solver.submit(functools.partial(solve, li)))
-        vps = [f.result() for f in vp_futures]
-        sols = [f.result() for f in qk_futures]
-
-    # 3) assemble
-    dim, ad = lay.dim, lay.num_heads * d
-    for li, attn_name in enumerate(lay.attn_names):
-        sol = sols[li]
-        key = f"{attn_name}.qkv.weight"
-        qkv = torch.empty(3 * ad, dim) if mimetic_value else _current(model, values, key).clone()
-        qkv[:ad] = sol.wq.reshape(ad, dim)
-        qkv[ad : 2 * ad] = sol.wk.reshape(ad, dim)
-        if mimetic_value:
-            wv, wp = vps[li]
-            qkv[2 * ad :] = wv
-            values[f"{attn_name}.proj.weight"] = wp
-        values[key] = qkv
-    values[lay.pos_name] = pos
+        _check_value_width(layout)
+    # 3) per layer: offsets, noise and value matrix drawn, Q/K and V/proj solved
+    layer_offsets, qk_solutions, value_projs = _draw_and_solve_layers(layout, generator, pseudo, opts)
+    # 4) assemble qkv / proj and write everything at once
+    width, dim = layout.attn_width, layout.dim
+    for layer, attn_name in enumerate(layout.attn_names):
+        qk = qk_solutions[layer]
+        value_proj = value_projs[layer] if mimetic_value else None
+        _set_attention_values(
+            model, layout, values, attn_name, qk.wq.reshape(width, dim), qk.wk.reshape(width, dim), value_proj
+        )
+    values[layout.pos_name] = pos
     write_values(model, values)
-    resolved = {**opts, "grid": [H, W], "rank": pi.rank, "qk_normalize_used": normalize}
-    return InitResult(options=resolved, offsets=per_layer, notes=notes)
+    resolved = {**opts, "grid": [H, W], "rank": pseudo.rank, "qk_normalize_used": opts["qk_normalize"]}
+    return InitResult(options=resolved, offsets=layer_offsets, notes=notes)
+
+
+def _draw_mimetic_targets(
+    layout: VitLayout, generator: torch.Generator, opts: dict[str, Any]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The random draws of ``mimetic``, per layer in this order: the ``h`` Q/K targets ``α1 Z + β1 I``
+    (``(h, D, D)``), then — with ``value='mimetic'`` — the value matrix ``C = α2 Z − β2 I``.
+
+    Returns:
+        The Q/K targets and the value matrices (empty unless ``value='mimetic'``), one per layer.
+    """
+    qk_targets, value_matrices = [], []
+    for _ in layout.attn_names:
+        qk_targets.append(
+            impulse.draw_mimetic_qk_targets(layout.dim, layout.num_heads, generator, opts["qk_alpha"], opts["qk_beta"])
+        )
+        if opts["value"] == "mimetic":
+            value_matrices.append(
+                impulse.draw_value_matrix(layout.dim, generator, opts["value_alpha"], opts["value_beta"])
+            )
+    return qk_targets, value_matrices
+
+
+def _head_qk_factors(target: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The balanced rank-``d`` factors ``(L, R)`` of one head's Q/K target, float32 (``W_q = Lᵀ``, ``W_k = R``)."""
+    # float32 eigensolve: the factors are stored in float32 anyway (best rank-d approximation to ~1e-6)
+    return impulse.balanced_factors(target.float(), rank=head_dim, dtype=torch.float32)
+
+
+def _mimetic_factors(
+    qk_targets: list[torch.Tensor], value_matrices: list[torch.Tensor], head_dim: int
+) -> tuple[list[list[tuple[torch.Tensor, torch.Tensor]]], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Every head's Q/K factors and every layer's ``(w_v, w_proj)``, factorised in parallel (:func:`_run_parallel`).
+
+    Returns:
+        Per layer the heads' ``(L, R)``, and per layer the value/proj pair (empty without value matrices).
+    """
+    num_heads = qk_targets[0].shape[0]
+    tasks: list[Callable[[], tuple[torch.Tensor, torch.Tensor]]] = [
+        functools.partial(_head_qk_factors, target[head], head_dim)
+        for target in qk_targets
+        for head in range(num_heads)
+    ]
+    tasks += [functools.partial(_value_proj, value_matrix, 1.0) for value_matrix in value_matrices]
+    results = _run_parallel(tasks)
+    head_factors = [results[layer * num_heads : (layer + 1) * num_heads] for layer in range(len(qk_targets))]
+    return head_factors, results[len(qk_targets) * num_heads :]
 
 
 @register("mimetic", family="vit", matches=is_vit)
@@ -408,45 +559,29 @@ def mimetic_vit(model: nn.Module, generator: torch.Generator, options: dict[str,
     """
     opts = check_options("mimetic", options, MIMETIC_DEFAULTS)
     _validate("mimetic", opts, MIMETIC_DEFAULTS)
-    lay = vit_layout(model, need_pos_embed=False)
-    if lay.head_dim > lay.dim:
-        raise ValueError(f"{lay.model}: head_dim {lay.head_dim} > embed dim {lay.dim}; mimetic Q/K not defined")
-    full = set()  # tensors overwritten entirely: the base init draws nothing for them
-    if opts["value"] == "mimetic":
-        full = {f"{a}.{w}.weight" for a in lay.attn_names for w in ("qkv", "proj")}
-    values, notes = _base_values(model, generator, opts["base"], full)
-    ad, dim, h, d = lay.num_heads * lay.head_dim, lay.dim, lay.num_heads, lay.head_dim
+    layout = vit_layout(model, need_pos_embed=False)
+    if layout.head_dim > layout.dim:
+        raise ValueError(
+            f"{layout.model}: head_dim {layout.head_dim} > embed dim {layout.dim}; mimetic Q/K not defined"
+        )
     mimetic_value = opts["value"] == "mimetic"
+    values, notes = _base_values(
+        model, generator, opts["base"], _attention_weight_names(layout) if mimetic_value else set()
+    )
     if mimetic_value:
-        _check_value_width(lay)
-    # draws on this thread (per layer: the h Q/K matrices, then the value matrix), then the factorisations in parallel
-    qk_targets, cs = [], []
-    for _ in lay.attn_names:
-        qk_targets.append(imp.draw_mimetic_qk_targets(dim, h, generator, opts["qk_alpha"], opts["qk_beta"]))
+        _check_value_width(layout)
+    # draws on this thread, then the factorisations in parallel
+    qk_targets, value_matrices = _draw_mimetic_targets(layout, generator, opts)
+    head_factors, value_projs = _mimetic_factors(qk_targets, value_matrices, layout.head_dim)
+    for layer, attn_name in enumerate(layout.attn_names):
+        wq = torch.cat([lf.T for lf, _ in head_factors[layer]])  # head i's rows: L_iᵀ (d × D)
+        wk = torch.cat([rf for _, rf in head_factors[layer]])  # R_i (d × D)
+        value_proj = None
         if mimetic_value:
-            cs.append(imp.draw_value_matrix(dim, generator, opts["value_alpha"], opts["value_beta"]))
-
-    def qk_task(a: torch.Tensor, i: int) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
-        # float32 eigensolve: the factors are stored in float32 anyway (best rank-d approximation to ~1e-6)
-        return lambda: imp.balanced_factors(a[i].float(), rank=d, dtype=torch.float32)
-
-    def vp_task(c: torch.Tensor) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
-        return lambda: _value_proj(c, 1.0)
-
-    results = _run_parallel([qk_task(a, i) for a in qk_targets for i in range(h)] + [vp_task(c) for c in cs])
-    for li, attn_name in enumerate(lay.attn_names):
-        key = f"{attn_name}.qkv.weight"
-        qkv = torch.empty(3 * ad, dim) if mimetic_value else _current(model, values, key).clone()
-        for i in range(h):
-            lf, rf = results[li * h + i]
-            qkv[i * d : (i + 1) * d] = lf.T
-            qkv[ad + i * d : ad + (i + 1) * d] = rf
-        if mimetic_value:
-            wv, wp = results[len(lay.attn_names) * h + li]
+            wv, wp = value_projs[layer]
             if opts["value_layout"] == "released":  # the released mimetic mode writes the factors untransposed
                 wv, wp = wv.T.contiguous(), wp.T.contiguous()
-            qkv[2 * ad :] = wv
-            values[f"{attn_name}.proj.weight"] = wp
-        values[key] = qkv
+            value_proj = (wv, wp)
+        _set_attention_values(model, layout, values, attn_name, wq, wk, value_proj)
     write_values(model, values)
     return InitResult(options=opts, notes=notes)

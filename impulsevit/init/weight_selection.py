@@ -115,11 +115,12 @@ def weight_selection_values(
             raise ValueError(
                 f"{name}.{key}: teacher tensor {tuple(t.shape)} and student {tuple(p.shape)} differ in axes"
             )
-        for axis, (ts, ss) in enumerate(zip(t.shape, p.shape)):
-            if ts < ss:
+        for axis, (teacher_size, student_size) in enumerate(zip(t.shape, p.shape)):
+            if teacher_size < student_size:
                 raise ValueError(
-                    f"{name}.{key}: teacher dim {ts} < student dim {ss} on axis {axis} (teacher {tuple(t.shape)}, "
-                    f"student {tuple(p.shape)}); weight selection needs a teacher at least as large everywhere"
+                    f"{name}.{key}: teacher dim {teacher_size} < student dim {student_size} on axis {axis} "
+                    f"(teacher {tuple(t.shape)}, student {tuple(p.shape)}); weight selection needs a teacher at least "
+                    "as large everywhere"
                 )
         values[key] = select_tensor(t.float(), p.shape)
     if missing and strict:
@@ -128,9 +129,9 @@ def weight_selection_values(
             "than the teacher, or a different architecture); pass strict=False to keep their init"
         )
     notes = []
-    sd, td = _depth(list(targets)), _depth(list(teacher_state))
-    if sd and td and sd != td:
-        notes.append(f"layer selection: first {sd} of the teacher's {td} blocks")
+    student_depth, teacher_depth = _depth(list(targets)), _depth(list(teacher_state))
+    if student_depth and teacher_depth and student_depth != teacher_depth:
+        notes.append(f"layer selection: first {student_depth} of the teacher's {teacher_depth} blocks")
     if skipped:
         notes.append(f"kept the student's init for {len(skipped)} tensors: {', '.join(skipped)}")
     if missing:
