@@ -478,9 +478,9 @@ def impulse_vit(model: nn.Module, generator: torch.Generator, options: dict[str,
     )
     # 2) the pseudo-input: the patch rows of the scaled pos_embed, layer-normed, factored
     pos, pos_notes = _impulse_pos_embed(model, layout, values, opts["gain_pos"])
-    pseudo = impulse.factor_pseudo_input(
-        patch_pseudo_input(pos, layout.patch_rows), layout.head_dim, rtol=opts["rank_rtol"]
-    )
+    rows = patch_pseudo_input(pos, layout.patch_rows)
+    with solver_threads() as submit:  # one intra-op thread, as every solve: the SVD's bits must not follow the count
+        pseudo = submit(lambda: impulse.factor_pseudo_input(rows, layout.head_dim, rtol=opts["rank_rtol"])).result()
     notes += pos_notes + _pseudo_input_notes(pseudo, H * W, layout.head_dim, opts)
     if mimetic_value:
         _check_value_width(layout)
