@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -110,3 +113,14 @@ def test_normalize_channels_last_batch():
     assert torch.equal(x, x.clone())  # input untouched (uint8 stays uint8)
     f = x.float()
     assert torch.equal(normalize(f, mean, std), out) and torch.equal(f, x.float())  # float input not modified
+
+
+@pytest.mark.ffcv
+def test_building_an_ffcv_datamodule_keeps_the_process_thread_count():
+    """Importing FFCV sets ``torch.set_num_threads(1)``; the training process must keep its own count (checked in a
+    fresh interpreter, where FFCV is not imported yet)."""
+    code = ("import torch; torch.set_num_threads(2); from impulsevit.data import ImageDataModule; "
+            "ImageDataModule(dataset='digits', backend='ffcv', image_size=8); import ffcv.loader; "
+            "print(torch.get_num_threads())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    assert out.stdout.split()[-1] == "2"

@@ -35,6 +35,7 @@ epoch after the batches it had consumed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
@@ -50,9 +51,15 @@ __all__ = ["FFCVLoader", "build_ffcv_loader", "ffcv_available"]
 
 
 def ffcv_available() -> bool:
-    """True when ``ffcv`` imports (it needs OpenCV and libjpeg-turbo at build time)."""
+    """True when ``ffcv`` imports (it needs OpenCV and libjpeg-turbo at build time).
+
+    The first import happens here, inside :func:`keep_torch_threads`: importing FFCV's pipeline compiler calls
+    ``torch.set_num_threads(1)``, which would silently make the whole training process run its CPU math on one
+    intra-op thread (the datamodule calls this before anything else of FFCV is imported).
+    """
     try:
-        import ffcv.loader  # noqa: F401
+        with keep_torch_threads():
+            import ffcv.loader  # noqa: F401
     except ImportError:
         return False
     return True
@@ -128,7 +135,7 @@ class FFCVLoader:
         self.loader.next_epoch = epoch
         if self.epoch_state is not None:
             self.epoch_state[0] = epoch
-        with _KeepTorchThreads():
+        with keep_torch_threads():
             it = iter(self.loader)
         for batch in it:
             done += 1
@@ -368,15 +375,16 @@ def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scal
     return ResampleDecoder()
 
 
-class _KeepTorchThreads:
-    """FFCV's ``Loader`` (constructor and ``iter()``) calls ``torch.set_num_threads(num_workers)`` on the calling
-    thread, which silently changes the intra-op thread count of the training process; this restores it."""
-
-    def __enter__(self) -> None:
-        self.n = torch.get_num_threads()
-
-    def __exit__(self, *exc: object) -> None:
-        torch.set_num_threads(self.n)
+@contextlib.contextmanager
+def keep_torch_threads() -> Iterator[None]:
+    """Restore the caller's ``torch.get_num_threads()`` on exit: FFCV's import and its ``Loader`` (constructor and
+    ``iter()``) call ``torch.set_num_threads(num_workers)`` on the calling thread, which silently changes the intra-op
+    thread count of the training process."""
+    n = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def fits_in_memory(path: str | os.PathLike, fraction: float = 0.5) -> bool:
@@ -441,7 +449,7 @@ def build_ffcv_loader(path: str | os.PathLike, *, train: bool, image_size: int, 
         ToDevice(torch.device(device), non_blocking=True)]
     image_pipe = [decoder, ToTensor(), *to_device, ToTorchImage()]
     label_pipe = [IntDecoder(), ToTensor(), Squeeze(1), *to_device]
-    with _KeepTorchThreads():
+    with keep_torch_threads():
         loader = _loader_class()(str(path), batch_size=batch_size, num_workers=max(1, num_workers),
                                  os_cache=os_cache, order=order, distributed=distributed, seed=seed,
                                  batches_ahead=max(1, batches_ahead) + 1,
