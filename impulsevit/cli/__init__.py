@@ -671,6 +671,3 @@ def run_trainer_command(argv: list[str], sub: str = "fit", debug: bool = False) 
         return status
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
