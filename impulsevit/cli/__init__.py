@@ -36,16 +36,17 @@ Not supported: remote run directories (fsspec URLs).
 """
 
 
-# what lives where: argv.py (the command line as LightningCLI gets it), parser.py (closest-key suggestions),
-# trainer_cli.py (ImpulseCLI: fit|validate|test|predict), config_saver.py (config.yaml), errors.py (which errors are
-# the user's), subcommands.py (the subcommand table, usage), entry.py (main)
+# What lives where: entry.py (main, run_trainer_command), subcommands.py (the subcommand table, usage), argv.py (the
+# command line as LightningCLI gets it), parser.py (closest-key suggestions), trainer_cli.py (ImpulseCLI), run_policy.py
+# (run directory, --resume), config_saver.py (config.yaml), errors.py (which errors are the user's to fix).
 from impulsevit.cli.argv import RecipeSyntaxError, check_recipe_syntax, prepare_argv
 from impulsevit.cli.config_saver import RunConfigSaver
 from impulsevit.cli.entry import main, run_trainer_command
 from impulsevit.cli.errors import user_error
 from impulsevit.cli.parser import ImpulseArgumentParser
+from impulsevit.cli.run_policy import run_dir_of
 from impulsevit.cli.subcommands import USAGE
-from impulsevit.cli.trainer_cli import ImpulseCLI, run_dir_of
+from impulsevit.cli.trainer_cli import ImpulseCLI
 
 __all__ = [
     "USAGE",

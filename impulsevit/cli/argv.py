@@ -40,43 +40,39 @@ def prepare_argv(argv: list[str]) -> list[str]:
         RecipeNotFoundError: a recipe value is neither a file nor a known recipe (lists the available ones).
         RecipeSyntaxError: a recipe file is not valid YAML.
     """
-    argv = list(argv)
-    if argv and argv[0] not in ALL_SUBCOMMANDS and not (set(argv) & {"-h", "--help"}):
-        idx = _subcommand_index(argv)
-        if idx is not None:
-            argv.insert(0, argv.pop(idx))
+    argv = _subcommand_first(list(argv))
     if not argv or argv[0] not in TRAINER_SUBCOMMANDS:
         return argv
     out: list[str] = [argv[0]]
     first_recipe: Path | None = None
-    has_name = False
-    i = 1
-    while i < len(argv):
-        tok = argv[i]
-        name = _option_name(tok)
-        if name in _CONFIG_FLAGS:
-            if "=" in tok:
-                value, consumed = tok.split("=", 1)[1], 1
-            elif i + 1 < len(argv):
-                value, consumed = argv[i + 1], 2
-            else:  # let the parser report the missing value
-                out.append(tok)
-                i += 1
-                continue
-            path = resolve_recipe(value)
-            check_recipe_syntax(path)
-            if name == "--recipe" and first_recipe is None:
-                first_recipe = path
-            out += [name, str(path)]
-            i += consumed
+    gives_name = False
+    tokens = iter(argv[1:])
+    for tok in tokens:
+        flag = _option_name(tok)
+        value = None
+        if flag in _CONFIG_FLAGS:
+            value = tok.split("=", 1)[1] if "=" in tok else next(tokens, None)
+        if value is None:  # not a config flag, or one without a value (the parser reports that)
+            gives_name |= flag == "--name"
+            out.append(tok)
             continue
-        if name == "--name":
-            has_name = True
-        out.append(tok)
-        i += 1
-    if first_recipe is not None and not has_name:
+        path = resolve_recipe(value)
+        check_recipe_syntax(path)
+        if flag == "--recipe" and first_recipe is None:
+            first_recipe = path
+        out += [flag, str(path)]
+    if first_recipe is not None and not gives_name:
         out.insert(1, f"--name={first_recipe.stem}")
     return out
+
+
+def _subcommand_first(argv: list[str]) -> list[str]:
+    """``argv`` with a subcommand given after options moved to the front (not when asking for help)."""
+    if argv and argv[0] not in ALL_SUBCOMMANDS and not (set(argv) & {"-h", "--help"}):
+        idx = _subcommand_index(argv)
+        if idx is not None:
+            argv.insert(0, argv.pop(idx))
+    return argv
 
 
 class RecipeSyntaxError(ConfigError):

@@ -6,8 +6,8 @@ from impulsevit.errors import UserError
 
 
 def one_line(e: BaseException) -> str:
-    """An exception's message on one line (jsonargparse nests the cause's lines; the last non-empty one is kept when
-    the first is only a wrapper)."""
+    """An exception's message on one line: its non-empty lines, stripped and joined with ``; `` (jsonargparse nests
+    the cause's lines under its own)."""
     text = str(e).strip() or type(e).__name__
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return lines[0] if len(lines) == 1 else "; ".join(lines)

@@ -25,6 +25,7 @@ def _unwrap_optional(hint: Any) -> Any:
 
 
 def _class_keys(cls: type) -> list[str]:
+    """The keyword arguments ``cls`` takes: a dataclass's fields, else the named parameters of its ``__init__``."""
     if dataclasses.is_dataclass(cls):
         return [f.name for f in dataclasses.fields(cls)]
     params = inspect.signature(cls.__init__).parameters.values()
@@ -32,8 +33,53 @@ def _class_keys(cls: type) -> list[str]:
 
 
 def _import_object(path: str) -> Any:
+    """The object a dotted path names (``package.module.Class``)."""
     module, _, name = path.rpartition(".")
     return getattr(importlib.import_module(module), name)
+
+
+# the wording of jsonargparse's errors about keys it does not know
+_REJECTED = re.compile(r"does not accept option '([^']+)'")
+_UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
+# nested class / dataclass values: 'Parser key "model.init": ... class_path 'X': ... Option 'metod' is not accepted'
+_REJECTED_NESTED = re.compile(r"Parser key \"([^\"]+)\":.*?class_path '([^']+)'.*?Option '([^']+)' is not accepted",
+                              re.S)
+
+
+def _rejected_keys(message: str) -> list[str]:
+    """The top-level keys an error message rejects (``--a.b=1`` -> ``a.b``), in the order it names them."""
+    keys = _REJECTED.findall(message)
+    m = _UNRECOGNIZED.search(message)
+    if m:
+        keys += [tok[2:].split("=", 1)[0] for tok in m.group(1).split() if tok.startswith("--")]
+    return keys
+
+
+def _nested_hint(owner: str, class_path: str, option: str) -> tuple[str, str | None]:
+    """``(owner.option, owner.closest)`` for an option a class-typed value at ``owner`` does not accept."""
+    try:
+        options = _class_keys(_import_object(class_path))
+    except (ImportError, AttributeError, ValueError, TypeError):
+        options = []
+    best = difflib.get_close_matches(option, options, n=1, cutoff=0.5)
+    return f"{owner}.{option}", f"{owner}.{best[0]}" if best else None
+
+
+def _closest_key(key: str, valid: set[str]) -> str | None:
+    """The key of ``valid`` closest to ``key``: keep its longest valid prefix, fix the first wrong segment; None when
+    ``key`` is valid or nothing is close."""
+    parts = key.split(".")
+    prefixes = {".".join(k.split(".")[:n]) for k in valid for n in range(len(k.split(".")) + 1)}
+    depth = max(n for n in range(len(parts) + 1) if ".".join(parts[:n]) in prefixes)
+    if depth == len(parts):
+        return None
+    head = ".".join(parts[:depth])
+    children = {k.split(".")[depth] for k in valid if (not head or k.startswith(head + ".")) and
+                len(k.split(".")) > depth}
+    best = difflib.get_close_matches(parts[depth], sorted(children), n=1, cutoff=0.5)
+    if not best:
+        return None
+    return ".".join([*parts[:depth], best[0], *parts[depth + 1:]])
 
 
 class ImpulseArgumentParser(LightningArgumentParser):
@@ -59,44 +105,13 @@ class ImpulseArgumentParser(LightningArgumentParser):
         return keys
 
     def _closest(self, key: str) -> str | None:
-        """The valid key closest to ``key``: keep its longest valid prefix, fix the first wrong segment."""
-        valid = self._valid_keys()
-        parts = key.split(".")
-        prefixes = {".".join(k.split(".")[:n]) for k in valid for n in range(len(k.split(".")) + 1)}
-        depth = max(n for n in range(len(parts) + 1) if ".".join(parts[:n]) in prefixes)
-        if depth == len(parts):
-            return None
-        head = ".".join(parts[:depth])
-        children = {k.split(".")[depth] for k in valid if (not head or k.startswith(head + ".")) and
-                    len(k.split(".")) > depth}
-        best = difflib.get_close_matches(parts[depth], sorted(children), n=1, cutoff=0.5)
-        if not best:
-            return None
-        return ".".join([*parts[:depth], best[0], *parts[depth + 1:]])
+        return _closest_key(key, self._valid_keys())
 
     def _hint(self, message: str) -> str:
-        hints = []
-        for key in re.findall(r"does not accept option '([^']+)'", message):
-            hints.append((key, self._closest(key)))
-        m = re.search(r"unrecognized arguments: (.*)", message)
-        if m:
-            for tok in m.group(1).split():
-                if tok.startswith("--"):
-                    key = tok[2:].split("=", 1)[0]
-                    hints.append((key, self._closest(key)))
-        # nested class / dataclass values: 'Parser key "model.init": ... class_path 'X': ... Option 'metod' is not...'
-        for owner, cls_path, opt in re.findall(
-            r"Parser key \"([^\"]+)\":.*?class_path '([^']+)'.*?Option '([^']+)' is not accepted", message, re.S
-        ):
-            try:
-                options = _class_keys(_import_object(cls_path))
-            except (ImportError, AttributeError, ValueError, TypeError):
-                options = []
-            best = difflib.get_close_matches(opt, options, n=1, cutoff=0.5)
-            hints.append((f"{owner}.{opt}", f"{owner}.{best[0]}" if best else None))
-        lines = []
-        for key, best in hints:
-            lines.append(f"unknown key '{key}'" + (f"; did you mean '{best}'?" if best else ""))
+        """``message`` plus an ``unknown key 'K'; did you mean 'V'?`` line for each key it rejects."""
+        hints = [(key, self._closest(key)) for key in _rejected_keys(message)]
+        hints += [_nested_hint(*found) for found in _REJECTED_NESTED.findall(message)]
+        lines = [f"unknown key '{key}'" + (f"; did you mean '{best}'?" if best else "") for key, best in hints]
         return message if not lines else message.rstrip() + "\n" + "\n".join(lines)
 
     def error(self, message: str, ex: Exception | None = None) -> typing.NoReturn:

@@ -18,27 +18,23 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from impulsevit import __version__
-from impulsevit.checkpointing import AtomicCheckpointIO, RunCheckpoint, resume_candidate
+from impulsevit.checkpointing import AtomicCheckpointIO, RunCheckpoint
 from impulsevit.cli.config_saver import RunConfigSaver
 from impulsevit.cli.errors import one_line
 from impulsevit.cli.parser import ImpulseArgumentParser
+from impulsevit.cli.run_policy import resume_checkpoint, run_dir_of, start_new_run
 from impulsevit.data.base import BaseImageDataModule
-from impulsevit.errors import ConfigError, RunDirError, UserError
-from impulsevit.rundir import RunDirLock, check_name, clear_run, existing_run, launch_rank
+from impulsevit.errors import ConfigError, UserError
+from impulsevit.rundir import RunDirLock, check_name, launch_rank
 from impulsevit.strategies import check_strategy, default_precision
 
 log = logging.getLogger("impulsevit")
 
 
-def run_dir_of(runs_dir: str | os.PathLike, name: str | None) -> Path:
-    """``<runs_dir>/<name>`` (``name`` defaults to ``default``)."""
-    return Path(runs_dir) / (name or "default")
-
-
 class ImpulseCLI(LightningCLI):
     """LightningCLI for :class:`impulsevit.module.ImageClassifier` and any :class:`BaseImageDataModule` subclass.
 
-    See the module docstring for the command line. Extra keys (all subcommands): ``name``, ``runs_dir``, ``resume``
+    See :mod:`impulsevit.cli` for the command line. Extra keys (all subcommands): ``name``, ``runs_dir``, ``resume``
     and the ``checkpoint`` group (:class:`~impulsevit.checkpointing.RunCheckpoint`, a Lightning ``ModelCheckpoint``;
     defaults ``monitor: val/acc1``, ``mode: max``, ``save_last: true``, ``dirpath: <run_dir>/checkpoints``). Trainer
     defaults added when the recipe does not set them: ``default_root_dir=<run_dir>``,
@@ -107,8 +103,11 @@ class ImpulseCLI(LightningCLI):
     # ------------------------------------------------------------------ run directory, trainer defaults, resume
     @property
     def run_dir(self) -> Path:
-        cfg = self._get(self.config, "name"), self._get(self.config, "runs_dir")
-        return run_dir_of(cfg[1], cfg[0])
+        return run_dir_of(self._get(self.config, "runs_dir"), self._get(self.config, "name"))
+
+    @property
+    def run_name(self) -> str:
+        return self._get(self.config, "name") or "default"
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """LightningCLI's parsing without its warning about ``args`` next to a non-empty ``sys.argv``: ``main`` passes
@@ -120,32 +119,38 @@ class ImpulseCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         if self.subcommand is not None:
-            check_name(self._get(self.config, "name") or "default")
+            check_name(self.run_name)
         importlib.import_module("impulsevit.strategies")  # registers `fsdp2` / `ddp_bf16` with Lightning
         importlib.import_module("impulsevit.models")  # registers impulsevit's architectures with timm
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """LightningCLI's trainer, with impulsevit's defaults for what the recipe leaves unset (see the class)."""
         trainer_cfg = self._get(self.config_init, "trainer", default={})
-        run_dir, name = self.run_dir, self._get(self.config, "name") or "default"
+        check_strategy(trainer_cfg.get("strategy"))
+        kwargs.update(self._trainer_defaults(trainer_cfg))
+        checkpoint = self._get(self.config_init, "checkpoint")
+        if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath is None:
+            checkpoint.dirpath = os.path.realpath(self.run_dir / "checkpoints")
+        return super().instantiate_trainer(**kwargs)
+
+    def _trainer_defaults(self, trainer_cfg: Any) -> dict[str, Any]:
+        """Root dir, logger, atomic checkpoint writes and precision, each where ``trainer_cfg`` does not set them."""
+        defaults: dict[str, Any] = {}
         if trainer_cfg.get("default_root_dir") is None:
-            kwargs["default_root_dir"] = str(run_dir)
+            defaults["default_root_dir"] = str(self.run_dir)
         if trainer_cfg.get("logger") in (None, True):
             # validate/test/predict log (events, hparams.yaml, config.yaml) into <run_dir>/<subcommand>/, never over
             # the training run's files
             version = "" if self.subcommand in (None, "fit") else self.subcommand
-            kwargs["logger"] = TensorBoardLogger(save_dir=str(run_dir.parent), name=name, version=version,
-                                                 default_hp_metric=False)
+            defaults["logger"] = TensorBoardLogger(save_dir=str(self.run_dir.parent), name=self.run_name,
+                                                   version=version, default_hp_metric=False)
         plugins = trainer_cfg.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
-            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
-        check_strategy(trainer_cfg.get("strategy"))
+            defaults["plugins"] = [*plugins, AtomicCheckpointIO()]
         if trainer_cfg.get("precision") is None:
-            kwargs["precision"] = default_precision(trainer_cfg.get("accelerator"))
-        ckpt_cb = self._get(self.config_init, "checkpoint")
-        if isinstance(ckpt_cb, ModelCheckpoint) and ckpt_cb.dirpath is None:
-            ckpt_cb.dirpath = os.path.realpath(run_dir / "checkpoints")
-        return super().instantiate_trainer(**kwargs)
+            defaults["precision"] = default_precision(trainer_cfg.get("accelerator"))
+        return defaults
 
     def instantiate_classes(self) -> None:
         """LightningCLI's instantiation; an invalid model or data setting becomes a one-line :class:`ConfigError`."""
@@ -166,76 +171,71 @@ class ImpulseCLI(LightningCLI):
         the lock is taken, last."""
         if self.subcommand is None:
             return
-        sub = self.subcommand
-        model, dm = self.model, self.datamodule
-        from impulsevit.module import check_image_size
-        from impulsevit.preflight import check_classes, check_init, check_resume
+        self._check_data_fits_model()
+        path = self._checkpoint_to_load()
+        if path is None:
+            self._check_start_without_checkpoint()
+        if self.subcommand == "fit" and launch_rank() == 0:
+            self._own_run_dir(resuming=self._get(self.config, "resume") is not None or path is not None)
 
+    def _check_data_fits_model(self) -> None:
+        from impulsevit.module import check_image_size
+        from impulsevit.preflight import check_classes
+
+        model, dm = self.model, self.datamodule
         check_classes(getattr(dm, "num_classes", None), _describe_data(self._get(self.config, "data")))
         try:
             check_image_size(model.backbone, model.hparams.backbone, getattr(dm, "image_size", None))
         except ValueError as e:
             raise ConfigError(str(e)) from e
+
+    def _checkpoint_to_load(self) -> Path | None:
+        """The checkpoint ``--resume`` names (made the subcommand's ``ckpt_path``) or the ``--ckpt_path`` given,
+        checked against the model; None when neither is given (or ``--resume auto`` found none for ``fit``)."""
+        from impulsevit.preflight import check_resume
+
+        model, sub_init = self.model, self.config_init[self.subcommand]
         path = self._resume_path()
         if path is not None:
             check_resume(path, model, dict(model.hparams))
             log.info("impulsevit: resuming from %s", path)
-            self.config_init[sub]["ckpt_path"] = str(path)
-        elif self.config_init[sub].get("ckpt_path") is not None:
-            path = Path(self.config_init[sub]["ckpt_path"])
+            sub_init["ckpt_path"] = str(path)
+        elif sub_init.get("ckpt_path") is not None:
+            path = Path(sub_init["ckpt_path"])
             check_resume(path, model, dict(model.hparams))
-        if sub == "fit" and path is None:
-            cfg = model.init_cfg
-            check_init(model.build_backbone, model.hparams.backbone, cfg.method, dict(cfg.options), cfg.seed)
-        if sub != "fit" and path is None and not self._get(self.config, "untrained"):
-            raise ConfigError(f"impulsevit {sub} evaluates a trained model: give --resume auto (the newest checkpoint "
-                              f"of {self.run_dir}) or --resume PATH; pass --untrained to evaluate the model as built")
-        if sub == "fit" and launch_rank() == 0:
-            self._own_run_dir(resuming=self._get(self.config, "resume") is not None or path is not None)
+        return path
 
     def _resume_path(self) -> Path | None:
         """The checkpoint ``--resume`` names (``auto``: found in the run directory, skipped ones reported)."""
         resume = self._get(self.config, "resume")
         if resume is None:
             return None
-        sub = self.subcommand
-        sub_init = self.config_init[sub]
-        if sub_init.get("ckpt_path") is not None:
-            raise ConfigError(f"give either --resume ({resume!r}) or --ckpt_path ({sub_init['ckpt_path']!r}), not both")
-        if resume != "auto":
-            path = Path(resume)
-            if not path.exists():
-                raise ConfigError(f"--resume {resume!r}: no such checkpoint")
-            return path
-        ckpt_cb = self._get(self.config_init, "checkpoint")
-        extra = (ckpt_cb.dirpath,) if isinstance(ckpt_cb, ModelCheckpoint) and ckpt_cb.dirpath else ()
-        trainer = self.trainer
-        limits = {"fast_dev_run": bool(trainer.fast_dev_run), "limit_train_batches": trainer.limit_train_batches,
-                  "limit_val_batches": trainer.limit_val_batches}
-        path, skipped = resume_candidate(self.run_dir, extra_dirs=extra, limits=limits)
-        for line in skipped:
-            log.warning("impulsevit: --resume auto: skipped %s", line)
-        if path is None:
-            if sub != "fit":
-                why = f" ({len(skipped)} skipped, see above)" if skipped else ""
-                raise ConfigError(f"--resume auto: no usable checkpoint in {self.run_dir} to {sub}{why}")
-            log.info("impulsevit: --resume auto: no usable checkpoint in %s; starting fresh", self.run_dir)
-        return path
+        ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
+        if ckpt_path is not None:
+            raise ConfigError(f"give either --resume ({resume!r}) or --ckpt_path ({ckpt_path!r}), not both")
+        checkpoint = self._get(self.config_init, "checkpoint")
+        extra = (checkpoint.dirpath,) if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath else ()
+        return resume_checkpoint(resume, self.run_dir, self.subcommand, self.trainer, extra_dirs=extra)
+
+    def _check_start_without_checkpoint(self) -> None:
+        """``fit`` from scratch: the init method fits the backbone; the other subcommands need ``--untrained``."""
+        from impulsevit.preflight import check_init
+
+        sub, model = self.subcommand, self.model
+        if sub == "fit":
+            cfg = model.init_cfg
+            check_init(model.build_backbone, model.hparams.backbone, cfg.method, dict(cfg.options), cfg.seed)
+        elif not self._get(self.config, "untrained"):
+            raise ConfigError(f"impulsevit {sub} evaluates a trained model: give --resume auto (the newest checkpoint "
+                              f"of {self.run_dir}) or --resume PATH; pass --untrained to evaluate the model as built")
 
     def _own_run_dir(self, resuming: bool) -> None:
         """Take the run directory's lock; refuse to start a new run over an existing one unless ``--overwrite``."""
-        run_dir = self.run_dir
-        self.run_lock = lock = RunDirLock(run_dir)
-        lock.acquire()
-        found = existing_run(run_dir)
+        self.run_lock = RunDirLock(self.run_dir)  # set first: __init__ releases it whatever fails after
+        self.run_lock.acquire()
         requeued = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
-        if found and not resuming and not requeued:
-            if not self._get(self.config, "overwrite"):
-                raise RunDirError(f"run directory {run_dir} already holds a run ({', '.join(found)}); continue it with "
-                                  f"--resume auto, choose another --name, or pass --overwrite to delete it and start "
-                                  f"over")
-            log.warning("impulsevit: --overwrite: deleting the previous run in %s (%s)", run_dir, ", ".join(found))
-            clear_run(run_dir)
+        if not resuming and not requeued:
+            start_new_run(self.run_dir, overwrite=self._get(self.config, "overwrite"))
 
 
 def _checked_num_classes(num_classes: int | None) -> int | None:
