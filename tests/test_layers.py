@@ -21,7 +21,8 @@ def module_name(path: Path) -> str:
 
 
 def layer(name: str) -> int:
-    """1 init, 2 training, 3 data, 4 cluster, 5 entry points (anything else at the top level)."""
+    """1 init, 2 training, 3 data, 4 cluster, 5 entry points (anything else at the top level: ``cli/``, ``study/``,
+    ``preview.py``, ...)."""
     parts = name.split(".")
     head = parts[1] if len(parts) > 1 else ""
     if head in ("init", "models"):
@@ -102,3 +103,5 @@ def test_the_rules_see_real_edges():
     assert "impulsevit.init.api" in internal("impulsevit.init.vit")
     assert "impulsevit.recipes" in internal("impulsevit.cluster.submit")  # `from impulsevit import recipes`
     assert layer("impulsevit.study.launch") == 5 and layer("impulsevit.callbacks.initializer") == 2
+    assert "impulsevit.cli.argv" in internal("impulsevit.cli.entry")  # the CLI package's own modules
+    assert "impulsevit.cli" in internal("impulsevit.preview") and layer("impulsevit.cli.trainer_cli") == 5

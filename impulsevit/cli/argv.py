@@ -1,0 +1,95 @@
+"""The command line as LightningCLI gets it: the subcommand first, recipe names resolved to files (and checked to be
+valid YAML), a default ``--name``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from impulsevit.cli.subcommands import ALL_SUBCOMMANDS, TRAINER_SUBCOMMANDS
+from impulsevit.errors import ConfigError
+from impulsevit.recipes import resolve_recipe
+
+_CONFIG_FLAGS = ("--recipe", "--config", "-c")
+_NO_VALUE_FLAGS = ("-h", "--help", "--print_config")
+
+
+def _option_name(token: str) -> str | None:
+    return token.split("=", 1)[0] if token.startswith("-") else None
+
+
+def _subcommand_index(argv: list[str]) -> int | None:
+    """Position of the first bare subcommand token (not the value of a preceding option), or ``None``."""
+    for i, tok in enumerate(argv):
+        if tok in ALL_SUBCOMMANDS:
+            prev = argv[i - 1] if i else ""
+            takes_value = prev.startswith("-") and "=" not in prev and prev not in _NO_VALUE_FLAGS
+            if not takes_value:
+                return i
+    return None
+
+
+def prepare_argv(argv: list[str]) -> list[str]:
+    """Normalise a command line for LightningCLI.
+
+    - moves a subcommand given after options to the front (``--recipe x fit`` -> ``fit --recipe x``; Lightning#21245);
+    - resolves every ``--recipe`` / ``--config`` / ``-c`` value that is not an existing file as a recipe name;
+    - inserts ``--name=<stem of the first --recipe>`` right after the subcommand when no ``--name`` is given (a
+      ``name:`` in the recipe or a later ``--name`` still wins).
+
+    Raises:
+        RecipeNotFoundError: a recipe value is neither a file nor a known recipe (lists the available ones).
+        RecipeSyntaxError: a recipe file is not valid YAML.
+    """
+    argv = _subcommand_first(list(argv))
+    if not argv or argv[0] not in TRAINER_SUBCOMMANDS:
+        return argv
+    out: list[str] = [argv[0]]
+    first_recipe: Path | None = None
+    gives_name = False
+    tokens = iter(argv[1:])
+    for tok in tokens:
+        flag = _option_name(tok)
+        value = None
+        if flag in _CONFIG_FLAGS:
+            value = tok.split("=", 1)[1] if "=" in tok else next(tokens, None)
+        if value is None:  # not a config flag, or one without a value (the parser reports that)
+            gives_name |= flag == "--name"
+            out.append(tok)
+            continue
+        path = resolve_recipe(value)
+        check_recipe_syntax(path)
+        if flag == "--recipe" and first_recipe is None:
+            first_recipe = path
+        out += [flag, str(path)]
+    if first_recipe is not None and not gives_name:
+        out.insert(1, f"--name={first_recipe.stem}")
+    return out
+
+
+def _subcommand_first(argv: list[str]) -> list[str]:
+    """``argv`` with a subcommand given after options moved to the front (not when asking for help)."""
+    if argv and argv[0] not in ALL_SUBCOMMANDS and not (set(argv) & {"-h", "--help"}):
+        idx = _subcommand_index(argv)
+        if idx is not None:
+            argv.insert(0, argv.pop(idx))
+    return argv
+
+
+class RecipeSyntaxError(ConfigError):
+    """A recipe file is not valid YAML (the message names the file, line and column)."""
+
+
+def check_recipe_syntax(path: Path) -> None:
+    """Raise :class:`RecipeSyntaxError` naming ``path`` when it is not valid YAML (jsonargparse would report the
+    error against ``<unicode string>``)."""
+    import yaml
+
+    try:
+        yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise RecipeSyntaxError(f"{path}{where}: invalid YAML: {what}") from None
+    except OSError as e:
+        raise RecipeSyntaxError(f"cannot read recipe {path}: {e.strerror or e}") from None

@@ -1,0 +1,110 @@
+"""The ``impulsevit`` console script: ``main`` dispatches to a subcommand; ``run_trainer_command`` runs
+``fit|validate|test|predict`` and turns a user's error into one line and an exit status."""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import sys
+from typing import Any
+
+from impulsevit.cli.argv import prepare_argv
+from impulsevit.cli.errors import user_error
+from impulsevit.cli.subcommands import (
+    ALL_SUBCOMMANDS,
+    EXTERNAL_SUBCOMMANDS,
+    TRAINER_SUBCOMMANDS,
+    USAGE,
+    run_external,
+)
+from impulsevit.cli.trainer_cli import ImpulseCLI
+from impulsevit.errors import ConfigError
+from impulsevit.memory import reuse_large_allocations
+from impulsevit.recipes import RecipeNotFoundError, format_listing
+
+log = logging.getLogger("impulsevit")
+
+
+class _StderrHandler(logging.StreamHandler):
+    """A stream handler that writes to the *current* ``sys.stderr`` (redirections made after setup are honoured)."""
+
+    @property
+    def stream(self):  # noqa: ANN201
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+def _setup_logging() -> None:
+    if not log.handlers:
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``impulsevit`` console script. Returns the exit status: 0 done, 1 a run failed for a reason
+    the message names (full disk, damaged data), 2 bad arguments or configuration (found before any work started).
+
+    ``--debug`` (anywhere) or ``IMPULSEVIT_DEBUG=1`` shows the traceback of those errors too."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("IMPULSEVIT_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
+    _setup_logging()
+    try:
+        argv = prepare_argv(argv)
+    except (RecipeNotFoundError, ConfigError) as e:
+        print(f"impulsevit: error: {e}", file=sys.stderr)
+        return 2
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    sub, rest = argv[0], argv[1:]
+    if sub == "recipes":
+        print(format_listing())
+        return 0
+    if sub == "export":
+        from impulsevit.export import main as export_main
+
+        return export_main(rest)
+    if sub in EXTERNAL_SUBCOMMANDS:
+        return run_external(sub, rest)
+    if sub not in TRAINER_SUBCOMMANDS:
+        close = difflib.get_close_matches(sub, ALL_SUBCOMMANDS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        print(f"impulsevit: error: unknown subcommand {sub!r}{hint}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    reuse_large_allocations()  # per-step batches above 32 MiB are not page-faulted in again every step
+    return run_trainer_command(argv, sub, debug)
+
+
+def run_trainer_command(argv: list[str], sub: str = "fit", debug: bool = False) -> int:
+    """Run ``fit|validate|test|predict`` and return its exit status: 0 when it finished, 143 after SIGTERM and 130
+    after SIGINT (each after its checkpoint was written, see :mod:`impulsevit.callbacks.preemption`), 0 after a
+    SIGUSR1 that requeued the SLURM job, 1 or 2 for a user-fixable error (printed as one line; ``debug`` re-raises).
+    Lightning leaves a SIGTERM with a ``SIGTERMException`` (a ``SystemExit`` without a code, i.e. status 0); it is
+    mapped to 143 here."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    try:
+        ImpulseCLI(args=argv)
+    except SIGTERMException:
+        log.info("impulsevit: stopped by SIGTERM (exit 143)")
+        return 143
+    except KeyboardInterrupt:
+        log.info("impulsevit: interrupted (exit 130)")
+        return 130
+    except Exception as e:  # noqa: BLE001 - user errors become one line; anything else is re-raised
+        found = None if debug else user_error(e)
+        if found is None:
+            raise
+        message, status = found
+        print(f"impulsevit {sub}: error: {message}", file=sys.stderr)
+        return status
+    return 0
+

@@ -1,0 +1,122 @@
+"""LightningCLI's argument parser, with a suggestion for a misspelled key: jsonargparse's error text is searched for
+the keys it rejected, and each is matched against the keys the parser (and the model's dataclass arguments) accept."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import inspect
+import re
+import types
+import typing
+from typing import Any
+
+from lightning.pytorch.cli import LightningArgumentParser
+
+
+def _unwrap_optional(hint: Any) -> Any:
+    """``X`` for ``X | None`` / ``Optional[X]``, else ``hint`` unchanged."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return hint
+
+
+def _class_keys(cls: type) -> list[str]:
+    """The keyword arguments ``cls`` takes: a dataclass's fields, else the named parameters of its ``__init__``."""
+    if dataclasses.is_dataclass(cls):
+        return [f.name for f in dataclasses.fields(cls)]
+    params = inspect.signature(cls.__init__).parameters.values()
+    return [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _import_object(path: str) -> Any:
+    """The object a dotted path names (``package.module.Class``)."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+# the wording of jsonargparse's errors about keys it does not know
+_REJECTED = re.compile(r"does not accept option '([^']+)'")
+_UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
+# nested class / dataclass values: 'Parser key "model.init": ... class_path 'X': ... Option 'metod' is not accepted'
+_REJECTED_NESTED = re.compile(r"Parser key \"([^\"]+)\":.*?class_path '([^']+)'.*?Option '([^']+)' is not accepted",
+                              re.S)
+
+
+def _rejected_keys(message: str) -> list[str]:
+    """The top-level keys an error message rejects (``--a.b=1`` -> ``a.b``), in the order it names them."""
+    keys = _REJECTED.findall(message)
+    m = _UNRECOGNIZED.search(message)
+    if m:
+        keys += [tok[2:].split("=", 1)[0] for tok in m.group(1).split() if tok.startswith("--")]
+    return keys
+
+
+def _nested_hint(owner: str, class_path: str, option: str) -> tuple[str, str | None]:
+    """``(owner.option, owner.closest)`` for an option a class-typed value at ``owner`` does not accept."""
+    try:
+        options = _class_keys(_import_object(class_path))
+    except (ImportError, AttributeError, ValueError, TypeError):
+        options = []
+    best = difflib.get_close_matches(option, options, n=1, cutoff=0.5)
+    return f"{owner}.{option}", f"{owner}.{best[0]}" if best else None
+
+
+def _closest_key(key: str, valid: set[str]) -> str | None:
+    """The key of ``valid`` closest to ``key``: keep its longest valid prefix, fix the first wrong segment; None when
+    ``key`` is valid or nothing is close."""
+    parts = key.split(".")
+    prefixes = {".".join(k.split(".")[:n]) for k in valid for n in range(len(k.split(".")) + 1)}
+    depth = max(n for n in range(len(parts) + 1) if ".".join(parts[:n]) in prefixes)
+    if depth == len(parts):
+        return None
+    head = ".".join(parts[:depth])
+    children = {k.split(".")[depth] for k in valid if (not head or k.startswith(head + ".")) and
+                len(k.split(".")) > depth}
+    best = difflib.get_close_matches(parts[depth], sorted(children), n=1, cutoff=0.5)
+    if not best:
+        return None
+    return ".".join([*parts[:depth], best[0], *parts[depth + 1:]])
+
+
+class ImpulseArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser whose errors about unknown keys also name the closest valid key."""
+
+    model_class: type | None = None  # set by ImpulseCLI, used to list the fields of dataclass-typed model arguments
+
+    def _valid_keys(self) -> set[str]:
+        keys: set[str] = set()
+        for action in self._actions:
+            sub = getattr(action, "choices", None)
+            if isinstance(sub, dict) and all(isinstance(p, LightningArgumentParser) for p in sub.values()):
+                for p in sub.values():
+                    keys |= p._valid_keys() if isinstance(p, ImpulseArgumentParser) else set()
+                continue
+            if action.dest and action.dest != "help":
+                keys.add(action.dest)
+        hints = typing.get_type_hints(self.model_class.__init__) if self.model_class is not None else {}
+        for name, hint in hints.items():
+            inner = _unwrap_optional(hint)
+            if dataclasses.is_dataclass(inner):
+                keys |= {f"model.{name}.{f}" for f in _class_keys(inner)}
+        return keys
+
+    def _closest(self, key: str) -> str | None:
+        return _closest_key(key, self._valid_keys())
+
+    def _hint(self, message: str) -> str:
+        """``message`` plus an ``unknown key 'K'; did you mean 'V'?`` line for each key it rejects."""
+        hints = [(key, self._closest(key)) for key in _rejected_keys(message)]
+        hints += [_nested_hint(*found) for found in _REJECTED_NESTED.findall(message)]
+        lines = [f"unknown key '{key}'" + (f"; did you mean '{best}'?" if best else "") for key, best in hints]
+        return message if not lines else message.rstrip() + "\n" + "\n".join(lines)
+
+    def error(self, message: str, ex: Exception | None = None) -> typing.NoReturn:
+        try:
+            message = self._hint(message)
+        except Exception:  # noqa: BLE001 - a failing suggestion must never hide the original error
+            pass
+        super().error(message, ex)

@@ -1,0 +1,65 @@
+"""Which run directory a command uses, which checkpoint ``--resume`` names in it, and what a new ``fit`` does with a
+run already there. The lock and the inventory of a run directory are :mod:`impulsevit.rundir`'s."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from lightning.pytorch import Trainer
+
+from impulsevit.checkpointing import resume_candidate
+from impulsevit.errors import ConfigError, RunDirError
+from impulsevit.rundir import clear_run, existing_run
+
+log = logging.getLogger("impulsevit")
+
+
+def run_dir_of(runs_dir: str | os.PathLike, name: str | None) -> Path:
+    """``<runs_dir>/<name>`` (``name`` defaults to ``default``)."""
+    return Path(runs_dir) / (name or "default")
+
+
+def resume_checkpoint(resume: str, run_dir: Path, sub: str, trainer: Trainer,
+                      extra_dirs: tuple[str, ...] = ()) -> Path | None:
+    """The checkpoint ``--resume RESUME`` names for subcommand ``sub``: a path (which must exist), or for ``auto`` the
+    newest usable one in ``run_dir`` / ``extra_dirs`` (the ones passed over are logged with the reason; a checkpoint
+    of a smoke run with other ``trainer`` limits is one). None: ``fit`` starts fresh.
+
+    Raises:
+        ConfigError: no such checkpoint, or ``auto`` found none for a subcommand other than ``fit``.
+    """
+    if resume != "auto":
+        path = Path(resume)
+        if not path.exists():
+            raise ConfigError(f"--resume {resume!r}: no such checkpoint")
+        return path
+    limits = {"fast_dev_run": bool(trainer.fast_dev_run), "limit_train_batches": trainer.limit_train_batches,
+              "limit_val_batches": trainer.limit_val_batches}
+    path, skipped = resume_candidate(run_dir, extra_dirs=extra_dirs, limits=limits)
+    for line in skipped:
+        log.warning("impulsevit: --resume auto: skipped %s", line)
+    if path is None:
+        if sub != "fit":
+            why = f" ({len(skipped)} skipped, see above)" if skipped else ""
+            raise ConfigError(f"--resume auto: no usable checkpoint in {run_dir} to {sub}{why}")
+        log.info("impulsevit: --resume auto: no usable checkpoint in %s; starting fresh", run_dir)
+    return path
+
+
+def start_new_run(run_dir: Path, overwrite: bool) -> None:
+    """Before a new run (``fit`` without ``--resume``, not a requeued job) in ``run_dir``: refuse when it already holds
+    a run, or with ``overwrite`` delete that run's files.
+
+    Raises:
+        RunDirError: ``run_dir`` holds a run and ``overwrite`` is false (the message names what it found).
+    """
+    found = existing_run(run_dir)
+    if not found:
+        return
+    if not overwrite:
+        raise RunDirError(f"run directory {run_dir} already holds a run ({', '.join(found)}); continue it with "
+                          f"--resume auto, choose another --name, or pass --overwrite to delete it and start over")
+    log.warning("impulsevit: --overwrite: deleting the previous run in %s (%s)", run_dir, ", ".join(found))
+    clear_run(run_dir)

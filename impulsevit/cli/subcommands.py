@@ -1,0 +1,57 @@
+"""The subcommands of ``impulsevit``: which there are, where the ones other modules provide live, the usage text."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from impulsevit import __version__
+
+TRAINER_SUBCOMMANDS = ("fit", "validate", "test", "predict")
+# subcommand -> (module, function(argv) -> exit status): provided by other parts of the package, imported on use
+EXTERNAL_SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "convert": ("impulsevit.data.convert", "main"),
+    "submit": ("impulsevit.cluster.submit", "main"),
+    "study": ("impulsevit.study", "main"),
+    "demo": ("impulsevit.init.demo", "main"),
+    "init": ("impulsevit.init.plugins", "main"),
+    "data": ("impulsevit.preview", "main"),
+    "download": ("impulsevit.data.download", "main"),
+}
+LOCAL_SUBCOMMANDS = ("recipes", "export")
+ALL_SUBCOMMANDS = (*TRAINER_SUBCOMMANDS, *LOCAL_SUBCOMMANDS, *EXTERNAL_SUBCOMMANDS)
+
+USAGE = f"""usage: impulsevit SUBCOMMAND ...
+
+impulsevit {__version__}: Lightning + timm training of vision transformers with structured initializations.
+
+  fit|validate|test|predict --recipe NAME_OR_PATH [--dotted.key=value ...]
+        [--name N] [--runs-dir D] [--resume auto|PATH]
+                      train / evaluate (LightningCLI; `impulsevit fit --help` lists every key)
+  recipes             list the available recipes
+  export CKPT OUT.pth [--ema]
+                      write a plain timm state dict from a checkpoint
+  convert ...         convert a dataset to FFCV .beton
+  submit ...          submit a recipe to SLURM
+  study ...           run an initialization study
+  demo                show an impulse initialization on a small ViT
+  init list [module:function ...]
+                      list the init methods (built-in, plugins, import paths) and their source
+  data preview --recipe R [overrides] --split train|val [--num N] [--out DIR]
+                      write the images the recipe feeds the model (PNG grid + tensors)
+  download NAME ROOT  fetch a public dataset (cifar10, cifar100, stl10, flowers102, pets, food101, fashion_mnist)
+"""
+
+
+def run_external(sub: str, rest: list[str]) -> int:
+    """Run a subcommand of :data:`EXTERNAL_SUBCOMMANDS` with its arguments; its exit status (2 when its module is not
+    part of this installation)."""
+    module, func = EXTERNAL_SUBCOMMANDS[sub]
+    try:
+        fn = getattr(importlib.import_module(module), func)
+    except ModuleNotFoundError as e:
+        if e.name and module.startswith(e.name):
+            print(f"impulsevit {sub}: not available in this installation ({module} is missing)", file=sys.stderr)
+            return 2
+        raise
+    return int(fn(rest) or 0)

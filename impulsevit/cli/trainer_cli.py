@@ -1,0 +1,257 @@
+"""``ImpulseCLI``: LightningCLI for the ``fit|validate|test|predict`` subcommands, with impulsevit's extra keys, trainer
+defaults, run directory and ``--resume``, and every check that can run before work starts."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from jsonargparse import ActionConfigFile
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.plugins.io import CheckpointIO
+
+from impulsevit import __version__
+from impulsevit.checkpointing import AtomicCheckpointIO, RunCheckpoint
+from impulsevit.cli.config_saver import RunConfigSaver
+from impulsevit.cli.errors import one_line
+from impulsevit.cli.parser import ImpulseArgumentParser
+from impulsevit.cli.run_policy import resume_checkpoint, run_dir_of, start_new_run
+from impulsevit.data.base import BaseImageDataModule
+from impulsevit.errors import ConfigError, UserError
+from impulsevit.rundir import RunDirLock, check_name, launch_rank
+from impulsevit.strategies import check_strategy, default_precision
+
+log = logging.getLogger("impulsevit")
+
+
+class ImpulseCLI(LightningCLI):
+    """LightningCLI for :class:`impulsevit.module.ImageClassifier` and any :class:`BaseImageDataModule` subclass.
+
+    See :mod:`impulsevit.cli` for the command line. Extra keys (all subcommands): ``name``, ``runs_dir``, ``resume``
+    and the ``checkpoint`` group (:class:`~impulsevit.checkpointing.RunCheckpoint`, a Lightning ``ModelCheckpoint``;
+    defaults ``monitor: val/acc1``, ``mode: max``, ``save_last: true``, ``dirpath: <run_dir>/checkpoints``). Trainer
+    defaults added when the recipe does not set them: ``default_root_dir=<run_dir>``,
+    ``TensorBoardLogger(save_dir=runs_dir, name=name, version="")``, the
+    :class:`~impulsevit.checkpointing.AtomicCheckpointIO` plugin, ``precision`` = bf16-mixed on GPU / 32-true on CPU,
+    ``strategy: fsdp`` (FSDP1) refused in favour of ``fsdp2`` and ``seed_everything: 0``. Every other callback comes
+    from the model (:func:`impulsevit.callbacks.standard_callbacks`), as for a plain ``Trainer``.
+    """
+
+    def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
+        from impulsevit.module import ImageClassifier
+
+        ImpulseArgumentParser.model_class = ImageClassifier
+        kwargs.setdefault("seed_everything_default", 0)
+        kwargs.setdefault("parser_kwargs", {"prog": "impulsevit"})
+        self.run_lock: RunDirLock | None = None
+        try:
+            self._start(args, run, kwargs)
+        finally:
+            if self.run_lock is not None:
+                self.run_lock.release()
+
+    def _start(self, args: list[str] | None, run: bool, kwargs: dict[str, Any]) -> None:
+        from impulsevit.module import ImageClassifier
+
+        super().__init__(
+            model_class=ImageClassifier,
+            datamodule_class=BaseImageDataModule,
+            subclass_mode_data=True,
+            save_config_callback=RunConfigSaver,
+            save_config_kwargs={"overwrite": True},
+            parser_class=ImpulseArgumentParser,
+            auto_configure_optimizers=False,
+            args=args,
+            run=run,
+            **kwargs,
+        )
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        kwargs.setdefault("dump_header", [f"impulsevit=={__version__} lightning.pytorch=={pl.__version__}"])
+        kwargs.setdefault("allow_abbrev", False)  # `--trainer.max_epoch` must be an error, not max_epochs
+        parser = self.parser_class(**kwargs)
+        parser.add_argument(
+            "-c", "--config", "--recipe", action=ActionConfigFile,
+            help="Recipe: a config file, or the name of one in recipes/ (repeatable, merged in order).",
+        )
+        return parser
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--name", type=str | None, default=None,
+                            help="Run name; the run directory is <runs_dir>/<name>. Default: the recipe's file name.")
+        parser.add_argument("--runs_dir", "--runs-dir", type=str, default="runs", help="Parent of run directories.")
+        parser.add_argument("--resume", type=str | None, default=None,
+                            help="'auto': newest complete checkpoint of the run directory (fresh start if none); "
+                                 "or a checkpoint path.")
+        parser.add_argument("--overwrite", type=bool, default=False,
+                            help="fit: start over in an existing run directory, deleting its config, event files and "
+                                 "checkpoints (default: refuse and suggest --resume auto or another --name)")
+        parser.add_argument("--untrained", type=bool, default=False,
+                            help="validate/test/predict: evaluate the model as built, without a checkpoint")
+        parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
+        parser.set_defaults({"checkpoint.monitor": "val/acc1", "checkpoint.mode": "max", "checkpoint.save_last": True})
+        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate",
+                              compute_fn=_checked_num_classes)
+
+    # ------------------------------------------------------------------ run directory, trainer defaults, resume
+    @property
+    def run_dir(self) -> Path:
+        return run_dir_of(self._get(self.config, "runs_dir"), self._get(self.config, "name"))
+
+    @property
+    def run_name(self) -> str:
+        return self._get(self.config, "name") or "default"
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """LightningCLI's parsing without its warning about ``args`` next to a non-empty ``sys.argv``: ``main`` passes
+        the command line it has rewritten (:func:`prepare_argv`) and keeps ``sys.argv`` for DDP's re-launch."""
+        if isinstance(args, dict):
+            self.config = parser.parse_object(args)
+        else:
+            self.config = parser.parse_args(args)
+
+    def before_instantiate_classes(self) -> None:
+        if self.subcommand is not None:
+            check_name(self.run_name)
+        importlib.import_module("impulsevit.strategies")  # registers `fsdp2` / `ddp_bf16` with Lightning
+        importlib.import_module("impulsevit.models")  # registers impulsevit's architectures with timm
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """LightningCLI's trainer, with impulsevit's defaults for what the recipe leaves unset (see the class)."""
+        trainer_cfg = self._get(self.config_init, "trainer", default={})
+        check_strategy(trainer_cfg.get("strategy"))
+        kwargs.update(self._trainer_defaults(trainer_cfg))
+        checkpoint = self._get(self.config_init, "checkpoint")
+        if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath is None:
+            checkpoint.dirpath = os.path.realpath(self.run_dir / "checkpoints")
+        return super().instantiate_trainer(**kwargs)
+
+    def _trainer_defaults(self, trainer_cfg: Any) -> dict[str, Any]:
+        """Root dir, logger, atomic checkpoint writes and precision, each where ``trainer_cfg`` does not set them."""
+        defaults: dict[str, Any] = {}
+        if trainer_cfg.get("default_root_dir") is None:
+            defaults["default_root_dir"] = str(self.run_dir)
+        if trainer_cfg.get("logger") in (None, True):
+            # validate/test/predict log (events, hparams.yaml, config.yaml) into <run_dir>/<subcommand>/, never over
+            # the training run's files
+            version = "" if self.subcommand in (None, "fit") else self.subcommand
+            defaults["logger"] = TensorBoardLogger(save_dir=str(self.run_dir.parent), name=self.run_name,
+                                                   version=version, default_hp_metric=False)
+        plugins = trainer_cfg.get("plugins") or []
+        plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            defaults["plugins"] = [*plugins, AtomicCheckpointIO()]
+        if trainer_cfg.get("precision") is None:
+            defaults["precision"] = default_precision(trainer_cfg.get("accelerator"))
+        return defaults
+
+    def instantiate_classes(self) -> None:
+        """LightningCLI's instantiation; an invalid model or data setting becomes a one-line :class:`ConfigError`."""
+        try:
+            super().instantiate_classes()
+        except UserError:
+            raise
+        except (ValueError, TypeError, FileNotFoundError, KeyError) as e:
+            cause: BaseException | None = e
+            while cause is not None and not isinstance(cause, UserError):
+                cause = cause.__cause__ or cause.__context__
+            raise (cause if cause is not None else ConfigError(one_line(e))) from e
+
+    def after_instantiate_classes(self) -> None:
+        """Everything that can be checked before work starts, in this order: the data's class count, the image size
+        against the backbone, the checkpoint to resume (found, complete, not a smoke run's, fitting the model), the
+        init method (``fit`` from scratch), the run directory (``fit``: lock, existing run); nothing is written until
+        the lock is taken, last."""
+        if self.subcommand is None:
+            return
+        self._check_data_fits_model()
+        path = self._checkpoint_to_load()
+        if path is None:
+            self._check_start_without_checkpoint()
+        if self.subcommand == "fit" and launch_rank() == 0:
+            self._own_run_dir(resuming=self._get(self.config, "resume") is not None or path is not None)
+
+    def _check_data_fits_model(self) -> None:
+        from impulsevit.module import check_image_size
+        from impulsevit.preflight import check_classes
+
+        model, dm = self.model, self.datamodule
+        check_classes(getattr(dm, "num_classes", None), _describe_data(self._get(self.config, "data")))
+        try:
+            check_image_size(model.backbone, model.hparams.backbone, getattr(dm, "image_size", None))
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+
+    def _checkpoint_to_load(self) -> Path | None:
+        """The checkpoint ``--resume`` names (made the subcommand's ``ckpt_path``) or the ``--ckpt_path`` given,
+        checked against the model; None when neither is given (or ``--resume auto`` found none for ``fit``)."""
+        from impulsevit.preflight import check_resume
+
+        model, sub_init = self.model, self.config_init[self.subcommand]
+        path = self._resume_path()
+        if path is not None:
+            check_resume(path, model, dict(model.hparams))
+            log.info("impulsevit: resuming from %s", path)
+            sub_init["ckpt_path"] = str(path)
+        elif sub_init.get("ckpt_path") is not None:
+            path = Path(sub_init["ckpt_path"])
+            check_resume(path, model, dict(model.hparams))
+        return path
+
+    def _resume_path(self) -> Path | None:
+        """The checkpoint ``--resume`` names (``auto``: found in the run directory, skipped ones reported)."""
+        resume = self._get(self.config, "resume")
+        if resume is None:
+            return None
+        ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
+        if ckpt_path is not None:
+            raise ConfigError(f"give either --resume ({resume!r}) or --ckpt_path ({ckpt_path!r}), not both")
+        checkpoint = self._get(self.config_init, "checkpoint")
+        extra = (checkpoint.dirpath,) if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath else ()
+        return resume_checkpoint(resume, self.run_dir, self.subcommand, self.trainer, extra_dirs=extra)
+
+    def _check_start_without_checkpoint(self) -> None:
+        """``fit`` from scratch: the init method fits the backbone; the other subcommands need ``--untrained``."""
+        from impulsevit.preflight import check_init
+
+        sub, model = self.subcommand, self.model
+        if sub == "fit":
+            cfg = model.init_cfg
+            check_init(model.build_backbone, model.hparams.backbone, cfg.method, dict(cfg.options), cfg.seed)
+        elif not self._get(self.config, "untrained"):
+            raise ConfigError(f"impulsevit {sub} evaluates a trained model: give --resume auto (the newest checkpoint "
+                              f"of {self.run_dir}) or --resume PATH; pass --untrained to evaluate the model as built")
+
+    def _own_run_dir(self, resuming: bool) -> None:
+        """Take the run directory's lock; refuse to start a new run over an existing one unless ``--overwrite``."""
+        self.run_lock = RunDirLock(self.run_dir)  # set first: __init__ releases it whatever fails after
+        self.run_lock.acquire()
+        requeued = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
+        if not resuming and not requeued:
+            start_new_run(self.run_dir, overwrite=self._get(self.config, "overwrite"))
+
+
+def _checked_num_classes(num_classes: int | None) -> int | None:
+    """The data's class count, linked to the model's; fewer than 2 is a :class:`ConfigError` (before the model is
+    built, where torchmetrics would fail with a message that does not mention the data)."""
+    from impulsevit.preflight import check_classes
+
+    check_classes(num_classes, "data.num_classes")
+    return num_classes
+
+
+def _describe_data(data_cfg: Any) -> str:
+    """``dataset X at ROOT`` / the data class, for error messages."""
+    args = getattr(data_cfg, "init_args", None) or {}
+    get = args.get if hasattr(args, "get") else (lambda k, d=None: getattr(args, k, d))
+    parts = [f"dataset {get('dataset')}" if get("dataset") else str(getattr(data_cfg, "class_path", "data"))]
+    if get("root"):
+        parts.append(f"at {get('root')}")
+    return " ".join(parts)
