@@ -59,8 +59,8 @@ def smallest_models(patterns: Sequence[str] = FAMILIES) -> list[tuple[str, str, 
     candidates)``, sorted by pattern order then module. Builds every candidate on the meta device (about a minute
     for all of :data:`FAMILIES`); models that cannot be built with default arguments are skipped."""
     import timm
-    from timm.models import _registry
 
+    module_of = {name: module for module in timm.list_modules() for name in timm.list_models(module=module)}
     groups: dict[tuple[str, str], list[str]] = {}
     seen: set[str] = set()
     for pat in patterns:
@@ -68,7 +68,7 @@ def smallest_models(patterns: Sequence[str] = FAMILIES) -> list[tuple[str, str, 
             if name in seen:
                 continue
             seen.add(name)
-            groups.setdefault((pat, _registry._model_to_module.get(name, "?")), []).append(name)
+            groups.setdefault((pat, module_of.get(name, "?")), []).append(name)
     out = []
     for (pat, module), names in groups.items():
         sized = []
