@@ -1,4 +1,5 @@
-"""Shared pytest configuration: CPU-only, few threads (the CI machine has 2 cores), GPU tests skipped without CUDA."""
+"""Shared pytest configuration: CPU-only, few threads (the CI machine has 2 cores), GPU tests skipped without CUDA,
+and the worker groups ``scripts/test.sh`` runs the suite in (``pytest -n 2 --dist loadgroup``)."""
 
 import os
 
@@ -7,13 +8,27 @@ import torch
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
+# Files whose tests start the loopback SLURM cluster (tests/slurm_cluster.py: one slurmctld / slurmd / munged per
+# machine), so they must not run at the same time on two workers.
+SLURM_FILES = {"test_slurm.py", "test_submit_convert.py", "test_study.py"}
 
+
+def xdist_group(path) -> str:  # noqa: ANN001 - a pathlib.Path
+    """The worker group of a test file: the file itself (its module-scoped fixtures — reference runs, converted
+    ``.beton`` files — are then built once), except the SLURM files, which share one group."""
+    return "slurm" if path.name in SLURM_FILES else path.name
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs CUDA")
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(xdist_group(item.path)))
 
 
 @pytest.fixture(autouse=True)
