@@ -81,7 +81,7 @@ log = logging.getLogger("impulsevit")
 TRAINER_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # subcommand -> (module, function(argv) -> exit status): provided by other parts of the package, imported on use
 EXTERNAL_SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "convert": ("impulsevit.data.convert", "main"),
+    "convert": ("impulsevit.data.convert_cli", "main"),
     "submit": ("impulsevit.cluster.submit", "main"),
     "study": ("impulsevit.study", "main"),
     "demo": ("impulsevit.init.demo", "main"),

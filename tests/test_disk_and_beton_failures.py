@@ -20,7 +20,8 @@ pytest.importorskip("ffcv")
 from test_convert import make_tree  # noqa: E402
 
 from impulsevit.cli import main as cli_main  # noqa: E402
-from impulsevit.data.convert import PRESETS, convert_split, main, manifest_path  # noqa: E402
+from impulsevit.data.convert import PRESETS, convert_split, manifest_path  # noqa: E402
+from impulsevit.data.convert_cli import main  # noqa: E402
 from impulsevit.data.integrity import BetonError, check_header, verify_beton  # noqa: E402
 from impulsevit.data.registry import get_dataset  # noqa: E402
 from impulsevit.io import WriteError, atomic_write_text  # noqa: E402

@@ -181,7 +181,7 @@ def _run(tmp_path: Path, *args: str) -> list[dict]:
 
 @pytest.mark.slow
 def test_converted_folder_with_corrupt_files_trains(tmp_path):
-    from impulsevit.data.convert import main
+    from impulsevit.data.convert_cli import main
 
     _make_corrupt_tree(tmp_path / "src")
     assert main([str(tmp_path / "src"), str(tmp_path / "out"), "--workers", "1", "--no-progress"]) == 0

@@ -238,7 +238,8 @@ def test_short_side_preset_caps_the_shorter_side(tmp_path):
     untouched; the stored pixels are PIL's bicubic resize of the source (raw-stored images exactly)."""
     from ffcv.reader import Reader
 
-    from impulsevit.data.convert import main, manifest_path
+    from impulsevit.data.convert import manifest_path
+    from impulsevit.data.convert_cli import main
 
     rng = np.random.default_rng(2)
     shapes = [(300, 520), (700, 400), (200, 100)]

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from impulsevit.data.integrity import CheckLevel
+from impulsevit.data.presets import PRESETS
 from impulsevit.errors import ConfigError
 
 __all__ = ["AugmentConfig", "StorageConfig"]
@@ -136,8 +137,6 @@ class StorageConfig:
     convert_limit: int = 200_000
 
     def __post_init__(self) -> None:
-        from impulsevit.data.convert import PRESETS
-
         if self.preset is not None and self.preset not in PRESETS:
             raise ConfigError(f"data.storage.preset: unknown preset {self.preset!r}; known: {sorted(PRESETS)}")
         if (self.train_beton is None) != (self.val_beton is None):

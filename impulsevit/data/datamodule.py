@@ -53,16 +53,11 @@ from impulsevit.config import as_config
 from impulsevit.data.augment import DeviceAugment, fix_timm_posterize, normalize
 from impulsevit.data.base import BaseImageDataModule, dist_info
 from impulsevit.data.config import AugmentConfig, StorageConfig
-from impulsevit.data.convert import (
-    PRESETS,
-    beton_num_classes,
-    convert_split,
-    default_preset,
-    read_manifest,
-    subset_indices,
-)
+from impulsevit.data.convert import convert_split, subset_indices
 from impulsevit.data.ffcv_loader import build_ffcv_loader, ffcv_available
 from impulsevit.data.integrity import verify_beton
+from impulsevit.data.manifest import beton_num_classes, read_manifest
+from impulsevit.data.presets import PRESETS, default_preset
 from impulsevit.data.registry import DatasetInfo, Verify, get_dataset
 from impulsevit.data.sampling import EpochSampler, ResumableDataLoader, SampleKey, sample_seed
 from impulsevit.data.sources import ImageSource, image_folder_source
