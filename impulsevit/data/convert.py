@@ -65,21 +65,35 @@ class ScanResult:
     sizes: np.ndarray
 
 
-_SCAN_SOURCE: ImageSource | None = None
+CheckedSample = tuple[int, Problem | None, bytes, tuple[int, int]]
+"""``(index, problem or None, content digest, (width, height))`` of one decode-checked sample."""
 
 
-def _scan_init(source: ImageSource) -> None:
-    global _SCAN_SOURCE
-    _SCAN_SOURCE = source
+def _check_chunk(source: ImageSource, indices: list[int]) -> list[CheckedSample]:
+    return [(i, *check_sample(source, i)) for i in indices]
 
 
-def _scan_chunk(indices: list[int]) -> list[tuple[int, Problem | None, bytes, tuple[int, int]]]:
-    assert _SCAN_SOURCE is not None
-    return [(i, *check_sample(_SCAN_SOURCE, i)) for i in indices]
+# The source of the scan pool's worker processes, set in each worker by its initializer and never in the parent.
+# Pool tasks can only carry picklable arguments: passing the source with every chunk would pickle it (for a FileSource,
+# every path of the split) once per 64 images, whereas the initializer's argument reaches the forked workers without
+# pickling. A per-process global is the only state a Pool initializer can leave for its tasks.
+_WORKER_SOURCE: ImageSource | None = None
+
+
+def _worker_init(source: ImageSource) -> None:
+    global _WORKER_SOURCE
+    _WORKER_SOURCE = source
+
+
+def _worker_check(indices: list[int]) -> list[CheckedSample]:
+    assert _WORKER_SOURCE is not None, "_worker_check runs only in scan_source's pool"
+    return _check_chunk(_WORKER_SOURCE, indices)
 
 
 def scan_source(source: ImageSource, workers: int = 1, progress: bool = True) -> ScanResult:
-    """Decode-check every sample of ``source`` (in ``workers`` processes) and hash its content."""
+    """Decode-check every sample of ``source`` and hash its content: in ``workers`` forked processes when
+    ``workers > 1`` and the source has more than 256 samples, else in this process. Array sources are not decoded
+    (their content hash is the array's)."""
     n = len(source)
     sizes = np.zeros((n, 2), dtype=np.int64)
     problems = list(source.problems)
@@ -97,14 +111,12 @@ def scan_source(source: ImageSource, workers: int = 1, progress: bool = True) ->
     bar = _progress(n, "check", progress)
     if workers > 1 and n > 256:
         ctx = mp.get_context("fork")
-        with ctx.Pool(workers, initializer=_scan_init, initargs=(source,)) as pool:
-            results = pool.imap(_scan_chunk, chunks)
-            for res in results:
+        with ctx.Pool(workers, initializer=_worker_init, initargs=(source,)) as pool:
+            for res in pool.imap(_worker_check, chunks):
                 _collect(res, digests, sizes, bad, problems, bar)
-    else:
-        _scan_init(source)
+    else:  # in this process: the source is passed explicitly, no module state is touched
         for chunk in chunks:
-            _collect(_scan_chunk(chunk), digests, sizes, bad, problems, bar)
+            _collect(_check_chunk(source, chunk), digests, sizes, bad, problems, bar)
     bar.close()
     for d in digests:
         h.update(d)
@@ -112,7 +124,8 @@ def scan_source(source: ImageSource, workers: int = 1, progress: bool = True) ->
     return ScanResult(good, problems, h.hexdigest(), sizes)
 
 
-def _collect(res, digests, sizes, bad, problems, bar) -> None:  # noqa: ANN001 - internal
+def _collect(res: list[CheckedSample], digests: list[bytes], sizes: np.ndarray, bad: set[int], problems: list[Problem],
+             bar) -> None:  # noqa: ANN001 - a tqdm bar
     for i, problem, digest, size in res:
         digests[i] = digest
         sizes[i] = size
