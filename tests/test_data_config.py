@@ -47,6 +47,9 @@ def test_out_of_range_values_name_the_key_in_one_line(block, kwargs, message):
 
 
 def test_defaults_are_the_previous_flat_defaults_and_pairs_become_float_tuples():
+    import impulsevit.data
+
+    assert impulsevit.data.AugmentConfig is AugmentConfig and impulsevit.data.StorageConfig is StorageConfig
     aug = AugmentConfig(scale=[1, 1], ratio=[0.5, 2])
     assert aug.scale == (1.0, 1.0) and aug.ratio == (0.5, 2.0) and all(isinstance(v, float) for v in aug.scale)
     assert dataclasses.asdict(AugmentConfig()) == {
