@@ -66,7 +66,7 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "impulsevit.cli", "data", "preview", "--recipe", recipe, "--split", "val",
                         "--num", str(n), "--out", str(out), "--data.init_args.dataset=imagefolder",
                         f"--data.init_args.root={tree}", "--data.init_args.num_workers=1",
-                        f"--data.init_args.cache_dir={work / 'ffcv'}", "--data.init_args.repeated_aug=1"],
+                        f"--data.init_args.cache_dir={work / 'ffcv'}", "--data.init_args.augment.repeated_aug=1"],
                        check=True, stdout=subprocess.DEVNULL)
         r = torch.load(out / "val.pt", weights_only=False)
         psnr = []

@@ -122,8 +122,10 @@ def resolve_lr(cfg: OptimizerConfig, global_batch: int | None) -> float:
     return float(cfg.base_lr * scale)
 
 
-def as_config(cls: type, value: Any, key: str) -> Any:
+def as_config(cls: type, value: Any, key: str, section: str = "model") -> Any:
     """``value`` as a ``cls`` dataclass: ``None`` gives the defaults, a mapping is checked key by key.
+
+    ``section`` is the recipe section the block belongs to (``model``, ``data``); messages name ``section.key``.
 
     Raises:
         TypeError: a mapping with keys that ``cls`` does not have (the message names ``key`` and the valid keys).
@@ -136,6 +138,6 @@ def as_config(cls: type, value: Any, key: str) -> Any:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(value) - names)
         if unknown:
-            raise TypeError(f"unknown key(s) {unknown} in model.{key}; valid keys: {sorted(names)}")
+            raise TypeError(f"unknown key(s) {unknown} in {section}.{key}; valid keys: {sorted(names)}")
         return cls(**value)
-    raise TypeError(f"model.{key} must be a mapping or {cls.__name__}, got {type(value).__name__}")
+    raise TypeError(f"{section}.{key} must be a mapping or {cls.__name__}, got {type(value).__name__}")

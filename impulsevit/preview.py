@@ -96,7 +96,8 @@ def _beton_sources(dm: Any, split: str, beton: Path) -> tuple[Any, np.ndarray | 
     """(source or None, beton position → source index, stored (h, w) per beton sample) of an FFCV split."""
     from ffcv.reader import Reader
 
-    from impulsevit.data.convert import read_manifest, subset_indices
+    from impulsevit.data.convert import subset_indices
+    from impulsevit.data.manifest import read_manifest
     from impulsevit.data.registry import get_dataset
 
     reader = Reader(str(beton))

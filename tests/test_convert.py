@@ -15,7 +15,8 @@ pytest.importorskip("ffcv")
 
 from test_data_registry import make_cifar, save_jpeg  # noqa: E402
 
-from impulsevit.data.convert import PRESETS, main, manifest_path  # noqa: E402
+from impulsevit.data.convert import PRESETS, manifest_path  # noqa: E402
+from impulsevit.data.convert_cli import main  # noqa: E402
 
 pytestmark = pytest.mark.ffcv
 

@@ -20,7 +20,7 @@ from impulsevit.data.locking import file_lock
 def test_two_converter_processes_of_one_file_convert_once(tmp_path):
     make_tree(tmp_path / "src", per_class=2, size=(24, 32))
     out = tmp_path / "cache" / "train.beton"
-    cmd = [sys.executable, "-m", "impulsevit.data.convert", str(tmp_path / "src"), str(out), "--split", "train",
+    cmd = [sys.executable, "-m", "impulsevit.data.convert_cli", str(tmp_path / "src"), str(out), "--split", "train",
            "--workers", "1", "--no-progress"]
     env = {**subprocess_env(), "PYTHONUNBUFFERED": "1"}
     logs = [tmp_path / f"conv{i}.log" for i in range(2)]

@@ -193,7 +193,7 @@ def test_preview_torchvision_backend_val_is_timms_eval_transform_in_folder_order
     root, sizes = photo_folder
     val = _preview(tmp_path / "tv", "val", 6, "--recipe", "deit_tiny_in1k", "--data.init_args.dataset=imagefolder",
                    f"--data.init_args.root={root}", "--data.init_args.backend=torchvision",
-                   "--data.init_args.num_workers=0", "--data.init_args.repeated_aug=1")
+                   "--data.init_args.num_workers=0", "--data.init_args.augment.repeated_aug=1")
     names = [Path(p).relative_to(root / "val").as_posix() for p in val["paths"]]
     assert names == sorted(names) and names[0].startswith("a_cls/")  # sorted classes, sorted files
     assert val["labels"].tolist() == [0, 0, 0, 1, 1, 1]
@@ -204,7 +204,8 @@ def test_preview_torchvision_backend_val_is_timms_eval_transform_in_folder_order
         with Image.open(path) as im:
             ref = tf(im.convert("RGB"))
             assert val["source_hw"][i].tolist() == [im.height, im.width] == val["stored_hw"][i].tolist()
-        ref = ref * torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1) + torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
+        std, mean = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1), torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
+        ref = ref * std + mean
         assert (val["images"][i] - ref).abs().max() < 1e-5
 
 
@@ -212,7 +213,8 @@ def test_preview_ffcv_backend_reports_stored_sizes(tmp_path, photo_folder):
     root, sizes = photo_folder
     val = _preview(tmp_path / "ff", "val", 6, "--recipe", "deit_tiny_in1k", "--data.init_args.dataset=imagefolder",
                    f"--data.init_args.root={root}", "--data.init_args.num_workers=1",
-                   f"--data.init_args.cache_dir={tmp_path / 'ffcv'}", "--data.init_args.repeated_aug=1")
+                   f"--data.init_args.cache_dir={tmp_path / 'ffcv'}",
+                   "--data.init_args.augment.repeated_aug=1")
     assert val["backend"] == "ffcv" and val["images"].shape == (6, 3, 224, 224)
     for i, path in enumerate(val["paths"]):
         with Image.open(path) as im:

@@ -58,6 +58,31 @@ def test_imagenet_flat_val_labelled_by_the_devkit(tmp_path):
         info.load(tmp_path, "val", verify="off")
 
 
+
+def test_flat_val_images_the_label_file_names_but_are_missing_become_problems(tmp_path):
+    """Both flat-val label files (Kaggle's csv, the devkit's ground truth): a listed image that is not on disk is left
+    out as an ``unreadable`` problem saying which file listed it; the others keep their labels."""
+    make_imagenet(tmp_path, flat_val=True)  # csv: val_1 -> n01484850 (2), val_2 -> n01440764 (0)
+    (tmp_path / "val" / "ILSVRC2012_val_00000001.JPEG").unlink()
+    info = get_dataset("imagenet")
+    source = info.load(tmp_path, "val", verify="off")
+    assert [Path(p).name for p in source.paths] == ["ILSVRC2012_val_00000002.JPEG"] and source.labels.tolist() == [0]
+    assert [(p.kind, Path(p.path).name, p.detail) for p in source.problems] == [
+        ("unreadable", "ILSVRC2012_val_00000001.JPEG", "listed in LOC_val_solution.csv but missing")]
+
+    (tmp_path / "LOC_val_solution.csv").unlink()
+    for i in (1, 3, 4):
+        save_jpeg(tmp_path / "val" / f"ILSVRC2012_val_{i:08d}.JPEG", h=8, w=8, seed=i)
+    (tmp_path / "val" / "ILSVRC2012_val_00000002.JPEG").unlink()
+    make_devkit(tmp_path, [2, 1, 3, 1])  # tench, shark, goldfish, shark
+    source = info.load(tmp_path, "val", verify="off")
+    assert [Path(p).name for p in source.paths] == [f"ILSVRC2012_val_{i:08d}.JPEG" for i in (1, 3, 4)]
+    assert source.labels.tolist() == [0, 1, 2]
+    assert [(p.kind, Path(p.path).name, p.detail) for p in source.problems] == [
+        ("unreadable", "ILSVRC2012_val_00000002.JPEG",
+         "labelled in ILSVRC2012_validation_ground_truth.txt but missing")]
+
+
 SMALL_DATA_224 = ["vit_tiny_cifar10", "vit_tiny_cifar100", "vit_tiny_stl10", "vit_tiny_flowers102", "vit_tiny_pets",
                   "vit_tiny_food101", "swin_tiny_cifar10", "mixer_cifar10"]
 

@@ -47,7 +47,7 @@ def test_torchvision_train_order_is_a_function_of_the_trainers_epoch():
 
     def first_labels(epoch: int) -> list[int]:
         dm = ImageDataModule(dataset="digits", backend="torchvision", image_size=8, batch_size=64, num_workers=0,
-                             scale=(1.0, 1.0), hflip=0.0, crop_pct=1.0)
+                             augment={"scale": (1.0, 1.0), "hflip": 0.0}, crop_pct=1.0)
         dm.trainer = SimpleNamespace(current_epoch=epoch, training=False)
         return next(iter(dm.train_dataloader()))[1].tolist()
 

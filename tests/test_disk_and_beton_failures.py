@@ -20,7 +20,8 @@ pytest.importorskip("ffcv")
 from test_convert import make_tree  # noqa: E402
 
 from impulsevit.cli import main as cli_main  # noqa: E402
-from impulsevit.data.convert import PRESETS, convert_split, main, manifest_path  # noqa: E402
+from impulsevit.data.convert import PRESETS, convert_split, manifest_path  # noqa: E402
+from impulsevit.data.convert_cli import main  # noqa: E402
 from impulsevit.data.integrity import BetonError, check_header, verify_beton  # noqa: E402
 from impulsevit.data.registry import get_dataset  # noqa: E402
 from impulsevit.io import WriteError, atomic_write_text  # noqa: E402
@@ -157,7 +158,7 @@ def test_fit_with_the_ffcv_cache_on_a_full_filesystem_fails_fast(tmp_path, capsy
 def test_fit_on_a_truncated_beton_names_the_file(beton, tmp_path, capsys):
     trunc = _copy(beton, tmp_path)
     trunc.write_bytes(beton.read_bytes()[:5000])
-    status = cli_main(_fit_args(tmp_path, {"train_beton": str(trunc), "val_beton": str(beton)}))
+    status = cli_main(_fit_args(tmp_path, {"storage": {"train_beton": str(trunc), "val_beton": str(beton)}}))
     err = capsys.readouterr().err
     line = [ln for ln in err.splitlines() if ln.startswith("impulsevit fit: error: ")]
     assert status == 2 and len(line) == 1 and "Traceback" not in err, err

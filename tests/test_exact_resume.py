@@ -35,8 +35,8 @@ SUBSET = ["--data.init_args.train_subset=256", "--data.init_args.val_subset=64",
           "--trainer.num_sanity_val_steps=0"]
 BACKENDS = {
     "ffcv": ["--data.init_args.backend=ffcv"],
-    "ffcv-geometry": ["--data.init_args.backend=ffcv", "--data.init_args.scale=[1.0,1.0]",
-                      "--data.init_args.hflip=0.0"],
+    "ffcv-geometry": ["--data.init_args.backend=ffcv", "--data.init_args.augment.scale=[1.0,1.0]",
+                      "--data.init_args.augment.hflip=0.0"],
     "torchvision": ["--data.init_args.backend=torchvision"],
 }
 STEPS_PER_EPOCH = 8

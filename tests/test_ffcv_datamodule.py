@@ -150,12 +150,14 @@ LIGHTNING_SCRIPT = textwrap.dedent("""
     torch.manual_seed(0)
     if mode == "train":
         dm = ImageDataModule("imagefolder", backend="ffcv", image_size=16, batch_size=8, num_workers=1,
-                             train_beton=sys.argv[3], val_beton=sys.argv[4], scale=(0.5, 1.0))
+                             storage={"train_beton": sys.argv[3], "val_beton": sys.argv[4]},
+                             augment={"scale": (0.5, 1.0)})
         trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=3, logger=False, enable_checkpointing=False,
                             enable_progress_bar=False, enable_model_summary=False)
     else:
         dm = ImageDataModule("imagefolder", backend="ffcv", image_size=16, batch_size=4, num_workers=1,
-                             train_beton=sys.argv[3], val_beton=sys.argv[3], repeated_aug=3)
+                             storage={"train_beton": sys.argv[3], "val_beton": sys.argv[3]},
+                             augment={"repeated_aug": 3})
         trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                             num_sanity_val_steps=0, limit_val_batches=0)
@@ -179,7 +181,7 @@ def _run(tmp_path: Path, *args: str) -> list[dict]:
 
 @pytest.mark.slow
 def test_converted_folder_with_corrupt_files_trains(tmp_path):
-    from impulsevit.data.convert import main
+    from impulsevit.data.convert_cli import main
 
     _make_corrupt_tree(tmp_path / "src")
     assert main([str(tmp_path / "src"), str(tmp_path / "out"), "--workers", "1", "--no-progress"]) == 0
@@ -215,8 +217,8 @@ def test_ddp_shards_ffcv_loader(tmp_path):
 
 
 def test_bad_arguments_are_clear(tmp_path):
-    with pytest.raises(ValueError, match="both train_beton and val_beton"):
-        ImageDataModule("imagefolder", train_beton=str(tmp_path / "a.beton"))
+    with pytest.raises(ValueError, match="both data.storage.train_beton and data.storage.val_beton"):
+        ImageDataModule("imagefolder", storage={"train_beton": str(tmp_path / "a.beton")})
     with pytest.raises(ValueError, match="needs root"):
         ImageDataModule("imagefolder")
     with pytest.raises(ValueError, match="backend must be"):

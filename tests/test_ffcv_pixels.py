@@ -110,8 +110,8 @@ def test_small_images_enlarged_like_timm(tmp_path):
     args = recipe_data_args("vit_tiny_cifar10")
     dm = ImageDataModule("imagefolder", root=str(tmp_path / "imgs"), backend=args["backend"],
                          image_size=args["image_size"], crop_pct=args["crop_pct"],
-                         interpolation=args["interpolation"], batch_size=8, num_workers=1, preset="raw",
-                         cache_dir=str(tmp_path / "cache"))
+                         interpolation=args["interpolation"], batch_size=8, num_workers=1,
+                         storage={"preset": "raw"}, cache_dir=str(tmp_path / "cache"))
     assert dm.backend == "ffcv"
     dm.prepare_data()
     dm.setup("validate")
@@ -135,8 +135,8 @@ def test_full_size_photos_keep_the_eval_resolution(tmp_path):
     args = recipe_data_args("deit_base_in1k")
     dm = ImageDataModule("imagefolder", root=str(tmp_path / "imgs"), backend=args["backend"],
                          image_size=args["image_size"], crop_pct=args["crop_pct"],
-                         interpolation=args["interpolation"], preset=args["preset"], batch_size=8, num_workers=1,
-                         cache_dir=str(tmp_path / "cache"))
+                         interpolation=args["interpolation"], storage={"preset": args["storage"]["preset"]},
+                         batch_size=8, num_workers=1, cache_dir=str(tmp_path / "cache"))
     dm.prepare_data()
     dm.setup("validate")
     meta = Reader(str(dm.beton_path(dm.val_split))).metadata["f0"]
@@ -238,7 +238,8 @@ def test_short_side_preset_caps_the_shorter_side(tmp_path):
     untouched; the stored pixels are PIL's bicubic resize of the source (raw-stored images exactly)."""
     from ffcv.reader import Reader
 
-    from impulsevit.data.convert import main, manifest_path
+    from impulsevit.data.convert import manifest_path
+    from impulsevit.data.convert_cli import main
 
     rng = np.random.default_rng(2)
     shapes = [(300, 520), (700, 400), (200, 100)]

@@ -66,18 +66,19 @@ def test_sampler_resume_applies_to_its_epoch_only():
 
 
 # ------------------------------------------------------------------------------------------------- real loaders
-def _dm(backend: str, tmp_path, **kw) -> ImageDataModule:
+def _dm(backend: str, tmp_path, augment: dict | None = None, **kw) -> ImageDataModule:
     dm = ImageDataModule(dataset="fashion_mnist", backend=backend, image_size=28, batch_size=16, train_subset=160,
-                         val_subset=16, crop_pct=1.0, scale=(0.5, 1.0), cache_dir=str(tmp_path / "cache"), **kw)
+                         val_subset=16, crop_pct=1.0, cache_dir=str(tmp_path / "cache"),
+                         augment={"scale": (0.5, 1.0), **(augment or {})}, **kw)
     dm.prepare_data()
     dm.setup("fit")
     return dm
 
 
 @pytest.mark.parametrize(("backend", "kw", "order"), [
-    ("ffcv", {"in_memory": True}, "random"),
-    ("ffcv", {"in_memory": False}, "quasi_random"),
-    ("ffcv", {"in_memory": True, "repeated_aug": 3}, "repeated"),
+    ("ffcv", {"storage": {"in_memory": True}}, "random"),
+    ("ffcv", {"storage": {"in_memory": False}}, "quasi_random"),
+    ("ffcv", {"storage": {"in_memory": True}, "augment": {"repeated_aug": 3}}, "repeated"),
     ("torchvision", {"num_workers": 0}, "random"),
 ])
 def test_loader_continues_after_its_state(tmp_path, backend, kw, order):
@@ -106,13 +107,14 @@ def test_loader_continues_after_its_state(tmp_path, backend, kw, order):
 def test_torchvision_augmentation_does_not_depend_on_the_worker_count(tmp_path):
     """RandomResizedCrop + flip + RandAugment in 0, 1 and 2 worker processes: the same images, sample by sample."""
     def images(workers: int) -> torch.Tensor:
-        dm = _dm("torchvision", tmp_path, num_workers=workers, hflip=0.5, auto_augment="rand-m9-mstd0.5-inc1")
+        dm = _dm("torchvision", tmp_path, num_workers=workers,
+                 augment={"hflip": 0.5, "auto_augment": "rand-m9-mstd0.5-inc1"})
         return torch.cat([b[0] for b in dm.train_dataloader()])
 
     ref = images(0)
     assert torch.equal(ref, images(1)) and torch.equal(ref, images(2))
     # and they are random: the next epoch draws differently
-    loader = _dm("torchvision", tmp_path, num_workers=0, hflip=0.5,
-                 auto_augment="rand-m9-mstd0.5-inc1").train_dataloader()
+    loader = _dm("torchvision", tmp_path, num_workers=0,
+                 augment={"hflip": 0.5, "auto_augment": "rand-m9-mstd0.5-inc1"}).train_dataloader()
     loader.sampler.set_epoch(1)
     assert not torch.equal(ref, torch.cat([b[0] for b in loader]))

@@ -256,12 +256,12 @@ def test_stage_to_copies_betons_once_per_node_and_fit_reads_the_copies(tmp_path,
     (shared / "val.beton").write_bytes(b"v" * 10)
     args = ["--recipe", "vit_base_in21k", "--nodes", "2", "--gpus-per-node", "8", "--runs-dir", str(tmp_path),
             "--slurm-config", str(tmp_path / "none.yaml"), "--dry-run", "--stage-to", str(local)]
-    assert main([*args, f"--data.init_args.train_beton={shared / 'train.beton'}",
-                 f"--data.init_args.val_beton={shared / 'val.beton'}"]) == 0
+    assert main([*args, f"--data.init_args.storage.train_beton={shared / 'train.beton'}",
+                 f"--data.init_args.storage.val_beton={shared / 'val.beton'}"]) == 0
     script = capsys.readouterr().out
     (srun,) = [ln for ln in script.splitlines() if ln.startswith("srun --kill-on-bad-exit=1 ")]
-    assert f"--data.init_args.train_beton={local / 'train.beton'}" in srun
-    assert f"--data.init_args.val_beton={local / 'val.beton'}" in srun and str(shared) not in srun
+    assert f"--data.init_args.storage.train_beton={local / 'train.beton'}" in srun
+    assert f"--data.init_args.storage.val_beton={local / 'val.beton'}" in srun and str(shared) not in srun
     (stage,) = [ln for ln in script.splitlines() if ln.startswith("srun --ntasks-per-node=1")]
     body = re.search(r"bash -c ('.*') \|\|", stage).group(1)
     # run the node prologue's shell code for real: copies, then keeps a same-size copy, replaces a stale one

@@ -3,8 +3,8 @@
 - ``impulsevit submit`` for a recipe whose FFCV ``.beton`` files are missing submits a conversion job first and the
   training job with ``--dependency=afterok:<id>``: the training job is held on that dependency, then finds both files
   up to date (it reuses them, converts nothing) and completes.
-- In a 2-task run, ``prepare_data`` refuses to convert a split above ``convert_limit`` and the job stops with the
-  exact ``impulsevit convert`` command.
+- In a 2-task run, ``prepare_data`` refuses to convert a split above ``storage.convert_limit`` and the job stops with
+  the exact ``impulsevit convert`` command.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def test_missing_betons_get_a_conversion_job_and_training_waits_for_it(ws):
 
 def test_two_task_run_refuses_to_convert_a_large_split_and_names_the_command(ws):
     _submit(ws, "limit", "--tasks-per-node", "2", "--trainer.strategy=ddp", "--no-convert-job",
-            "--data.init_args.train_subset=48", "--data.init_args.convert_limit=40")
+            "--data.init_args.train_subset=48", "--data.init_args.storage.convert_limit=40")
     assert _wait(ws, "limit") == "failed"
     run_dir = ws["root"] / "runs" / "limit"
     log = "".join(p.read_text() for p in (run_dir / "slurm").glob("*.out"))

@@ -25,10 +25,10 @@ CPUs: a GPU job without ``cpus_per_task`` (flag or ``slurm.yaml``) asks for the 
 with the decoders; the script says where the number came from.
 
 Node-local staging (``stage_to``, ``impulsevit submit --stage-to DIR``): the ``.beton`` files named by the fit
-overrides ``--data.init_args.train_beton=…`` / ``val_beton=…`` are copied to ``DIR`` on every node before training
-(one copy per node, skipped when a file of the same size is already there, written under a temporary name first), and
-the fit reads the local copies. For IN-21K-sized files (≈1.1 TB) that do not fit the page cache: random reads from
-node-local NVMe instead of the shared file system.
+overrides ``--data.init_args.storage.train_beton=…`` / ``storage.val_beton=…`` are copied to ``DIR`` on every node
+before training (one copy per node, skipped when a file of the same size is already there, written under a temporary
+name first), and the fit reads the local copies. For IN-21K-sized files (≈1.1 TB) that do not fit the page cache:
+random reads from node-local NVMe instead of the shared file system.
 
 Not supported: heterogeneous jobs, per-node GPU counts that differ, GPU types (use ``constraint`` or ``extra_sbatch``).
 """
@@ -182,7 +182,8 @@ def _word(arg: str, array: bool) -> str:
 
 
 _WORKER_KEYS = ("--data.init_args.num_workers", "--data.num_workers")
-_BETON_KEYS = ("--data.init_args.train_beton", "--data.init_args.val_beton", "--data.train_beton", "--data.val_beton")
+_BETON_KEYS = ("--data.init_args.storage.train_beton", "--data.init_args.storage.val_beton",
+               "--data.storage.train_beton", "--data.storage.val_beton")
 DEFAULT_DATA_WORKERS = 2  # ImageDataModule's num_workers default
 
 
@@ -227,7 +228,8 @@ def task_cpus(job: FitJob, opts: SlurmOptions) -> tuple[int | None, int | None, 
 def staged(job: FitJob, opts: SlurmOptions) -> list[tuple[str, str]]:
     """``(shared path, node-local path)`` of every ``.beton`` override when ``opts.stage_to`` is set.
 
-    Raises ``ValueError`` when ``stage_to`` is set without any ``--data.init_args.{train,val}_beton=`` override."""
+    Raises ``ValueError`` when ``stage_to`` is set without any ``--data.init_args.storage.{train,val}_beton=``
+    override."""
     if not opts.stage_to:
         return []
     pairs = []
@@ -237,7 +239,7 @@ def staged(job: FitJob, opts: SlurmOptions) -> list[tuple[str, str]]:
             pairs.append((v, f"{opts.stage_to.rstrip('/')}/{Path(v).name}"))
     if not pairs:
         raise ValueError(f"stage_to={opts.stage_to!r} needs the .beton files as fit overrides: "
-                         "--data.init_args.train_beton=PATH --data.init_args.val_beton=PATH")
+                         "--data.init_args.storage.train_beton=PATH --data.init_args.storage.val_beton=PATH")
     if len({d for _, d in pairs}) != len(pairs):
         raise ValueError(f"stage_to: the .beton files {[s for s, _ in pairs]} have the same file name")
     return pairs

@@ -10,9 +10,9 @@ Everything not recognised here is passed to ``impulsevit fit`` unchanged (``--tr
 from ``~/.config/impulsevit/slurm.yaml`` (:mod:`impulsevit.cluster.slurm_config`), flags override them.
 ``--dry-run`` prints the script and writes/submits nothing. When the recipe's FFCV ``.beton`` files are missing, a
 conversion job (one node, all its cores, ``impulsevit convert``; :mod:`impulsevit.cluster.convert_job`) is submitted
-first and the training job waits for it with ``--dependency=afterok:<id>`` (``--no-convert-job`` turns this off). Without ``sbatch`` on PATH the script is still written and
-the error names it, so it can be submitted by hand. Exit codes: 0 submitted (or dry run), 1 ``sbatch`` missing or
-failed, 2 bad arguments.
+first and the training job waits for it with ``--dependency=afterok:<id>`` (``--no-convert-job`` turns this off).
+Without ``sbatch`` on PATH the script is still written and the error names it, so it can be submitted by hand. Exit
+codes: 0 submitted (or dry run), 1 ``sbatch`` missing or failed, 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds before the time limit at which SLURM sends USR1 (default 120); the job "
                         "checkpoints at the next training step, so make it longer than one validation pass")
     p.add_argument("--stage-to", dest="stage_to",
-                   help="node-local directory (e.g. /local/scratch) to copy the --data.init_args.train_beton / "
-                        "val_beton files to before training; the fit reads the copies (for datasets that do not "
-                        "fit the page cache, e.g. IN-21K)")
+                   help="node-local directory (e.g. /local/scratch) to copy the "
+                        "--data.init_args.storage.train_beton / storage.val_beton files to before training; the fit "
+                        "reads the copies (for datasets that do not fit the page cache, e.g. IN-21K)")
     p.add_argument("--launcher", help="command that starts the CLI inside the job (default: this environment's "
                                       "impulsevit; e.g. 'apptainer exec --nv img.sif impulsevit')")
     p.add_argument("--slurm-config", help=f"defaults file (default {config_path()})")

@@ -6,17 +6,21 @@ Names are imported lazily so that ``impulsevit convert`` and the registry do not
 from importlib import import_module
 
 __all__ = [
+    "AugmentConfig",
     "BaseImageDataModule",
     "DatasetInfo",
     "DatasetMismatchError",
     "DeviceAugment",
     "ImageDataModule",
+    "StorageConfig",
     "SyntheticDataModule",
     "get_dataset",
     "list_datasets",
 ]
 
 _WHERE = {
+    "AugmentConfig": "impulsevit.data.config",
+    "StorageConfig": "impulsevit.data.config",
     "BaseImageDataModule": "impulsevit.data.base",
     "SyntheticDataModule": "impulsevit.data.synthetic",
     "ImageDataModule": "impulsevit.data.datamodule",

@@ -1,38 +1,26 @@
-"""``impulsevit convert``: image datasets → FFCV ``.beton`` files (one per split), with a manifest next to each.
-
-Sources: a registry name with ``--root`` (``impulsevit convert cifar10 out/ --root /data/cifar``), a torchvision-style
-dataset folder (recognised by its marker files, e.g. ``cifar-10-batches-py/``), or an ImageFolder tree
-(``SRC/{train,val}/<class>/<image>``, or ``SRC/<class>/<image>`` as a single ``train`` split).
-
-Output: ``DST`` is a directory (``DST/<split>.beton``) or, for one split, a ``.beton`` path; with several splits and
-a ``.beton`` path the split is appended to the stem (``out_train.beton``). Each ``X.beton`` gets ``X.manifest.json``:
-counts per class, the preset, a content checksum of the source (BLAKE2 of every file, in order), the bad inputs that
-were skipped, the output size and the conversion speed.
+"""Image sources → FFCV ``.beton`` files with a manifest (:func:`convert_split`): the conversion library behind
+``impulsevit convert`` (:mod:`impulsevit.data.convert_cli`) and the datamodule's ``prepare_data``. No argparse here.
 
 Steps per split: list the source (problems found while listing: empty class folders, non-image files, broken links);
 decode every image once in parallel workers to find truncated/corrupt/unreadable ones (JPEGs are decoded at 1/8 scale,
-which still reads every byte); report every bad input with its path; ``--on-error fail`` stops there (exit 1), ``skip``
-leaves them out. The expected output size is estimated from a sample and printed; FFCV's writer then writes to
-``X.beton.tmp-<host>-<pid>``, which is renamed to ``X.beton`` only when complete, then the manifest is written (also
-temp + rename). An interrupted run leaves only a temp file, which the next run removes (when its process is gone); a
-rerun skips splits whose manifest matches the request and the source's current file sizes and mtimes (``--force``
-rebuilds). FFCV cannot append to a ``.beton``, so an interrupted split restarts from its beginning.
+which still reads every byte); report every bad input with its path; ``on_error='fail'`` stops there
+(:class:`ConversionError`), ``'skip'`` leaves them out. The expected output size is estimated from a sample and
+printed; FFCV's writer then writes to ``X.beton.tmp-<host>-<pid>``, which is renamed to ``X.beton`` only when
+complete, then the manifest (:mod:`impulsevit.data.manifest`) is written (also temp + rename). An interrupted run
+leaves only a temp file, which the next run removes (when its process is gone); a rerun skips splits whose manifest
+matches the request and the source's current file sizes and mtimes (``force=True`` rebuilds). FFCV cannot append to a
+``.beton``, so an interrupted split restarts from its beginning. Conversions of one output are serialised across
+processes and nodes by a lock file next to it (:mod:`impulsevit.data.locking`).
 
-Presets: ``raw`` stores pixels unchanged (small images: CIFAR, MNIST, STL-10). ``short256`` (the default for
-large-image datasets and the preset of the ImageNet / IN-21K / Food-101 / Flowers / Pets recipes) resizes images whose
-shorter side exceeds 256 px to shorter side 256 (PIL bicubic, antialiased — the resize timm's eval transform applies
-for ``crop_pct = 0.875`` at 224 px, so the stored image *is* that resize and the eval crop is never upsampled), and
-stores half the images as JPEG (quality 90) and half raw (``proportion`` mode, probability 0.5, after
-ffcv-imagenet's ``write_imagenet.sh``); ``short320`` / ``short384`` keep more detail for small random crops (and
-larger eval sizes) at a higher decode cost. ``res256`` / ``res400`` / ``res512`` cap the *longer* side instead
-(FFCV's ``max_resolution``, OpenCV area filter): ``res256`` stores a 4:3 photo at 256 × 192, whose 0.875 eval crop
-(168 px) is upsampled to 224 — kept for comparison (``benchmarks/loader_speed.py``), not for faithful recipes.
-``raw256`` caps the longer side at 256 and stores every image raw. Flags override single fields.
+How images are stored is a :class:`~impulsevit.data.presets.Preset`; :data:`PRESETS`, :class:`Preset`,
+:func:`default_preset`, :func:`read_manifest`, :func:`manifest_path` and :func:`beton_num_classes` are re-exported
+here from :mod:`impulsevit.data.presets` / :mod:`impulsevit.data.manifest` for existing imports.
+
+Not supported: appending to a ``.beton``; sources other than :class:`~impulsevit.data.sources.ImageSource`.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
@@ -41,106 +29,28 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from impulsevit.data.integrity import CHUNK, BetonError, check_header, file_digests, verify_beton
-from impulsevit.data.registry import DATASETS, DatasetInfo, detect_dataset, get_dataset, list_datasets
+from impulsevit.data.integrity import CHUNK, file_digests
+from impulsevit.data.manifest import MANIFEST_FORMAT, beton_num_classes, manifest_path, read_manifest
+from impulsevit.data.presets import PRESETS, SMALL_IMAGE_SIDE, Preset, default_preset, storage_preset
 from impulsevit.data.sources import ArraySource, FileSource, ImageSource, Problem, check_sample
-from impulsevit.io import WriteError, atomic_write_json, commit, disk_errors, require_free_space, temp_path, write_error
+from impulsevit.io import atomic_write_json, commit, disk_errors, require_free_space, temp_path, write_error
 
-__all__ = ["PRESETS", "ConversionError", "Preset", "convert_split", "default_preset", "estimate_size", "main",
-           "scan_source"]
+__all__ = ["PRESETS", "ConversionError", "Preset", "ScanResult", "beton_num_classes", "convert_split",
+           "default_preset", "estimate_size", "manifest_path", "read_manifest", "scan_source", "source_stat",
+           "subset_indices"]
 
 OnError = Literal["skip", "fail"]
-MANIFEST_FORMAT = "impulsevit-beton-manifest/1"
 
 
 class ConversionError(RuntimeError):
     """The conversion stopped (bad inputs with ``on_error='fail'``, or an input changed while being written)."""
-
-
-@dataclass(frozen=True)
-class Preset:
-    """How images are stored: ``write_mode`` raw | jpg | proportion | smart (FFCV's ``RGBImageField`` modes),
-    ``max_resolution`` caps the longer side in pixels (None: keep; FFCV's area resize), ``max_short_side`` caps the
-    shorter side (None: keep; PIL bicubic, antialiased), JPEG ``jpeg_quality`` and, for ``proportion``, the
-    probability ``jpeg_proportion`` that an image is stored as JPEG."""
-
-    name: str
-    write_mode: str = "raw"
-    max_resolution: int | None = None
-    jpeg_quality: int = 90
-    jpeg_proportion: float = 0.5
-    max_short_side: int | None = None
-
-    def stored_size(self, width: int, height: int) -> tuple[int, int]:
-        """``(width, height)`` an image of that size is stored at."""
-        if self.max_short_side is not None and min(width, height) > self.max_short_side:
-            s = self.max_short_side
-            width, height = (s, round(height * s / width)) if width <= height else (round(width * s / height), s)
-        if self.max_resolution is not None and max(width, height) > self.max_resolution:
-            ratio = self.max_resolution / max(width, height)  # FFCV's resizer: truncating
-            width, height = int(ratio * width), int(ratio * height)
-        return width, height
-
-    def load_hint(self, width: int, height: int) -> int | None:
-        """The ``max_side`` hint for :meth:`ImageSource.load` (JPEG DCT scaling) that keeps at least the stored size."""
-        if self.max_short_side is not None and min(width, height) > self.max_short_side:
-            return max(self.stored_size(width, height))
-        return self.max_resolution
-
-    def shrink(self, image: np.ndarray) -> np.ndarray:
-        """Apply ``max_short_side`` to an ``(H, W, 3)`` uint8 image (the longer-side cap is FFCV's field's job)."""
-        height, width = image.shape[:2]
-        if self.max_short_side is None or min(width, height) <= self.max_short_side:
-            return image
-        from PIL import Image
-
-        w = self.max_short_side if width <= height else round(width * self.max_short_side / height)
-        h = self.max_short_side if height < width else round(height * self.max_short_side / width)
-        return np.asarray(Image.fromarray(image).resize((w, h), Image.Resampling.BICUBIC))
-
-    def field(self):  # noqa: ANN201 - ffcv is an optional import
-        from ffcv.fields import RGBImageField
-
-        return RGBImageField(write_mode=self.write_mode, max_resolution=self.max_resolution,
-                             jpeg_quality=self.jpeg_quality, compress_probability=self.jpeg_proportion)
-
-
-PRESETS: dict[str, Preset] = {
-    "raw": Preset("raw"),
-    "raw256": Preset("raw256", "raw", 256),
-    "res256": Preset("res256", "proportion", 256),
-    "res400": Preset("res400", "proportion", 400),
-    "res512": Preset("res512", "proportion", 512),
-    "short256": Preset("short256", "proportion", max_short_side=256),
-    "short320": Preset("short320", "proportion", max_short_side=320),
-    "short384": Preset("short384", "proportion", max_short_side=384),
-}
-
-
-SMALL_IMAGE_SIDE = 64
-"""Splits whose stored images all fit in ``SMALL_IMAGE_SIDE × SMALL_IMAGE_SIDE`` px are stored raw by every preset."""
-
-
-def storage_preset(preset: Preset, sizes: np.ndarray) -> Preset:
-    """The preset actually written for images of ``sizes`` (``(N, 2)`` width, height): ``preset`` itself, or its raw
-    variant when it would JPEG-compress and every stored image fits in ``SMALL_IMAGE_SIDE`` px (CIFAR-like data in an
-    ImageFolder: at 32 px a JPEG saves a few hundred bytes and costs ~30 dB of fidelity)."""
-    if preset.write_mode == "raw" or len(sizes) == 0:
-        return preset
-    stored = max(max(preset.stored_size(int(w), int(h))) for w, h in sizes)
-    return replace(preset, write_mode="raw") if stored <= SMALL_IMAGE_SIDE else preset
-
-
-def default_preset(small: bool) -> Preset:
-    """The preset used when none is named: ``raw`` for small-image datasets, ``short256`` otherwise."""
-    return PRESETS["raw" if small else "short256"]
 
 
 # ---------------------------------------------------------------------------------------------------------- scanning
@@ -155,21 +65,35 @@ class ScanResult:
     sizes: np.ndarray
 
 
-_SCAN_SOURCE: ImageSource | None = None
+CheckedSample = tuple[int, Problem | None, bytes, tuple[int, int]]
+"""``(index, problem or None, content digest, (width, height))`` of one decode-checked sample."""
 
 
-def _scan_init(source: ImageSource) -> None:
-    global _SCAN_SOURCE
-    _SCAN_SOURCE = source
+def _check_chunk(source: ImageSource, indices: list[int]) -> list[CheckedSample]:
+    return [(i, *check_sample(source, i)) for i in indices]
 
 
-def _scan_chunk(indices: list[int]) -> list[tuple[int, Problem | None, bytes, tuple[int, int]]]:
-    assert _SCAN_SOURCE is not None
-    return [(i, *check_sample(_SCAN_SOURCE, i)) for i in indices]
+# The source of the scan pool's worker processes, set in each worker by its initializer and never in the parent.
+# Pool tasks can only carry picklable arguments: passing the source with every chunk would pickle it (for a FileSource,
+# every path of the split) once per 64 images, whereas the initializer's argument reaches the forked workers without
+# pickling. A per-process global is the only state a Pool initializer can leave for its tasks.
+_WORKER_SOURCE: ImageSource | None = None
+
+
+def _worker_init(source: ImageSource) -> None:
+    global _WORKER_SOURCE
+    _WORKER_SOURCE = source
+
+
+def _worker_check(indices: list[int]) -> list[CheckedSample]:
+    assert _WORKER_SOURCE is not None, "_worker_check runs only in scan_source's pool"
+    return _check_chunk(_WORKER_SOURCE, indices)
 
 
 def scan_source(source: ImageSource, workers: int = 1, progress: bool = True) -> ScanResult:
-    """Decode-check every sample of ``source`` (in ``workers`` processes) and hash its content."""
+    """Decode-check every sample of ``source`` and hash its content: in ``workers`` forked processes when
+    ``workers > 1`` and the source has more than 256 samples, else in this process. Array sources are not decoded
+    (their content hash is the array's)."""
     n = len(source)
     sizes = np.zeros((n, 2), dtype=np.int64)
     problems = list(source.problems)
@@ -187,14 +111,12 @@ def scan_source(source: ImageSource, workers: int = 1, progress: bool = True) ->
     bar = _progress(n, "check", progress)
     if workers > 1 and n > 256:
         ctx = mp.get_context("fork")
-        with ctx.Pool(workers, initializer=_scan_init, initargs=(source,)) as pool:
-            results = pool.imap(_scan_chunk, chunks)
-            for res in results:
+        with ctx.Pool(workers, initializer=_worker_init, initargs=(source,)) as pool:
+            for res in pool.imap(_worker_check, chunks):
                 _collect(res, digests, sizes, bad, problems, bar)
-    else:
-        _scan_init(source)
+    else:  # in this process: the source is passed explicitly, no module state is touched
         for chunk in chunks:
-            _collect(_scan_chunk(chunk), digests, sizes, bad, problems, bar)
+            _collect(_check_chunk(source, chunk), digests, sizes, bad, problems, bar)
     bar.close()
     for d in digests:
         h.update(d)
@@ -202,7 +124,8 @@ def scan_source(source: ImageSource, workers: int = 1, progress: bool = True) ->
     return ScanResult(good, problems, h.hexdigest(), sizes)
 
 
-def _collect(res, digests, sizes, bad, problems, bar) -> None:  # noqa: ANN001 - internal
+def _collect(res: list[CheckedSample], digests: list[bytes], sizes: np.ndarray, bad: set[int], problems: list[Problem],
+             bar) -> None:  # noqa: ANN001 - a tqdm bar
     for i, problem, digest, size in res:
         digests[i] = digest
         sizes[i] = size
@@ -312,7 +235,11 @@ def _guarded_worker(*args: object) -> None:
 def _write_guarded(writer, dataset: _WriterDataset, indices: list[int], out: Path, needed: int) -> None:  # noqa: ANN001
     """``writer.from_indexed_dataset`` that raises within ~0.1 s when a writer process fails (see
     :func:`_guarded_worker`) instead of waiting forever; the failed write's processes and shared memory are freed.
-    A full-disk / read-only failure becomes :class:`impulsevit.io.WriteError` naming ``out``."""
+    A full-disk / read-only failure becomes :class:`impulsevit.io.WriteError` naming ``out``.
+
+    FFCV's writer processes call ``ffcv.writer.worker_job_indexed_dataset`` / ``sleep`` by module-global name, so the
+    guard has to patch those two attributes of FFCV's module for the duration of the write (they are restored after):
+    not supported are two conversions in threads of one process at the same time (separate processes are fine)."""
     import multiprocessing
     from unittest import mock
 
@@ -360,11 +287,6 @@ def _page_size(sizes: np.ndarray, preset: Preset) -> int:
     return 1 << (need - 1).bit_length()
 
 
-def manifest_path(beton: str | os.PathLike) -> Path:
-    beton = Path(beton)
-    return beton.with_name(beton.name.removesuffix(".beton") + ".manifest.json")
-
-
 def _remove_stale_temps(out: Path, log: Callable[[str], None]) -> None:
     host = socket.gethostname()
     for tmp in out.parent.glob(out.name + ".tmp-*"):
@@ -381,39 +303,6 @@ def _remove_stale_temps(out: Path, log: Callable[[str], None]) -> None:
             continue
         log(f"removing {tmp} left by an interrupted conversion")
         tmp.unlink(missing_ok=True)
-
-
-def read_manifest(beton: str | os.PathLike, check_size: bool = True) -> dict | None:
-    """The manifest of a complete ``.beton`` (file present with the recorded size, unless not ``check_size``), else
-    None."""
-    mpath = manifest_path(beton)
-    try:
-        manifest = json.loads(mpath.read_text())
-    except (OSError, ValueError):
-        return None
-    if manifest.get("format") != MANIFEST_FORMAT:
-        return None
-    try:
-        if check_size and os.path.getsize(beton) != manifest.get("bytes"):
-            return None
-    except OSError:
-        return None
-    return manifest
-
-
-def beton_num_classes(path: str | os.PathLike) -> int:
-    """Class count of a ``.beton``: from its manifest, else the largest label + 1 (read from the file's metadata)."""
-    manifest = read_manifest(path)
-    if manifest is not None:
-        return int(manifest["num_classes"])
-    from ffcv.reader import Reader
-
-    check_header(path)
-    reader = Reader(str(path))
-    names = list(reader.handlers)
-    if "label" not in names:
-        raise ValueError(f"{path}: no 'label' field (fields: {names})")
-    return int(reader.metadata[f"f{names.index('label')}"].max()) + 1
 
 
 def _one_writer(convert: Callable[..., dict]) -> Callable[..., dict]:
@@ -538,82 +427,6 @@ def convert_split(source: ImageSource, out: str | os.PathLike, preset: Preset, *
     return manifest
 
 
-# ---------------------------------------------------------------------------------------------------------- CLI
-def resolve_source(src: str, root: str | None, dataset: str | None) -> tuple[DatasetInfo, Path | None]:
-    """(registry entry, root) for the SRC/--root/--dataset combination (see module docstring)."""
-    if dataset is not None:
-        return get_dataset(dataset), Path(root or src)
-    if root is not None or (src.lower() in DATASETS and not os.path.exists(src)):
-        return get_dataset(src), Path(root) if root else None
-    path = Path(src)
-    if not path.exists():
-        raise FileNotFoundError(f"{src} is neither an existing folder nor a registry dataset "
-                                f"({', '.join(list_datasets())})")
-    info = detect_dataset(path)
-    return (info or get_dataset("imagefolder")), path
-
-
-def default_splits(info: DatasetInfo, root: Path | None) -> list[str]:
-    if info.name != "imagefolder":
-        return [info.train_split, info.val_split]
-    assert root is not None
-    splits = [s for s in ("train", "val", "test") if (root / s).is_dir()]
-    if "val" in splits and "test" in splits:
-        splits.remove("test")
-    return splits or ["train"]
-
-
-def output_path(dst: str, split: str, multiple: bool) -> Path:
-    d = Path(dst)
-    if d.suffix == ".beton":
-        return d.with_name(f"{d.stem}_{split}.beton") if multiple else d
-    return d / f"{split}.beton"
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="impulsevit convert", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=f"datasets: {', '.join(list_datasets())}\npresets: {', '.join(PRESETS)}")
-    p.add_argument("src", help="registry name (with --root), a dataset folder, or an ImageFolder tree")
-    p.add_argument("dst", help="output folder (<split>.beton inside) or a .beton path")
-    p.add_argument("--root", help="dataset folder when SRC is a registry name")
-    p.add_argument("--dataset", help="treat SRC as this registry dataset's folder (skip auto-detection)")
-    p.add_argument("--split", nargs="+", help="splits to convert (default: the dataset's train and val splits)")
-    p.add_argument("--preset", choices=sorted(PRESETS), help="storage preset (default: raw for small-image "
-                   "datasets, short256 otherwise)")
-    p.add_argument("--write-mode", choices=["raw", "jpg", "proportion", "smart"])
-    p.add_argument("--max-resolution", type=int, help="cap on the longer side in pixels (0: unchanged)")
-    p.add_argument("--jpeg-quality", type=int)
-    p.add_argument("--jpeg-proportion", type=float, help="share of images stored as JPEG in proportion mode")
-    p.add_argument("--subset", type=int, help="convert only this many images per split (seeded random choice)")
-    p.add_argument("--workers", type=int, default=max(1, min(8, os.cpu_count() or 1)))
-    p.add_argument("--on-error", choices=["skip", "fail"], default="skip", help="bad inputs: leave out or stop")
-    p.add_argument("--verify", choices=["error", "warn", "off"], default="warn",
-                   help="registry datasets: counts that differ from the published ones are an error, a warning, "
-                        "or not checked")
-    p.add_argument("--force", action="store_true", help="rebuild outputs even when their manifest is up to date")
-    p.add_argument("--no-progress", action="store_true")
-    p.epilog += ("\n\nimpulsevit convert --check X.beton [...] [--full]: verify .beton files against their manifests' "
-                 "checksums (sampled chunks; --full: every chunk)")
-    return p
-
-
-def choose_preset(info: DatasetInfo, args: argparse.Namespace) -> Preset:
-    preset = PRESETS[args.preset] if args.preset else default_preset(info.small)
-    overrides = {}
-    if args.write_mode:
-        overrides["write_mode"] = args.write_mode
-    if args.max_resolution is not None:
-        overrides["max_resolution"] = args.max_resolution or None
-    if args.jpeg_quality is not None:
-        overrides["jpeg_quality"] = args.jpeg_quality
-    if args.jpeg_proportion is not None:
-        overrides["jpeg_proportion"] = args.jpeg_proportion
-    if overrides:
-        preset = replace(preset, name=preset.name + "+custom", **overrides)
-    return preset
-
-
 def subset_indices(n: int, k: int | None, seed: int = 0) -> np.ndarray | None:
     """The first ``k`` of a seeded permutation of ``range(n)``, sorted (None when ``k`` is None or ≥ ``n``)."""
     if k is None or k >= n:
@@ -623,58 +436,7 @@ def subset_indices(n: int, k: int | None, seed: int = 0) -> np.ndarray | None:
     return np.sort(np.random.default_rng(seed).permutation(n)[:k])
 
 
-def check_main(argv: list[str]) -> int:
-    """``impulsevit convert --check X.beton [...] [--full]``: verify ``.beton`` files against their manifests (header
-    and sizes, then sampled chunk checksums, or every chunk with ``--full``). Exit 0 all good, 1 a file is damaged."""
-    p = argparse.ArgumentParser(prog="impulsevit convert --check",
-                                description="Verify .beton files against the checksums in their manifests.")
-    p.add_argument("betons", nargs="+", metavar="X.beton")
-    p.add_argument("--full", action="store_true", help="hash every chunk (default: header, sizes, sampled chunks)")
-    args = p.parse_args(argv)
-    status = 0
-    for path in args.betons:
-        try:
-            manifest = read_manifest(path, check_size=False)
-            verify_beton(path, manifest, "full" if args.full else "sampled")
-        except (BetonError, FileNotFoundError) as exc:
-            print(f"impulsevit convert: {exc}", file=sys.stderr)
-            status = 1
-            continue
-        what = "no manifest: structure only" if manifest is None else ("every chunk" if args.full else "sampled")
-        print(f"{path}: ok ({what})")
-    return status
+if __name__ == "__main__":  # `python -m impulsevit.data.convert ...`, as before the front end moved
+    from impulsevit.data.convert_cli import main
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``impulsevit convert``; returns the process exit code (0 ok, 1 conversion failed, 2 usage)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--check" in argv:
-        argv.remove("--check")
-        return check_main(argv)
-    args = build_parser().parse_args(argv)
-    try:
-        info, root = resolve_source(args.src, args.root, args.dataset)
-        preset = choose_preset(info, args)
-        splits = args.split or default_splits(info, root)
-        for split in splits:
-            source = info.load(root, split, verify=args.verify)
-            sub = subset_indices(len(source), args.subset)
-            if sub is not None:
-                source = source.subset(sub)
-            out = output_path(args.dst, split, len(splits) > 1)
-            print(f"[convert] {info.name} split {split!r} from {root}: {len(source)} images, "
-                  f"{len(source.classes)} classes -> {out}")
-            convert_split(source, out, preset, workers=args.workers, on_error=args.on_error,
-                          progress=not args.no_progress, force=args.force,
-                          request={"dataset": info.name, "root": str(root), "split": split, "subset": args.subset})
-    except (ConversionError, WriteError) as exc:
-        print(f"impulsevit convert: {exc}", file=sys.stderr)
-        return 1
-    except (FileNotFoundError, KeyError, ValueError) as exc:
-        print(f"impulsevit convert: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
     sys.exit(main())

@@ -18,7 +18,7 @@ Backends:
 
 Neither backend depends on Lightning's ``use_distributed_sampler``: the FFCV loader is not a ``DataLoader`` (Lightning
 leaves it alone) and the torchvision loader already carries a ``DistributedSampler``; the recipes set the flag to
-False anyway. Repeated augmentation (``repeated_aug > 1``) follows DeiT's RASampler on both backends.
+False anyway. Repeated augmentation (``augment.repeated_aug > 1``) follows DeiT's RASampler on both backends.
 
 Determinism and resume: the training order of both backends is :func:`impulsevit.data.sampling.epoch_sequence`, a
 function of (seed, epoch, rank, world size); the torchvision workers' augmentation draws are seeded per sample from
@@ -36,6 +36,7 @@ Not supported: AutoAugment/AugMix on the ffcv backend.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import random
@@ -48,21 +49,19 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from impulsevit.config import as_config
 from impulsevit.data.augment import DeviceAugment, fix_timm_posterize, normalize
 from impulsevit.data.base import BaseImageDataModule, dist_info
-from impulsevit.data.convert import (
-    PRESETS,
-    beton_num_classes,
-    convert_split,
-    default_preset,
-    read_manifest,
-    subset_indices,
-)
+from impulsevit.data.config import AugmentConfig, StorageConfig
+from impulsevit.data.convert import convert_split, subset_indices
 from impulsevit.data.ffcv_loader import build_ffcv_loader, ffcv_available
-from impulsevit.data.integrity import CheckLevel, verify_beton
+from impulsevit.data.integrity import verify_beton
+from impulsevit.data.manifest import beton_num_classes, read_manifest
+from impulsevit.data.presets import PRESETS, default_preset
 from impulsevit.data.registry import DatasetInfo, Verify, get_dataset
 from impulsevit.data.sampling import EpochSampler, ResumableDataLoader, SampleKey, sample_seed
 from impulsevit.data.sources import ImageSource, image_folder_source
+from impulsevit.errors import ConfigError
 
 __all__ = ["ImageDataModule", "SourceDataset", "default_cache_dir", "seeded_global_rngs"]
 
@@ -129,34 +128,23 @@ class ImageDataModule(BaseImageDataModule):
         backend: ``ffcv`` or ``torchvision``.
         image_size: output side S in pixels.
         batch_size: per device. num_workers: FFCV threads / DataLoader worker processes.
-        crop_pct: evaluation centre crop as a fraction of the resized side (timm's meaning).
-        scale / ratio / hflip: RandomResizedCrop area range and aspect range; horizontal flip probability.
-        auto_augment: timm RandAugment string (``rand-m9-mstd0.5-inc1``) or None.
-        color_jitter / force_color_jitter: colour-jitter strength (None/0: off); ignored with RandAugment unless
-            forced (timm's rule).
-        re_prob / re_mode / re_count: timm random erasing on the normalised batch.
-        repeated_aug: repetitions per image and epoch (DeiT uses 3 under DDP); 1 = off.
+        crop_pct: evaluation centre crop as a fraction of the resized side, in ``(0, 1]`` (timm's meaning).
+        interpolation: ``bicubic`` | ``bilinear`` (PIL's filters, on both backends and for both the training crop and
+            the evaluation resize; the FFCV decoder supports no other).
         train_subset / val_subset: use a seeded random subset of this many images (fast CPU recipes).
         train_split / val_split: override the registry's default splits.
         cache_dir: where converted ``.beton`` files live (default :func:`default_cache_dir` ``/ffcv``).
-        in_memory: FFCV OS-cache (True) or process cache (False); None chooses by file size vs available memory.
-        preset: conversion preset (default: ``raw`` for small-image datasets, ``short256`` otherwise).
-        interpolation: ``bicubic`` | ``bilinear`` (PIL's filters, on both backends; the FFCV decoder supports no
-            other).
         seed: data-order and augmentation seed (epoch order is ``seed + epoch``).
-        verify: registry count check on loading (``error`` | ``warn`` | ``off``).
-        mean / std: override the registry's normalisation statistics.
-        train_beton / val_beton: use these ``.beton`` files (from ``impulsevit convert``) as they are, instead of
-            converting ``dataset``; ``dataset`` then only supplies the normalisation statistics (``imagefolder``:
-            ImageNet's) and the class count comes from the manifest.
-        beton_check: at setup, check each ``.beton`` against its manifest's checksum (:mod:`impulsevit.data.integrity`):
-            ``sampled`` (header, size and sampled chunks; the default), ``full`` (every byte) or ``off``.
+        verify: registry count check on loading the source (``error`` | ``warn`` | ``off``).
+        mean / std: override the registry's normalisation statistics (per channel, 0–1 scale).
         download: fetch the dataset with ``torchvision.datasets`` in ``prepare_data`` when its files are missing
             (:mod:`impulsevit.data.download`; CIFAR-10/100, STL-10, Flowers-102, Pets, Food-101, Fashion-MNIST);
             without ``root`` it goes to ``<cache>/datasets/<name>``.
-        convert_limit: in a multi-process run (world size > 1), ``prepare_data`` does not convert a split of more
-            than this many images: it stops with the ``impulsevit convert`` command to run first (``impulsevit
-            submit`` submits that as its own job). Single-process runs convert any size.
+        augment: train-time augmentation (:class:`~impulsevit.data.config.AugmentConfig`: crop scale / ratio, flip,
+            RandAugment, colour jitter, random erasing, repeated augmentation); a mapping or None (the defaults).
+        storage: ``.beton`` storage of the ffcv backend (:class:`~impulsevit.data.config.StorageConfig`: preset,
+            page cache, ready-made ``train_beton`` / ``val_beton``, integrity check, conversion limit); a mapping or
+            None (the defaults).
     """
 
     def __init__(
@@ -168,62 +156,44 @@ class ImageDataModule(BaseImageDataModule):
         batch_size: int = 64,
         num_workers: int = 2,
         crop_pct: float = 0.875,
-        scale: tuple[float, float] = (0.08, 1.0),
-        ratio: tuple[float, float] = (3 / 4, 4 / 3),
-        hflip: float = 0.5,
-        auto_augment: str | None = None,
-        color_jitter: float | None = None,
-        force_color_jitter: bool = False,
-        re_prob: float = 0.0,
-        re_mode: str = "pixel",
-        re_count: int = 1,
-        repeated_aug: int = 1,
         interpolation: str = "bicubic",
         train_subset: int | None = None,
         val_subset: int | None = None,
         train_split: str | None = None,
         val_split: str | None = None,
         cache_dir: str | None = None,
-        in_memory: bool | None = None,
-        preset: str | None = None,
         seed: int = 0,
         verify: Verify = "error",
         mean: tuple[float, float, float] | None = None,
         std: tuple[float, float, float] | None = None,
-        train_beton: str | None = None,
-        val_beton: str | None = None,
-        beton_check: CheckLevel = "sampled",
         download: bool = False,
-        convert_limit: int = 200_000,
+        augment: AugmentConfig | None = None,
+        storage: StorageConfig | None = None,
     ) -> None:
+        aug: AugmentConfig = as_config(AugmentConfig, augment, "augment", section="data")
+        store: StorageConfig = as_config(StorageConfig, storage, "storage", section="data")
         info = get_dataset(dataset)
         if download and root is None and info.needs_root and info.default_root is None:
             root = str(default_cache_dir() / "datasets" / info.name)
         if backend not in ("ffcv", "torchvision"):
-            raise ValueError(f"backend must be 'ffcv' or 'torchvision', got {backend!r}")
+            raise ConfigError(f"data.backend must be 'ffcv' or 'torchvision', got {backend!r}")
         if backend == "ffcv" and not ffcv_available():
             raise ImportError("backend='ffcv' needs the ffcv package (pip install 'impulsevit[ffcv]' after installing "
                               "libopencv-dev libturbojpeg0-dev pkg-config); use backend='torchvision' where FFCV "
                               "does not build")
-        if preset is not None and preset not in PRESETS:
-            raise ValueError(f"unknown preset {preset!r}; known: {sorted(PRESETS)}")
         if backend == "ffcv" and interpolation not in ("bicubic", "bilinear"):
-            raise ValueError(f"interpolation {interpolation!r} is not supported on the ffcv backend (bicubic or "
-                             f"bilinear); use backend='torchvision' for other filters")
+            raise ConfigError(f"interpolation {interpolation!r} is not supported on the ffcv backend (bicubic or "
+                              f"bilinear); use backend='torchvision' for other filters")
         if not 0 < crop_pct <= 1:
-            raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct}")
-        if repeated_aug < 1:
-            raise ValueError(f"repeated_aug must be >= 1, got {repeated_aug}")
+            raise ConfigError(f"data.crop_pct must be in (0, 1], got {crop_pct}")
         num_classes = info.num_classes
-        if (train_beton is None) != (val_beton is None):
-            raise ValueError("give both train_beton and val_beton (files written by `impulsevit convert`), or neither")
-        if train_beton is not None:
+        if store.train_beton is not None:
             if backend != "ffcv":
-                raise ValueError("train_beton/val_beton need backend='ffcv'")
-            num_classes = beton_num_classes(train_beton)
+                raise ConfigError("data.storage.train_beton/val_beton need backend='ffcv'")
+            num_classes = beton_num_classes(store.train_beton)
         elif info.name == "imagefolder":
             if root is None:
-                raise ValueError("dataset='imagefolder' needs root (a folder with train/<class>/ and val/<class>/)")
+                raise ConfigError("dataset='imagefolder' needs root (a folder with train/<class>/ and val/<class>/)")
             train_dir = Path(root) / (train_split or "train")
             num_classes = len(image_folder_source(train_dir if train_dir.is_dir() else root).classes)
         elif info.releases and root is not None:  # ImageNet-21K: winter21 or fall11, one class folder per wnid
@@ -233,23 +203,22 @@ class ImageDataModule(BaseImageDataModule):
             if base.is_dir():
                 num_classes = sum(1 for d in base.iterdir() if d.is_dir() and not d.name.startswith("."))
         super().__init__(num_classes, image_size, batch_size, mean=tuple(mean or info.mean), std=tuple(std or info.std))
+        # save_hyperparameters() records the arguments as they are at this point (``root`` after download's default),
+        # the two blocks as plain dicts, as ImageClassifier does: checkpoints stay loadable with weights_only=True.
+        augment, storage = dataclasses.asdict(aug), dataclasses.asdict(store)
         self.save_hyperparameters()
         self.info: DatasetInfo = info
+        self.augment, self.storage = aug, store
         self.root, self.backend, self.num_workers = root, backend, int(num_workers)
-        self.crop_pct, self.scale, self.ratio, self.hflip = float(crop_pct), tuple(scale), tuple(ratio), float(hflip)
-        self.auto_augment, self.color_jitter, self.force_color_jitter = auto_augment, color_jitter, force_color_jitter
-        self.re_prob, self.re_mode, self.re_count = float(re_prob), re_mode, int(re_count)
-        self.repeated_aug, self.interpolation = int(repeated_aug), interpolation
+        self.crop_pct, self.interpolation = float(crop_pct), interpolation
         self.train_subset, self.val_subset = train_subset, val_subset
         self.train_split, self.val_split = train_split or info.train_split, val_split or info.val_split
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir() / "ffcv"
-        self.in_memory, self.seed, self.verify = in_memory, int(seed), verify
-        if beton_check not in ("sampled", "full", "off"):
-            raise ValueError(f"beton_check must be 'sampled', 'full' or 'off', got {beton_check!r}")
-        self.beton_check = beton_check
-        self.preset = PRESETS[preset] if preset else default_preset(info.small)
-        self.betons = {self.train_split: Path(train_beton), self.val_split: Path(val_beton)} if train_beton else {}
-        self.download, self.convert_limit = bool(download), int(convert_limit)
+        self.seed, self.verify = int(seed), verify
+        self.preset = PRESETS[store.preset] if store.preset else default_preset(info.small)
+        self.betons = ({self.train_split: Path(store.train_beton), self.val_split: Path(store.val_beton)}
+                       if store.train_beton else {})
+        self.download = bool(download)
         self._device_augment: DeviceAugment | None = None
         self._sets: dict[str, SourceDataset] = {}
 
@@ -275,7 +244,7 @@ class ImageDataModule(BaseImageDataModule):
         """``download``: fetch the dataset when missing. FFCV backend: convert the train and val splits to ``.beton``
         files unless they are up to date. Lightning runs this on local rank 0 only; the files are written atomically
         so other ranks never see partial ones, and a lock file next to each output makes concurrent converters (other
-        nodes sharing the cache) wait and reuse it. In a multi-process run a split larger than ``convert_limit``
+        nodes sharing the cache) wait and reuse it. In a multi-process run a split larger than ``storage.convert_limit``
         without a complete ``.beton`` stops the run at once with the ``impulsevit convert`` command to run."""
         if self.download:
             from impulsevit.data.download import ensure_dataset
@@ -288,13 +257,14 @@ class ImageDataModule(BaseImageDataModule):
         splits = list(dict.fromkeys((self.train_split, self.val_split)))
         if world > 1:
             too_big = [s for s in splits if read_manifest(self.beton_path(s)) is None
-                       and self._split_size(s) > self.convert_limit]
+                       and self._split_size(s) > self.storage.convert_limit]
             if too_big:
                 commands = "\n".join("  " + shlex.join(self.convert_command(s)) for s in too_big)
-                raise RuntimeError(f"{self.info.name}: split(s) {', '.join(too_big)} have more than convert_limit="
-                                   f"{self.convert_limit} images and no .beton yet; a {world}-process run does not "
-                                   f"convert them inside the training job. Convert first (one node, all its cores), "
-                                   f"then rerun:\n{commands}\n(`impulsevit submit` does this as a separate job)")
+                raise RuntimeError(f"{self.info.name}: split(s) {', '.join(too_big)} have more than "
+                                   f"data.storage.convert_limit={self.storage.convert_limit} images and no .beton yet; "
+                                   f"a {world}-process run does not convert them inside the training job. Convert "
+                                   f"first (one node, all its cores), then rerun:\n{commands}\n(`impulsevit submit` "
+                                   f"does this as a separate job)")
         for split in splits:
             k = self.train_subset if split == self.train_split else self.val_subset
             convert_split(self.load_source(split), self.beton_path(split), self.preset,
@@ -329,7 +299,8 @@ class ImageDataModule(BaseImageDataModule):
         """FFCV splits whose ``.beton`` is missing or incomplete (no valid manifest); empty for other backends."""
         if self.backend != "ffcv" or self.betons:
             return []
-        return [s for s in dict.fromkeys((self.train_split, self.val_split)) if read_manifest(self.beton_path(s)) is None]
+        splits = dict.fromkeys((self.train_split, self.val_split))
+        return [s for s in splits if read_manifest(self.beton_path(s)) is None]
 
     def setup(self, stage: str | None = None) -> None:
         if self.backend == "ffcv":
@@ -339,7 +310,7 @@ class ImageDataModule(BaseImageDataModule):
                                             f"Trainer calls it; call dm.prepare_data() when using the datamodule "
                                             f"by hand)")
                 path = self.beton_path(split)
-                verify_beton(path, read_manifest(path, check_size=False), self.beton_check)
+                verify_beton(path, read_manifest(path, check_size=False), self.storage.beton_check)
             return
         train_tf, eval_tf = self._timm_transforms()
         if stage in (None, "fit"):
@@ -352,9 +323,10 @@ class ImageDataModule(BaseImageDataModule):
         from timm.data.transforms_factory import transforms_imagenet_eval, transforms_imagenet_train
 
         common = dict(interpolation=self.interpolation, mean=self.mean, std=self.std, use_prefetcher=True)
-        train = transforms_imagenet_train(self.image_size, scale=self.scale, ratio=self.ratio, hflip=self.hflip,
-                                          color_jitter=self.color_jitter or None,
-                                          force_color_jitter=self.force_color_jitter, auto_augment=self.auto_augment,
+        aug = self.augment
+        train = transforms_imagenet_train(self.image_size, scale=aug.scale, ratio=aug.ratio, hflip=aug.hflip,
+                                          color_jitter=aug.color_jitter or None,
+                                          force_color_jitter=aug.force_color_jitter, auto_augment=aug.auto_augment,
                                           re_prob=0.0, **common)
         evaluate = transforms_imagenet_eval(self.image_size, crop_pct=self.crop_pct, **common)
         fix_timm_posterize(train)
@@ -367,10 +339,11 @@ class ImageDataModule(BaseImageDataModule):
         trainer = getattr(self, "trainer", None)
         device = trainer.strategy.root_device if trainer is not None else None
         loader = build_ffcv_loader(self.beton_path(split), train=train, image_size=self.image_size,
-                                   batch_size=self.batch_size, num_workers=self.num_workers, scale=self.scale,
-                                   ratio=self.ratio, hflip=self.hflip, crop_pct=self.crop_pct,
-                                   interpolation=self.interpolation, seed=self.seed, in_memory=self.in_memory,
-                                   repeated_aug=self.repeated_aug if train else 1, device=device)
+                                   batch_size=self.batch_size, num_workers=self.num_workers,
+                                   scale=self.augment.scale, ratio=self.augment.ratio, hflip=self.augment.hflip,
+                                   crop_pct=self.crop_pct, interpolation=self.interpolation, seed=self.seed,
+                                   in_memory=self.storage.in_memory,
+                                   repeated_aug=self.augment.repeated_aug if train else 1, device=device)
         loader.sampler.set_epoch(epoch)
         return self.stateful_train_loader(loader) if train else loader
 
@@ -388,8 +361,8 @@ class ImageDataModule(BaseImageDataModule):
         if train:
             # The order is a function of (seed, epoch) and the epoch is set here: on a resumed run Lightning fetches
             # the first batch before its own set_epoch call.
-            sampler = EpochSampler(ds, num_replicas=world, rank=rank, seed=self.seed, repeats=self.repeated_aug,
-                                   batch_size=self.batch_size)
+            sampler = EpochSampler(ds, num_replicas=world, rank=rank, seed=self.seed,
+                                   repeats=self.augment.repeated_aug, batch_size=self.batch_size)
             trainer = getattr(self, "trainer", None)
             sampler.set_epoch(trainer.current_epoch if trainer is not None else 0)
             return self.stateful_train_loader(ResumableDataLoader(ds, sampler=sampler, drop_last=True, **common))
@@ -415,11 +388,11 @@ class ImageDataModule(BaseImageDataModule):
         The ffcv backend runs RandAugment / colour jitter here; the torchvision backend ran them in its workers."""
         if self._device_augment is None:
             rank = getattr(getattr(self, "trainer", None), "global_rank", None)
-            on_device = self.backend == "ffcv"
+            on_device, aug = self.backend == "ffcv", self.augment
             self._device_augment = DeviceAugment(
-                self.mean, self.std, auto_augment=self.auto_augment if on_device else None,
-                color_jitter=self.color_jitter if on_device else None, force_color_jitter=self.force_color_jitter,
-                re_prob=self.re_prob, re_mode=self.re_mode, re_count=self.re_count, seed=self.seed,
+                self.mean, self.std, auto_augment=aug.auto_augment if on_device else None,
+                color_jitter=aug.color_jitter if on_device else None, force_color_jitter=aug.force_color_jitter,
+                re_prob=aug.re_prob, re_mode=aug.re_mode, re_count=aug.re_count, seed=self.seed,
                 rank=dist_info()[0] if rank is None else int(rank))
         return self._device_augment
 

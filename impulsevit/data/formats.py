@@ -34,6 +34,7 @@ import gzip
 import json
 import os
 import pickle
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -267,22 +268,36 @@ def read_imagenet(root: str | os.PathLike, split: str) -> FileSource:
                                 f"{IMAGENET_DEVKIT}/data/meta.mat (the ILSVRC-2012 devkit) was found next to it; sort "
                                 f"the val images into val/<wnid>/, or provide the csv or the extracted devkit")
     index = {c: i for i, c in enumerate(classes)}
-    paths, labels, problems = [], [], []
-    for lineno, line in enumerate(csv.read_text().splitlines()[1:], 2):
-        if not line.strip():
-            continue
-        image_id, _, pred = line.partition(",")
-        wnid = pred.split()[0] if pred.split() else ""
-        if wnid not in index:
-            raise ValueError(f"{csv}:{lineno}: wnid {wnid!r} is not a train class")
-        path = val / f"{image_id}.JPEG"
-        if not path.is_file():
-            problems.append(Problem("unreadable", str(path), f"listed in {csv.name} but missing"))
-            continue
-        paths.append(str(path))
-        labels.append(index[wnid])
+
+    def listed() -> Iterator[tuple[Path, int]]:
+        for lineno, line in enumerate(csv.read_text().splitlines()[1:], 2):
+            if not line.strip():
+                continue
+            image_id, _, pred = line.partition(",")
+            wnid = pred.split()[0] if pred.split() else ""
+            if wnid not in index:
+                raise ValueError(f"{csv}:{lineno}: wnid {wnid!r} is not a train class")
+            yield val / f"{image_id}.JPEG", index[wnid]
+
+    paths, labels, problems = _listed_files(listed(), f"listed in {csv.name}")
     order = np.argsort(paths)
     return FileSource([paths[i] for i in order], np.asarray(labels, dtype=np.int64)[order], classes, problems)
+
+
+def _listed_files(listed: Iterable[tuple[Path, int]], how: str) -> tuple[list[str], list[int], list[Problem]]:
+    """``(paths, labels, problems)`` of the ``(file, label)`` pairs a label file names, in its order: a file that
+    exists is kept with its label, a missing one becomes an ``unreadable`` :class:`Problem` "``<how>`` but missing"
+    (``how``: e.g. ``listed in LOC_val_solution.csv``). Errors raised while iterating ``listed`` propagate."""
+    paths: list[str] = []
+    labels: list[int] = []
+    problems: list[Problem] = []
+    for path, label in listed:
+        if not path.is_file():
+            problems.append(Problem("unreadable", str(path), f"{how} but missing"))
+            continue
+        paths.append(str(path))
+        labels.append(label)
+    return paths, labels, problems
 
 
 def _imagenet_val_from_devkit(val: Path, devkit: Path, classes: list[str]) -> FileSource:
@@ -299,17 +314,16 @@ def _imagenet_val_from_devkit(val: Path, devkit: Path, classes: list[str]) -> Fi
     except Exception as exc:  # noqa: BLE001 - loadmat raises many types on foreign files
         raise ValueError(f"{meta_path}: not the ILSVRC-2012 devkit's meta.mat ({type(exc).__name__}: {exc})") from exc
     index = {c: i for i, c in enumerate(classes)}
-    paths, labels, problems = [], [], []
-    for lineno, line in enumerate(truth.read_text().split(), 1):
-        wnid = id_to_wnid.get(int(line)) if line.isdigit() else None
-        if wnid is None or wnid not in index:
-            raise ValueError(f"{truth}:{lineno}: {line!r} is not the ILSVRC2012_ID of a train class in {meta_path}")
-        path = val / f"ILSVRC2012_val_{lineno:08d}.JPEG"
-        if not path.is_file():
-            problems.append(Problem("unreadable", str(path), f"labelled in {truth.name} but missing"))
-            continue
-        paths.append(str(path))
-        labels.append(index[wnid])
+
+    def listed() -> Iterator[tuple[Path, int]]:
+        for lineno, line in enumerate(truth.read_text().split(), 1):
+            wnid = id_to_wnid.get(int(line)) if line.isdigit() else None
+            if wnid is None or wnid not in index:
+                raise ValueError(f"{truth}:{lineno}: {line!r} is not the ILSVRC2012_ID of a train class in "
+                                 f"{meta_path}")
+            yield val / f"ILSVRC2012_val_{lineno:08d}.JPEG", index[wnid]
+
+    paths, labels, problems = _listed_files(listed(), f"labelled in {truth.name}")
     return FileSource(paths, np.asarray(labels, dtype=np.int64), classes, problems)
 
 

@@ -1,0 +1,181 @@
+"""``impulsevit convert``: image datasets → FFCV ``.beton`` files (one per split), with a manifest next to each.
+
+The command-line front end of :mod:`impulsevit.data.convert` (which does the work and imports no argparse).
+
+Usage::
+
+    impulsevit convert SRC DST [--root R] [--dataset D] [--split S ...] [--preset P] [--workers N] ...
+    impulsevit convert --check X.beton [...] [--full]
+
+Sources: a registry name with ``--root`` (``impulsevit convert cifar10 out/ --root /data/cifar``), a torchvision-style
+dataset folder (recognised by its marker files, e.g. ``cifar-10-batches-py/``), or an ImageFolder tree
+(``SRC/{train,val}/<class>/<image>``, or ``SRC/<class>/<image>`` as a single ``train`` split).
+
+Output: ``DST`` is a directory (``DST/<split>.beton``) or, for one split, a ``.beton`` path; with several splits and
+a ``.beton`` path the split is appended to the stem (``out_train.beton``). Each ``X.beton`` gets ``X.manifest.json``
+(:mod:`impulsevit.data.manifest`): counts per class, the preset, a content checksum of the source (BLAKE2 of every
+file, in order), the bad inputs that were skipped, the output size and the conversion speed. The steps of a split and
+the presets are described in :mod:`impulsevit.data.convert` and :mod:`impulsevit.data.presets`; ``--write-mode`` /
+``--max-resolution`` / ``--jpeg-quality`` / ``--jpeg-proportion`` override single fields of the preset.
+
+``--check``: verify ``.beton`` files against their manifests' checksums (:mod:`impulsevit.data.integrity`).
+
+Exit status: 0 done (all files good), 1 a conversion failed or a checked file is damaged, 2 bad arguments or source.
+Also run as ``python -m impulsevit.data.convert_cli`` (or, as before, ``python -m impulsevit.data.convert``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from impulsevit.data.convert import ConversionError, convert_split, subset_indices
+from impulsevit.data.integrity import BetonError, verify_beton
+from impulsevit.data.manifest import read_manifest
+from impulsevit.data.presets import PRESETS, Preset, default_preset
+from impulsevit.data.registry import DATASETS, DatasetInfo, detect_dataset, get_dataset, list_datasets
+from impulsevit.io import WriteError
+
+__all__ = ["build_parser", "check_main", "choose_preset", "default_splits", "main", "output_path", "resolve_source"]
+
+
+def resolve_source(src: str, root: str | None, dataset: str | None) -> tuple[DatasetInfo, Path | None]:
+    """(registry entry, root) for the SRC/--root/--dataset combination (see module docstring)."""
+    if dataset is not None:
+        return get_dataset(dataset), Path(root or src)
+    if root is not None or (src.lower() in DATASETS and not os.path.exists(src)):
+        return get_dataset(src), Path(root) if root else None
+    path = Path(src)
+    if not path.exists():
+        raise FileNotFoundError(f"{src} is neither an existing folder nor a registry dataset "
+                                f"({', '.join(list_datasets())})")
+    info = detect_dataset(path)
+    return (info or get_dataset("imagefolder")), path
+
+
+def default_splits(info: DatasetInfo, root: Path | None) -> list[str]:
+    """The splits converted when ``--split`` is not given: the registry's train and val splits; for an ImageFolder the
+    ``train`` / ``val`` / ``test`` sub-folders present (``test`` only without ``val``), else the tree as ``train``."""
+    if info.name != "imagefolder":
+        return [info.train_split, info.val_split]
+    assert root is not None
+    splits = [s for s in ("train", "val", "test") if (root / s).is_dir()]
+    if "val" in splits and "test" in splits:
+        splits.remove("test")
+    return splits or ["train"]
+
+
+def output_path(dst: str, split: str, multiple: bool) -> Path:
+    """Where ``split`` is written for ``DST`` (see the module docstring); ``multiple``: more than one split."""
+    d = Path(dst)
+    if d.suffix == ".beton":
+        return d.with_name(f"{d.stem}_{split}.beton") if multiple else d
+    return d / f"{split}.beton"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``impulsevit convert SRC DST ...`` argument parser (``--check`` has its own, see :func:`check_main`)."""
+    p = argparse.ArgumentParser(prog="impulsevit convert", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=f"datasets: {', '.join(list_datasets())}\npresets: {', '.join(PRESETS)}")
+    p.add_argument("src", help="registry name (with --root), a dataset folder, or an ImageFolder tree")
+    p.add_argument("dst", help="output folder (<split>.beton inside) or a .beton path")
+    p.add_argument("--root", help="dataset folder when SRC is a registry name")
+    p.add_argument("--dataset", help="treat SRC as this registry dataset's folder (skip auto-detection)")
+    p.add_argument("--split", nargs="+", help="splits to convert (default: the dataset's train and val splits)")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="storage preset (default: raw for small-image "
+                   "datasets, short256 otherwise)")
+    p.add_argument("--write-mode", choices=["raw", "jpg", "proportion", "smart"])
+    p.add_argument("--max-resolution", type=int, help="cap on the longer side in pixels (0: unchanged)")
+    p.add_argument("--jpeg-quality", type=int)
+    p.add_argument("--jpeg-proportion", type=float, help="share of images stored as JPEG in proportion mode")
+    p.add_argument("--subset", type=int, help="convert only this many images per split (seeded random choice)")
+    p.add_argument("--workers", type=int, default=max(1, min(8, os.cpu_count() or 1)))
+    p.add_argument("--on-error", choices=["skip", "fail"], default="skip", help="bad inputs: leave out or stop")
+    p.add_argument("--verify", choices=["error", "warn", "off"], default="warn",
+                   help="registry datasets: counts that differ from the published ones are an error, a warning, "
+                        "or not checked")
+    p.add_argument("--force", action="store_true", help="rebuild outputs even when their manifest is up to date")
+    p.add_argument("--no-progress", action="store_true")
+    p.epilog += ("\n\nimpulsevit convert --check X.beton [...] [--full]: verify .beton files against their manifests' "
+                 "checksums (sampled chunks; --full: every chunk)")
+    return p
+
+
+def choose_preset(info: DatasetInfo, args: argparse.Namespace) -> Preset:
+    """``--preset`` (default: :func:`~impulsevit.data.presets.default_preset` of the dataset) with the single-field
+    flags applied; a preset changed by flags is named ``<name>+custom``."""
+    preset = PRESETS[args.preset] if args.preset else default_preset(info.small)
+    overrides = {}
+    if args.write_mode:
+        overrides["write_mode"] = args.write_mode
+    if args.max_resolution is not None:
+        overrides["max_resolution"] = args.max_resolution or None
+    if args.jpeg_quality is not None:
+        overrides["jpeg_quality"] = args.jpeg_quality
+    if args.jpeg_proportion is not None:
+        overrides["jpeg_proportion"] = args.jpeg_proportion
+    if overrides:
+        preset = replace(preset, name=preset.name + "+custom", **overrides)
+    return preset
+
+
+def check_main(argv: list[str]) -> int:
+    """``impulsevit convert --check X.beton [...] [--full]``: verify ``.beton`` files against their manifests (header
+    and sizes, then sampled chunk checksums, or every chunk with ``--full``). Exit 0 all good, 1 a file is damaged."""
+    p = argparse.ArgumentParser(prog="impulsevit convert --check",
+                                description="Verify .beton files against the checksums in their manifests.")
+    p.add_argument("betons", nargs="+", metavar="X.beton")
+    p.add_argument("--full", action="store_true", help="hash every chunk (default: header, sizes, sampled chunks)")
+    args = p.parse_args(argv)
+    status = 0
+    for path in args.betons:
+        try:
+            manifest = read_manifest(path, check_size=False)
+            verify_beton(path, manifest, "full" if args.full else "sampled")
+        except (BetonError, FileNotFoundError) as exc:
+            print(f"impulsevit convert: {exc}", file=sys.stderr)
+            status = 1
+            continue
+        what = "no manifest: structure only" if manifest is None else ("every chunk" if args.full else "sampled")
+        print(f"{path}: ok ({what})")
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``impulsevit convert``; returns the process exit code (0 ok, 1 conversion failed, 2 usage)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--check" in argv:
+        argv.remove("--check")
+        return check_main(argv)
+    args = build_parser().parse_args(argv)
+    try:
+        info, root = resolve_source(args.src, args.root, args.dataset)
+        preset = choose_preset(info, args)
+        splits = args.split or default_splits(info, root)
+        for split in splits:
+            source = info.load(root, split, verify=args.verify)
+            sub = subset_indices(len(source), args.subset)
+            if sub is not None:
+                source = source.subset(sub)
+            out = output_path(args.dst, split, len(splits) > 1)
+            print(f"[convert] {info.name} split {split!r} from {root}: {len(source)} images, "
+                  f"{len(source.classes)} classes -> {out}")
+            convert_split(source, out, preset, workers=args.workers, on_error=args.on_error,
+                          progress=not args.no_progress, force=args.force,
+                          request={"dataset": info.name, "root": str(root), "split": split, "subset": args.subset})
+    except (ConversionError, WriteError) as exc:
+        print(f"impulsevit convert: {exc}", file=sys.stderr)
+        return 1
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        print(f"impulsevit convert: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
