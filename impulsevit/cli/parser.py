@@ -65,6 +65,51 @@ def _nested_hint(owner: str, class_path: str, option: str) -> tuple[str, str | N
     return f"{owner}.{option}", f"{owner}.{best[0]}" if best else None
 
 
+# a subclass-mode value (``data: {class_path, init_args}``) that rejected a nested key: the block of the outermost
+# 'Parser key "data":', its first class_path, and the nested key as given (at the block's own indentation)
+_CLASS_BLOCK = re.compile(r"^(?:error: )?Parser key \"([^\"]+)\":\n(.*?)(?=^\S|\Z)", re.S | re.M)
+_CLASS_PATH = re.compile(r"class_path '([^']+)'")
+_GIVEN_NESTED = re.compile(r"^  Given value: NestedArg\(key='([^']+)'", re.M)
+
+
+def class_keys_deep(cls: type, prefix: str = "") -> set[str]:
+    """Every dotted key ``cls`` accepts: its arguments, and the fields of dataclass-typed ones (``augment.re_prob``)."""
+    keys: set[str] = set()
+    hints = typing.get_type_hints(cls if dataclasses.is_dataclass(cls) else cls.__init__)
+    for name in _class_keys(cls):
+        keys.add(prefix + name)
+        inner = _unwrap_optional(hints.get(name))
+        if dataclasses.is_dataclass(inner):
+            keys |= class_keys_deep(inner, f"{prefix}{name}.")
+    return keys
+
+
+def _suggest(key: str, valid: set[str]) -> str | None:
+    """The closest valid key, or the one key that ends in ``key``'s last segment (a key that moved into a block:
+    ``re_prob`` -> ``augment.re_prob``)."""
+    moved = [k for k in valid if k.split(".")[-1] == key.split(".")[-1] and k != key]
+    return moved[0] if len(moved) == 1 else _closest_key(key, valid)
+
+
+def _class_value_hints(message: str) -> list[tuple[str, str | None]]:
+    """``(owner[.init_args].key, owner[.init_args].closest)`` for each class- or dataclass-typed value whose nested key
+    was rejected."""
+    hints = []
+    for owner, block in _CLASS_BLOCK.findall(message):
+        path, given = _CLASS_PATH.search(block), _GIVEN_NESTED.findall(block)
+        if path is None or not given:
+            continue
+        try:
+            cls = _import_object(path.group(1))
+            valid = class_keys_deep(cls)
+        except (ImportError, AttributeError, ValueError, TypeError, NameError):
+            continue
+        key, best = given[-1], _suggest(given[-1], valid)
+        head = owner if dataclasses.is_dataclass(cls) else f"{owner}.init_args"  # a dataclass value has no init_args
+        hints.append((f"{head}.{key}", f"{head}.{best}" if best else None))
+    return hints
+
+
 def _closest_key(key: str, valid: set[str]) -> str | None:
     """The key of ``valid`` closest to ``key``: keep its longest valid prefix, fix the first wrong segment; None when
     ``key`` is valid or nothing is close."""
@@ -110,7 +155,8 @@ class ImpulseArgumentParser(LightningArgumentParser):
     def _hint(self, message: str) -> str:
         """``message`` plus an ``unknown key 'K'; did you mean 'V'?`` line for each key it rejects."""
         hints = [(key, self._closest(key)) for key in _rejected_keys(message)]
-        hints += [_nested_hint(*found) for found in _REJECTED_NESTED.findall(message)]
+        by_class = _class_value_hints(message)
+        hints += by_class or [_nested_hint(*found) for found in _REJECTED_NESTED.findall(message)]
         lines = [f"unknown key '{key}'" + (f"; did you mean '{best}'?" if best else "") for key, best in hints]
         return message if not lines else message.rstrip() + "\n" + "\n".join(lines)
 

@@ -10,7 +10,7 @@ from impulsevit import __version__
 TRAINER_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # subcommand -> (module, function(argv) -> exit status): provided by other parts of the package, imported on use
 EXTERNAL_SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "convert": ("impulsevit.data.convert", "main"),
+    "convert": ("impulsevit.data.convert_cli", "main"),
     "submit": ("impulsevit.cluster.submit", "main"),
     "study": ("impulsevit.study", "main"),
     "demo": ("impulsevit.init.demo", "main"),
