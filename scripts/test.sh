@@ -6,4 +6,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # the installed versions must lie inside setup.cfg's pins (private API of torch/timm/Lightning is used): fail loudly
 .venv/bin/python scripts/check_pins.py
-exec .venv/bin/python -m pytest -q -p no:cacheprovider --timeout 900 "$@"
+# two workers (IMPULSEVIT_TEST_WORKERS): each test file runs on one of them (tests/conftest.py, --dist loadgroup)
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --timeout 900 -n "${IMPULSEVIT_TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -210,28 +211,33 @@ def _check_run_dir(run_dir: Path) -> int:
     return _ckpt_step(run_dir / "checkpoints" / "last.ckpt")
 
 
+def _plain_run(ws) -> tuple[int, list[int], str]:  # noqa: ANN001 - the workspace fixture's dict
+    """The uninterrupted 2-task DDP job ``plain``, run once per module on first use (whichever test needs it first):
+    ``(final step, logged loss steps, job log)``."""
+    if "plain" not in ws["results"]:
+        job = _submit(ws, "plain", "--tasks-per-node", "2", "--trainer.strategy=ddp")
+        state = _wait(ws, "plain", job, lambda s: s in ("completed", "failed"))
+        log = _job_log(ws, "plain", job)
+        assert state == "completed", log
+        run_dir = ws["root"] / "runs" / "plain"
+        ws["results"]["plain"] = (_check_run_dir(run_dir), _loss_steps(run_dir), log)
+    return ws["results"]["plain"]
+
+
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_submit_two_tasks_completes(workspace):
-    job = _submit(workspace, "plain", "--tasks-per-node", "2", "--trainer.strategy=ddp")
-    assert _wait(workspace, "plain", job, lambda s: s in ("completed", "failed")) == "completed", \
-        _job_log(workspace, "plain", job)
-    run_dir = workspace["root"] / "runs" / "plain"
-    step = _check_run_dir(run_dir)
+    step, steps, log = _plain_run(workspace)
     assert step == STEPS_2_TASKS
-    steps = _loss_steps(run_dir)
     assert steps == list(range(STEPS_2_TASKS)), steps
-    log = _job_log(workspace, "plain", job)
     assert "GLOBAL_RANK: 0, MEMBER: 1/2" in log and "GLOBAL_RANK: 1, MEMBER: 2/2" in log, log  # ranks from srun
-    workspace["results"]["plain"] = (step, steps)
 
 
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_usr1_checkpoints_requeues_and_resumes(workspace):
     ws, name = workspace, "preempt"
-    if "plain" not in ws["results"]:
-        pytest.skip("needs the uninterrupted run of test_submit_two_tasks_completes")
+    plain_step, plain_steps, _ = _plain_run(ws)
     cluster, run_dir = ws["cluster"], ws["root"] / "runs" / name
     job = _submit(ws, name, "--tasks-per-node", "2", "--trainer.strategy=ddp")
     t0 = time.monotonic()
@@ -262,7 +268,6 @@ def test_usr1_checkpoints_requeues_and_resumes(workspace):
         assert needle in log, needle
     print("\n".join(ln for ln in log.splitlines() if "[impulsevit]" in ln))  # shown with -s: the report's lines
     print(f"signal -> completed after requeue: {time.monotonic() - t_signal:.1f} s")
-    plain_step, plain_steps = ws["results"]["plain"]
     assert _check_run_dir(run_dir) == plain_step
     assert _loss_steps(run_dir) == plain_steps  # neither duplicated nor missing steps across the requeue
     # the requeued job continued the interrupted epoch exactly: the uninterrupted run's weights, bit for bit
@@ -274,14 +279,16 @@ def test_usr1_checkpoints_requeues_and_resumes(workspace):
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_ddp_checkpoint_from_two_ranks_resumes_on_one(workspace):
-    """The 2-rank run of test_submit_two_tasks_completes continues for one more epoch as a 1-task job."""
-    if "plain" not in workspace["results"]:
-        pytest.skip("needs the 2-task run of test_submit_two_tasks_completes")
-    run_dir = workspace["root"] / "runs" / "plain"
-    job = _submit(workspace, "plain", "--tasks-per-node", "1", "--trainer.max_epochs=4")
-    state = _wait(workspace, "plain", job, lambda s: s in ("completed", "failed")
+    """A copy of the 2-rank run ``plain`` continues for one more epoch as a 1-task job (a copy: the other tests compare
+    against ``plain`` as it is, whatever order they run in)."""
+    _plain_run(workspace)
+    name = "plain-1task"
+    run_dir = workspace["root"] / "runs" / name
+    shutil.copytree(workspace["root"] / "runs" / "plain", run_dir)
+    job = _submit(workspace, name, "--tasks-per-node", "1", "--trainer.max_epochs=4")
+    state = _wait(workspace, name, job, lambda s: s in ("completed", "failed")
                   and sum(e["event"] == "exit" for e in read_events(run_dir)) == 2)
-    log = _job_log(workspace, "plain", job)
+    log = _job_log(workspace, name, job)
     assert state == "completed", log
     assert f"resumed from {run_dir}/checkpoints/" in log and f"at global step {STEPS_2_TASKS}" in log, log
     one_rank_epoch = 64 // 8
