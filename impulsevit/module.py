@@ -233,8 +233,8 @@ class ImageClassifier(L.LightningModule):
         return self.backbone(images)
 
     def configure_callbacks(self) -> list[L.Callback]:
-        """:func:`impulsevit.callbacks.standard_callbacks` for this model's ``init``, minus the kinds the trainer already
-        has (a user-configured one is kept): the same set for a plain ``Trainer`` and for ``impulsevit fit``."""
+        """:func:`impulsevit.callbacks.standard_callbacks` for this model's ``init``, minus the kinds the trainer
+        already has (a user-configured one is kept): the same set for a plain ``Trainer`` and for ``impulsevit fit``."""
         from impulsevit.callbacks import standard_callbacks
 
         trainer = self._trainer

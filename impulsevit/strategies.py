@@ -75,7 +75,8 @@ def default_precision(accelerator: str | None = None) -> str:
 
 
 StrategyRegistry.register(
-    "fsdp2", FSDP2Strategy, description="FSDP2 (fully_shard) via ModelParallelStrategy; CPU (gloo) or GPU", override=True
+    "fsdp2", FSDP2Strategy, description="FSDP2 (fully_shard) via ModelParallelStrategy; CPU (gloo) or GPU",
+    override=True,
 )
 StrategyRegistry.register(
     "ddp_bf16", BF16DDPStrategy, description="DDP with bf16 gradient compression (bf16_compress_hook)", override=True

@@ -47,8 +47,8 @@ CASES = [
 
 class _Classifier(ImageClassifier):
     """``ImageClassifier`` whose ``mlp_mixer_tiny`` backbone is timm's ``MlpMixer`` built directly: timm's registered
-    Mixer variants fix ``patch_size`` and reject it as a kwarg (timm 1.0.31 passes its own), and 16 px patches leave 4 tokens at
-    32 px. Every other backbone goes through ``timm.create_model`` as usual."""
+    Mixer variants fix ``patch_size`` and reject it as a kwarg (timm 1.0.31 passes its own), and 16 px patches leave 4
+    tokens at 32 px. Every other backbone goes through ``timm.create_model`` as usual."""
 
     def build_backbone(self) -> nn.Module:
         if self.hparams.backbone != "mlp_mixer_tiny":

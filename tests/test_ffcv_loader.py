@@ -1,5 +1,6 @@
 """build_ffcv_loader on real .beton files: the fused crop + resample + flip decoder mirrors exactly the images it draws
-(with the requested probability) and crops with torchvision's RandomResizedCrop geometry; the loader leaves torch's thread count alone; and
+(with the requested probability) and crops with torchvision's RandomResizedCrop geometry; the loader and FFCV's import
+leave torch's thread count alone; and
 ``normalize`` gives the reference values, contiguous, for FFCV's channels-last batches."""
 
 from __future__ import annotations

@@ -292,8 +292,8 @@ def test_error_late_failure_leaves_model_bit_identical():
 
 
 def test_mimetic_value_layout_released_writes_factors_untransposed():
-    """Default ``value_layout='released'`` writes ``U S^{1/2}`` into the V rows and ``S^{1/2} Yᵀ`` into proj (no transposes):
-    the realised row-vector map is ``x ↦ x (R L)ᵀ``, which keeps the trace of ``C`` but not ``C`` itself."""
+    """Default ``value_layout='released'`` writes ``U S^{1/2}`` into the V rows and ``S^{1/2} Yᵀ`` into proj (no
+    transposes): the realised row-vector map is ``x ↦ x (R L)ᵀ``, which keeps the trace of ``C``, not ``C`` itself."""
     a, b = vit(dim=64, heads=4, depth=1), vit(dim=64, heads=4, depth=1)
     ii.initialize(a, "mimetic", generator=4, value_layout="row")
     ii.initialize(b, "mimetic", generator=4)  # default: released

@@ -108,7 +108,8 @@ class CountSteps(L.Callback):
 
 DEIT_B_ON_CPU = [
     "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.strategy=auto",
-    "--trainer.precision=32-true", "--trainer.max_steps=8", "--trainer.log_every_n_steps=5", "--trainer.limit_val_batches=0",
+    "--trainer.precision=32-true", "--trainer.max_steps=8", "--trainer.log_every_n_steps=5",
+    "--trainer.limit_val_batches=0",
     "--trainer.enable_progress_bar=true", "--trainer.enable_model_summary=false",
     "--model.backbone=vit_tiny_patch16_224",
     "--model.backbone_kwargs={img_size: 32, patch_size: 8, drop_path_rate: 0.1, weight_init: skip}",

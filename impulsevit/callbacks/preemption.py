@@ -20,7 +20,8 @@ What it does:
   one rank the flag is a Python int (nothing to read from the device); on several ranks it is max-reduced over ranks
   every ``check_every_n_steps`` optimizer steps (default: ``trainer.log_every_n_steps``, the steps that read the
   device for logging anyway; a scalar collective and a host read, kept off the other steps; every
-  rank takes the same decision at the same step even if the signal reached only some ranks), then all ranks save ``<checkpoints>/preempted.ckpt`` through
+  rank takes the same decision at the same step even if the signal reached only some ranks), then all ranks save
+  ``<checkpoints>/preempted.ckpt`` through
   ``trainer.save_checkpoint`` into a temp name that rank 0 renames into place (atomic for files and for FSDP2
   distributed-checkpoint folders).
 - USR1: rank 0 runs ``scontrol requeue $SLURM_JOB_ID`` (``<array job>_<task>`` for arrays); after a successful
@@ -64,8 +65,8 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from impulsevit.cluster.events import append_event, slurm_job_id
 from impulsevit.checkpointing import checkpoint_dir
+from impulsevit.cluster.events import append_event, slurm_job_id
 from impulsevit.io import commit, remove, temp_path
 from impulsevit.lightning_private import hand_back_signal_handlers
 

@@ -122,7 +122,7 @@ def _brightness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=16)
 def _smooth_kernel(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """PIL's SMOOTH filter (1 1 1 / 1 5 1 / 1 1 1, / 13) as a ``(3, 1, 3, 3)`` depthwise kernel, built once per device."""
+    """PIL's SMOOTH filter (1 1 1 / 1 5 1 / 1 1 1, / 13) as a ``(3, 1, 3, 3)`` depthwise kernel, once per device."""
     kernel = torch.ones(3, 3)
     kernel[1, 1] = 5.0
     return (kernel / 13.0).expand(3, 1, 3, 3).to(device=device, dtype=dtype)

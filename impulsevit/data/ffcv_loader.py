@@ -19,8 +19,8 @@ keeps one more slot than FFCV so a batch stays intact until two further batches 
 
 Normalisation is not in the FFCV pipeline: the datamodule normalises (and augments) on the training device in
 ``on_after_batch_transfer``. FFCV's own ``NormalizeImage`` needs cupy on GPU and, on CPU, hangs the ``Loader``
-constructor unless placed right after the decoder (FFCV 1.0.2, measured here); keeping uint8 to the device also moves 4× fewer
-bytes. The ``Loader`` is built and iterated with torch's thread count saved and restored (FFCV sets it to
+constructor unless placed right after the decoder (FFCV 1.0.2, measured here); keeping uint8 to the device also moves
+4× fewer bytes. The ``Loader`` is built and iterated with torch's thread count saved and restored (FFCV sets it to
 ``num_workers`` on the calling thread).
 
 Ordering (training): one rank's share of :func:`impulsevit.data.sampling.epoch_sequence` — the same seeded orders
