@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Sets up the environment (scripts/setup.sh), checks the installed versions against setup.cfg's pins
-# (scripts/check_pins.py), and runs the whole test suite; extra args go to pytest.
+# (scripts/check_pins.py), lints with ruff, and runs the whole test suite; extra args go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # the installed versions must lie inside setup.cfg's pins (private API of torch/timm/Lightning is used): fail loudly
 .venv/bin/python scripts/check_pins.py
+# lint (pyproject.toml's ruff rules) before the suite: a style error fails fast, naming file and line
+.venv/bin/ruff check impulsevit tests benchmarks scripts
 # two workers (IMPULSEVIT_TEST_WORKERS): each test file runs on one of them (tests/conftest.py, --dist loadgroup)
 exec .venv/bin/python -m pytest -q -p no:cacheprovider --timeout 900 -n "${IMPULSEVIT_TEST_WORKERS:-2}" --dist loadgroup "$@"
