@@ -1,4 +1,11 @@
-"""The subcommands of ``impulsevit``: which there are, where the ones other modules provide live, the usage text."""
+"""The subcommands of ``impulsevit``: which there are, where the ones other modules provide live, the usage text.
+
+Why a table of its own beside LightningCLI: LightningCLI's subcommands are the ``Trainer`` methods
+(``fit|validate|test|predict``), each parsed from the model / data / trainer signatures. The other subcommands
+(``convert``, ``submit``, ``study``, ...) take none of those: each is a plain ``main(argv) -> exit status`` with its
+own small ``argparse`` parser, imported only when used, so ``impulsevit recipes`` or ``convert`` start without
+importing Lightning. Giving them jsonargparse parsers would add nothing they use (config files, class paths).
+"""
 
 from __future__ import annotations
 
