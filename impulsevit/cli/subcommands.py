@@ -3,8 +3,8 @@
 Why a table of its own beside LightningCLI: LightningCLI's subcommands are the ``Trainer`` methods
 (``fit|validate|test|predict``), each parsed from the model / data / trainer signatures. The other subcommands
 (``convert``, ``submit``, ``study``, ...) take none of those: each is a plain ``main(argv) -> exit status`` with its
-own small ``argparse`` parser, imported only when used, so ``impulsevit recipes`` or ``convert`` start without
-importing Lightning. Giving them jsonargparse parsers would add nothing they use (config files, class paths).
+own small ``argparse`` parser, and its module is imported only when that subcommand runs. Giving them jsonargparse
+parsers would add nothing they use (config files, class paths).
 """
 
 from __future__ import annotations
