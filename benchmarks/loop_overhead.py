@@ -8,8 +8,9 @@ noise from other processes on a shared machine):
   ``CosineLRScheduler(t_in_epochs=False)`` — what ``ImageClassifier`` uses — on the same ``SyntheticDataModule``
   loader;
 * ``impulsevit``: ``impulsevit fit`` (the real CLI, in-process) on the same model / data / optimizer / schedule, with
-  its default trainer (TensorBoard logging, ``RunCheckpoint``, atomic checkpoint IO, progress bar, the module's
-  callbacks: initializer, non-finite-loss guard, throughput logger; torchmetrics train accuracy), mixup and EMA off
+  its default trainer (TensorBoard logging, ``RunCheckpoint``, atomic checkpoint IO, progress bar, the standard
+  callbacks: initializer, per-rank RNG, SLURM requeue, non-finite-loss guard, throughput logger, lr monitor;
+  torchmetrics train accuracy), mixup and EMA off
   (the plain loop has neither).
 
 Timed: the optimizer steps ``[warmup, steps)`` of the single training epoch, from the start of step ``warmup`` to the
