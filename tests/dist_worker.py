@@ -121,7 +121,7 @@ def run_phase(args: argparse.Namespace, phase: str) -> None:
         accelerator="cpu", devices=args.devices, strategy=args.strategy, max_steps=args.steps * (2 if tag else 1),
         limit_val_batches=1, num_sanity_val_steps=0, logger=False, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=root, callbacks=[Probe(args.out, phase), ckpt],
-        gradient_clip_val=1.0,
+        gradient_clip_val=1.0, precision=args.precision,
     )
     trainer.fit(model, dm, ckpt_path=str(root / "checkpoints" / "last.ckpt") if tag == "resume" else None)
 
@@ -136,6 +136,7 @@ def main() -> None:
     ap.add_argument("--bad-seed-rank", type=int, default=None)
     ap.add_argument("--ema-decay", type=float, default=None)
     ap.add_argument("--log-attention", action="store_true")
+    ap.add_argument("--precision", default="32-true")
     args = ap.parse_args()
     torch.set_num_threads(1)
     args.out.mkdir(parents=True, exist_ok=True)

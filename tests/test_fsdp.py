@@ -1,5 +1,7 @@
-"""FSDP2 (``fsdp2`` = ModelParallelStrategy + fully_shard) on 2 CPU processes with gloo: the init is computed on full
-tensors and each rank holds the right shard of it, training runs, a resumed run restores instead of re-initializing."""
+"""FSDP2 (``fsdp2`` = ModelParallelStrategy + fully_shard) on 2 CPU processes with gloo, under ``bf16-mixed`` as the
+GPU recipes run it (bf16 params via ``MixedPrecisionPolicy``, the init attention maps logged on the unsharded bf16
+parameters): the init is computed on full tensors and each rank holds the right shard of it, training runs and its
+losses track ``ddp_bf16`` on the same data, a resumed run restores instead of re-initializing."""
 
 from __future__ import annotations
 
@@ -16,7 +18,16 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def fsdp_out(tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp("fsdp")
-    proc = run_worker(out, "--strategy", "fsdp2", "--phases", "impulse,impulse:resume", "--log-attention")
+    proc = run_worker(out, "--strategy", "fsdp2", "--phases", "impulse,impulse:resume", "--log-attention",
+                      "--precision", "bf16-mixed")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def ddp_bf16_out(tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("ddp_bf16")
+    proc = run_worker(out, "--strategy", "ddp_bf16", "--phases", "impulse", "--precision", "bf16-mixed")
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
 
@@ -54,6 +65,14 @@ def test_training_runs(fsdp_out) -> None:
     for name in r0["final_full"]:
         assert torch.equal(r0["final_full"][name], r1["final_full"][name])
     assert not torch.equal(r0["final_full"]["head.weight"], r0["init_full"]["head.weight"])
+
+
+def test_bf16_losses_track_ddp_bf16(fsdp_out, ddp_bf16_out) -> None:
+    """Same init, data and steps: FSDP2 (bf16 params, fp32 reduce-scatter) and DDP (fp32 params under bf16 autocast,
+    bf16 all-reduce) differ only in bf16 rounding, so every rank's losses agree to bf16 precision."""
+    for fsdp, ddp in zip(load(fsdp_out, "impulse"), load(ddp_bf16_out, "impulse"), strict=True):
+        assert len(fsdp["losses"]) == len(ddp["losses"]) == 2
+        torch.testing.assert_close(torch.tensor(fsdp["losses"]), torch.tensor(ddp["losses"]), rtol=2e-2, atol=0)
 
 
 def test_resume_restores_instead_of_reinit(fsdp_out) -> None:

@@ -103,9 +103,16 @@ def _vit_pseudo_input_maps(model: nn.Module, layout: VitLayout) -> AttentionMaps
     maps = []
     for i, attn in enumerate(layout.attns):
         norm = getattr(model.blocks[i], "norm1", None)
-        tokens = norm(patch_rows) if norm is not None else patch_pseudo_input(pos_embed, layout.patch_rows).float()
+        tokens = _float_call(norm, patch_rows) if norm is not None else patch_pseudo_input(pos_embed, layout.patch_rows)
         maps.append(_head_attention(attn, tokens.unsqueeze(0), bias=False)[0])
     return AttentionMaps(maps, layout.grid, 0, "pseudo-input")
+
+
+def _float_call(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` in float32 whatever the dtype its parameters are held in (FSDP2 unshards them in its
+    ``param_dtype``, e.g. bfloat16, and a float32 input to a bfloat16 LayerNorm is an error on CPU and CUDA)."""
+    state = {n: t.float() for n, t in [*module.named_parameters(), *module.named_buffers()] if t.is_floating_point()}
+    return torch.func.functional_call(module, state, (x.float(),))
 
 
 def _vit_image_maps(model: nn.Module, layout: VitLayout, images: torch.Tensor) -> AttentionMaps:
@@ -135,7 +142,7 @@ def _head_attention(attn: nn.Module, x: torch.Tensor, bias: bool) -> torch.Tenso
         qkv = qkv + qkv_bias.float()
     batch, num_tokens, _ = x.shape
     qkv = qkv.reshape(batch, num_tokens, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
-    q, k = attn.q_norm(qkv[0]), attn.k_norm(qkv[1])
+    q, k = _float_call(attn.q_norm, qkv[0]), _float_call(attn.k_norm, qkv[1])
     scale = getattr(attn, "scale", attn.head_dim**-0.5)
     return torch.softmax((q * scale) @ k.transpose(-2, -1), dim=-1)
 
