@@ -28,6 +28,9 @@ Speed switches (standard in timm's ``train.py`` / DeiT on GPUs; each is a no-op 
 
 - ``compile: true``: ``torch.compile`` of the backbone in place (``nn.Module.compile``: parameter names and checkpoints
   unchanged), applied in ``configure_model`` after FSDP2 sharding; also on CPU (inductor needs a C compiler).
+  ``compile: {mode: max-autotune}`` (any ``torch.compile`` keyword arguments) compiles with those. A steady-state
+  training run compiles two graphs — training, and validation (eval mode, no grad) — with no graph break, and no
+  more after an epoch boundary or a resume (``tests/test_compile.py``).
 - AdamW / Adam are built with ``fused=True`` on CUDA (one kernel per step instead of a loop over tensors).
 - ``torch.set_float32_matmul_precision("high")`` on CUDA (TF32 tensor cores for the fp32 matmuls left under bf16
   autocast); the process-wide setting is changed in ``setup``.
@@ -133,7 +136,8 @@ class ImageClassifier(L.LightningModule):
         ema_decay: EMA decay per optimizer step; ``None`` disables the EMA.
         ema_warmup: use timm's EMA warmup (decay ramps up over the first steps).
         log_attention: log the initial attention maps and per-head summary to TensorBoard (Initializer).
-        compile: ``torch.compile`` the backbone (inductor; see the module docstring).
+        compile: ``torch.compile`` the backbone (inductor; see the module docstring); a mapping gives
+            ``torch.compile``'s keyword arguments (``mode``, ``backend``, ``fullgraph``, ...).
 
     Not supported: EMA together with the ``fsdp2`` strategy; Lightning's FSDP1 ``FSDPStrategy`` (use ``fsdp2``).
     """
@@ -151,7 +155,7 @@ class ImageClassifier(L.LightningModule):
         ema_decay: float | None = None,
         ema_warmup: bool = False,
         log_attention: bool = True,
-        compile: bool = False,
+        compile: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__()
         self.init_cfg: InitConfig = as_config(InitConfig, init, "init")
@@ -176,7 +180,7 @@ class ImageClassifier(L.LightningModule):
             "ema_decay": ema_decay,
             "ema_warmup": ema_warmup,
             "log_attention": log_attention,
-            "compile": bool(compile),
+            "compile": dict(compile) if isinstance(compile, dict) else bool(compile),
         })
         self.backbone = self.build_backbone()
         self.num_classes = int(self.backbone.num_classes)
@@ -256,8 +260,9 @@ class ImageClassifier(L.LightningModule):
             return
         if isinstance(trainer.strategy, ModelParallelStrategy):
             self._shard(trainer)
-        if self.hparams.get("compile") and not getattr(self.backbone, "_compiled_call_impl", None):
-            self.backbone.compile()
+        options = self.hparams.get("compile")
+        if options and not getattr(self.backbone, "_compiled_call_impl", None):
+            self.backbone.compile(**(options if isinstance(options, dict) else {}))
 
     def _shard(self, trainer: L.Trainer) -> None:
         from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard

@@ -29,3 +29,44 @@ def test_compiled_backbone_trains_the_quickstart_recipe(tmp_path, monkeypatch):
     sd = state_dict(tmp_path / "c" / "checkpoints" / "last.ckpt")
     assert "backbone.pos_embed" in sd and not any("_orig_mod" in k for k in sd)
     assert all(torch.isfinite(v).all() for v in sd.values() if v.is_floating_point())
+
+
+def _dynamo_counts() -> tuple[int, int]:
+    """(graph breaks, graphs compiled) since the last ``torch._dynamo.reset()`` / counters clear."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values()), int(counters["stats"]["unique_graphs"])
+
+
+@pytest.mark.slow
+def test_deit_step_compiles_without_graph_breaks_or_recompiles(tmp_path, monkeypatch):
+    """The DeiT recipes' model path (ViT-Ti width, drop path, EMA, mixup/cutmix, label smoothing) under
+    ``model.compile``: no graph break, and exactly two graphs per process — training, and validation (eval mode, no
+    grad) — across an epoch boundary, and again exactly two after a resume in a fresh compile cache (what a new
+    process starts with). Dynamo decides graph breaks and guards before any backend runs, so the cheap ``aot_eager``
+    backend (AOTAutograd traces forward and backward, as inductor's front end does) stands in for inductor here; the
+    inductor run is the test above."""
+    import torch._dynamo
+
+    monkeypatch.setenv("IMPULSEVIT_CACHE", str(tmp_path / "cache"))
+    args = ["--recipe", str(REPO / "recipes" / "deit_base_in1k.yaml"), f"--runs_dir={tmp_path}", "--name=deit",
+            "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.strategy=auto",
+            "--trainer.precision=32-true", "--trainer.max_epochs=2", "--trainer.log_every_n_steps=1",
+            "--trainer.enable_progress_bar=false", "--model.backbone_kwargs.img_size=32",
+            "--model.backbone=vit_tiny_patch16_224", "--model.backbone_kwargs.patch_size=4",
+            "--model.backbone_kwargs.depth=2", "--model.ema_decay=0.99", "--model.log_attention=false",
+            '--model.compile={"backend": "aot_eager"}', "--data=impulsevit.data.SyntheticDataModule",
+            "--data.init_args.num_classes=10", "--data.init_args.image_size=32", "--data.init_args.num_train=32",
+            "--data.init_args.num_val=16", "--data.init_args.batch_size=8"]
+    stop = '--trainer.callbacks=[{"class_path": "_cli_helpers.StopAfterEpoch", "init_args": {"epoch": 0}}]'
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    first = run_cli("fit", *args, stop)
+    assert first.trainer.current_epoch == 1 and first.model.hparams.mixup is not None
+    assert first.model.hparams.backbone_kwargs["drop_path_rate"] == 0.1 and first.model.ema is not None
+    assert _dynamo_counts() == (0, 2)  # one epoch + its validation (and the sanity check): train + eval graphs
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    resumed = run_cli("fit", *args, "--resume", "auto")
+    assert resumed.trainer.current_epoch == 2 and resumed.trainer.global_step == 8
+    assert _dynamo_counts() == (0, 2)  # the rest of the run (an epoch boundary, validation twice) adds no graph
