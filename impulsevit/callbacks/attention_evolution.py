@@ -34,7 +34,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from impulsevit.callbacks.attention_logging import attention_grid, default_queries, full_parameters
 from impulsevit.io import atomic_write_json
 
-__all__ = ["AttentionEvolution", "layer_means"]
+__all__ = ["AttentionEvolution", "layer_means", "probe_maps"]
 
 METRICS = ("distance", "entropy", "prefix_share", "offset_mass", "best_mass", "offset_shift")
 
@@ -49,6 +49,27 @@ def layer_means(heads: list[list[Any]]) -> dict[str, list[float]]:
             vals = [getattr(h, metric) for h in layer if not math.isnan(getattr(h, metric))]
             col.append(sum(vals) / len(vals) if vals else math.nan)
         out[metric] = col
+    return out
+
+
+def probe_maps(model: torch.nn.Module, images: torch.Tensor | None) -> dict[str, Any]:
+    """``{"images": maps, "pseudo_input": maps}`` of ``impulsevit.init.attention_maps`` (``images`` ``(B, 3, S, S)``
+    normalised, or ``None`` for the pseudo-input only), without gradients and with FSDP2 parameters unsharded
+    (collective: call on every rank).
+
+    Raises:
+        ValueError / TypeError / NotImplementedError: the model family has no attention maps, or they carry no grid.
+    """
+    from impulsevit.init.diagnostics import attention_maps
+
+    out: dict[str, Any] = {}
+    for source, batch in (("images", images), ("pseudo_input", None)):
+        if source == "images" and batch is None:
+            continue
+        with torch.no_grad(), full_parameters(model):
+            out[source] = attention_maps(model, batch)
+        if getattr(out[source], "grid", None) is None:
+            raise ValueError("its attention maps carry no token grid")
     return out
 
 
@@ -111,21 +132,13 @@ class AttentionEvolution(L.Callback):
 
     def record(self, trainer: L.Trainer, pl_module: L.LightningModule, point: str) -> dict | None:
         """Measure now and write from rank 0; returns the record (every rank), or ``None`` when unsupported."""
-        from impulsevit.init.diagnostics import attention_maps
         from impulsevit.init.locality import locality
 
         if self._unsupported is not None:
             return None
         model = getattr(pl_module, "backbone", pl_module)
-        maps_of: dict[str, Any] = {}
         try:
-            for source, images in (("images", self.probe), ("pseudo_input", None)):
-                if source == "images" and images is None:
-                    continue
-                with torch.no_grad(), full_parameters(model):
-                    maps_of[source] = attention_maps(model, images)
-                if getattr(maps_of[source], "grid", None) is None:
-                    raise ValueError("its attention maps carry no token grid")
+            maps_of = probe_maps(model, self.probe)
         except (ValueError, TypeError, NotImplementedError) as exc:
             self._unsupported = f"{type(model).__name__}: {exc}"
             rank_zero_info(f"AttentionEvolution: attention locality not recorded for {self._unsupported}")
