@@ -136,6 +136,8 @@ class ImageClassifier(L.LightningModule):
         ema_decay: EMA decay per optimizer step; ``None`` disables the EMA.
         ema_warmup: use timm's EMA warmup (decay ramps up over the first steps).
         log_attention: log the initial attention maps and per-head summary to TensorBoard (Initializer).
+        attention_every_n_epochs: record attention locality on a probe batch every this many epochs (and at init and
+            the end; ``impulsevit.callbacks.AttentionEvolution``); ``None`` turns it off.
         compile: ``torch.compile`` the backbone (inductor; see the module docstring); a mapping gives
             ``torch.compile``'s keyword arguments (``mode``, ``backend``, ``fullgraph``, ...).
 
@@ -155,6 +157,7 @@ class ImageClassifier(L.LightningModule):
         ema_decay: float | None = None,
         ema_warmup: bool = False,
         log_attention: bool = True,
+        attention_every_n_epochs: int | None = 1,
         compile: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__()
@@ -180,6 +183,7 @@ class ImageClassifier(L.LightningModule):
             "ema_decay": ema_decay,
             "ema_warmup": ema_warmup,
             "log_attention": log_attention,
+            "attention_every_n_epochs": attention_every_n_epochs,
             "compile": dict(compile) if isinstance(compile, dict) else bool(compile),
         })
         self.backbone = self.build_backbone()
@@ -246,6 +250,7 @@ class ImageClassifier(L.LightningModule):
         return standard_callbacks(
             init_method=cfg.method, init_seed=cfg.seed, init_options=cfg.options,
             log_attention=self.hparams.log_attention,
+            attention_every_n_epochs=self.hparams.get("attention_every_n_epochs", 1),
             existing=list(trainer.callbacks) if trainer is not None else [],
             has_logger=bool(trainer.loggers) if trainer is not None else False,
         )

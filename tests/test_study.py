@@ -125,6 +125,18 @@ def test_study_report_matches_logged_metrics_and_lists_failures(recipe: Path, tm
     png = (sdir / "report.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
 
+    # attention locality per layer (the runs' attention/step_*.json, read here with json): init -> end per method
+    attention = table_rows(md, "| method | layer |")
+    for m in ("impulse", "torch"):
+        files = [sorted((sdir / f"{m}-s{s}" / "attention").glob("step_*.json")) for s in (0, 1)]
+        assert all(len(f) == len(curves[f"{m}-s0"]) + 1 for f in files)  # init + one point per epoch
+        for col, metric in ((1, "distance"), (2, "offset_mass")):
+            first = [json.loads(f[0].read_text())["sources"]["images"]["means"][metric][0] for f in files]
+            last = [json.loads(f[-1].read_text())["sources"]["images"]["means"][metric][0] for f in files]
+            fmt = lambda xs: f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f}"  # noqa: E731
+            assert attention[m][0] == "0" and attention[m][col] == f"{fmt(first)} → {fmt(last)}", (m, metric)
+    assert (sdir / "report_attention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
     # --collect rebuilds the report from the run directories; a run that is still running is listed, not dropped
     (sdir / "report.md").unlink()
     (sdir / "impulse-s1" / "status.json").write_text(json.dumps({"state": "running"}))

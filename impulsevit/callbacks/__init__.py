@@ -1,11 +1,12 @@
 """Lightning callbacks: the initializer, attention-map diagnostics, throughput, the non-finite-loss guard, SLURM
 preemption, and :func:`standard_callbacks`, the one place a run's set is assembled."""
 
+from impulsevit.callbacks.attention_evolution import AttentionEvolution
 from impulsevit.callbacks.attention_logging import AttentionMapLogger, log_attention
 from impulsevit.callbacks.initializer import Initializer
 from impulsevit.callbacks.nan_guard import NonFiniteLossGuard
 from impulsevit.callbacks.standard import standard_callbacks
 from impulsevit.callbacks.throughput import ThroughputLogger
 
-__all__ = ["AttentionMapLogger", "Initializer", "NonFiniteLossGuard", "ThroughputLogger", "log_attention",
-           "standard_callbacks"]
+__all__ = ["AttentionEvolution", "AttentionMapLogger", "Initializer", "NonFiniteLossGuard", "ThroughputLogger",
+           "log_attention", "standard_callbacks"]

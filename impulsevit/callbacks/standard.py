@@ -15,6 +15,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 
+from impulsevit.callbacks.attention_evolution import AttentionEvolution
 from impulsevit.callbacks.initializer import Initializer
 from impulsevit.callbacks.nan_guard import NonFiniteLossGuard
 from impulsevit.callbacks.preemption import SlurmRequeue
@@ -33,6 +34,7 @@ def standard_callbacks(
     init_seed: int,
     init_options: Mapping[str, Any],
     log_attention: bool,
+    attention_every_n_epochs: int | None = 1,
     existing: Sequence[L.Callback] = (),
     has_logger: bool = True,
 ) -> list[L.Callback]:
@@ -42,7 +44,9 @@ def standard_callbacks(
     :class:`RNGStateCheckpoint` (per-rank seeds, RNG state in checkpoints), :class:`SlurmRequeue` (the one owner of
     SIGUSR1 / SIGTERM / SIGINT: checkpoint at a step boundary, requeue), :class:`NonFiniteLossGuard`,
     :class:`ThroughputLogger` (skipped when any ``ThroughputMonitor`` is there) and, with a logger, Lightning's
-    ``LearningRateMonitor`` (per-step lr, ``lr`` or ``lr/pg<i>`` per param group).
+    ``LearningRateMonitor`` (per-step lr, ``lr`` or ``lr/pg<i>`` per param group) and, unless
+    ``attention_every_n_epochs`` is ``None``, :class:`AttentionEvolution` (attention locality on a probe batch at init,
+    every that many epochs and at the end).
 
     Raises:
         ValueError: ``existing`` holds two instances of a kind in :data:`SINGLE_OWNER` (names the kind).
@@ -69,4 +73,6 @@ def standard_callbacks(
         out.append(ThroughputLogger())
     if has_logger and missing(LearningRateMonitor):
         out.append(LearningRateMonitor(logging_interval="step"))
+    if attention_every_n_epochs is not None and missing(AttentionEvolution):
+        out.append(AttentionEvolution(every_n_epochs=attention_every_n_epochs))
     return out

@@ -1,5 +1,7 @@
 """What a study measured: each run's outcome read back from its ``status.json`` and TensorBoard event files, and the
-report (``report.md``: mean ± sample std per method beside the paper's numbers; ``report.png``: accuracy curves).
+report (``report.md``: mean ± sample std per method beside the paper's numbers; ``report.png``: accuracy curves;
+``report_attention.png`` and a table: per-layer attention locality from init to the end, from each run's
+``attention/step_*.json`` files written by ``impulsevit.callbacks.AttentionEvolution``).
 
 Metrics: ``val/acc1`` per validation (one point per epoch), ``test/acc1`` when a test was run. "final" = the last
 validation, "best" = the maximum over epochs. Not supported: runs that log no ``val/acc1`` (reported as failed).
@@ -15,7 +17,10 @@ from pathlib import Path
 
 from impulsevit.study.files import read_json, write_atomic
 
-__all__ = ["RunResult", "read_scalars", "collect", "render_report", "write_report"]
+__all__ = ["RunResult", "read_attention", "read_scalars", "collect", "render_report", "write_report"]
+
+ATTENTION_METRICS = ("distance", "offset_mass")  # what the report plots and tabulates, per layer
+ATTENTION_SOURCE = "images"
 
 
 @dataclasses.dataclass
@@ -31,6 +36,21 @@ class RunResult:
     test: float | None = None
     curve: list[float] = dataclasses.field(default_factory=list)
     detail: str = ""
+    attention: dict[str, list[list[float]]] = dataclasses.field(default_factory=dict)
+    """Per metric, per logged point (init first, then epochs) the per-layer means over heads (probe images)."""
+
+
+def read_attention(run_dir: Path, source: str = ATTENTION_SOURCE) -> dict[str, list[list[float]]]:
+    """Per metric, the per-layer means of every ``<run_dir>/attention/step_*.json`` in step order (``{}`` when the
+    run recorded none)."""
+    out: dict[str, list[list[float]]] = {}
+    for f in sorted((run_dir / "attention").glob("step_*.json")):
+        data = read_json(f).get("sources", {}).get(source)
+        if data is None:
+            continue
+        for metric, per_layer in data["means"].items():
+            out.setdefault(metric, []).append([float(v) for v in per_layer])
+    return out
 
 
 def read_scalars(run_dir: Path) -> dict[str, list[float]]:
@@ -68,17 +88,19 @@ def collect(study_dir: str | os.PathLike) -> list[RunResult]:
                 r.final, r.best = r.curve[-1], max(r.curve)
             if s.get("test/acc1"):
                 r.test = s["test/acc1"][-1]
+            r.attention = read_attention(rdir)
         if r.state == "done" and not r.curve:
             r.state, r.detail = "failed", "finished but logged no val/acc1"
         results.append(r)
     return results
 
 
-def _mean_std(xs: list[float]) -> str:
-    """``"mean ± sample std"`` with two decimals (std 0 for one value, ``–`` for none)."""
+def _mean_std(xs: list[float], digits: int = 2) -> str:
+    """``"mean ± sample std"`` with ``digits`` decimals (std 0 for one value, ``–`` for none; nan values skipped)."""
+    xs = [x for x in xs if x == x]
     if not xs:
         return "–"
-    return f"{statistics.fmean(xs):.2f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.2f}"
+    return f"{statistics.fmean(xs):.{digits}f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.{digits}f}"
 
 
 def render_report(study_name: str, plan: dict, results: list[RunResult], paper: dict[str, float]) -> str:
@@ -109,7 +131,36 @@ def render_report(study_name: str, plan: dict, results: list[RunResult], paper: 
         listed = ", ".join(f"{r.name} ({r.state})" for r in bad)
         lines += ["", f"**{len(bad)} run(s) not finished or failed:** {listed}"]
     lines += ["", "![validation accuracy per epoch](report.png)", ""]
+    lines += _attention_table(results, methods)
     return "\n".join(lines)
+
+
+def _attention_table(results: list[RunResult], methods: list[str]) -> list[str]:
+    """Markdown: per method and layer, each of :data:`ATTENTION_METRICS` at init and at the end (mean ± std over the
+    finished runs that recorded it); empty when no run did."""
+    done = [r for r in results if r.state == "done" and r.attention]
+    if not done:
+        return []
+    layers = max(len(r.attention[ATTENTION_METRICS[0]][0]) for r in done if r.attention.get(ATTENTION_METRICS[0]))
+    head = " | ".join(f"{m} init → end" for m in ATTENTION_METRICS)
+    lines = ["## Attention locality", "",
+             "Per layer, on the fixed probe images: mean attention distance (patches) and the attention mass on each "
+             "head's reference offset (its initial impulse offset; for methods without one, its best one-tap offset "
+             "at init), mean over heads, then mean ± std over seeds.", "",
+             f"| method | layer | {head} |", "|---|---|" + "---|" * len(ATTENTION_METRICS)]
+    for m in methods:
+        runs = [r for r in done if r.method == m]
+        for li in range(layers):
+            cells = []
+            for metric in ATTENTION_METRICS:
+                series = [r.attention.get(metric, []) for r in runs]
+                first = [x[0][li] for x in series if x and li < len(x[0])]
+                last = [x[-1][li] for x in series if x and li < len(x[-1])]
+                cells.append(f"{_mean_std(first, 3)} → {_mean_std(last, 3)}")
+            if runs:
+                lines.append(f"| {m} | {li} | {' | '.join(cells)} |")
+    lines += ["", "![attention locality per layer over training](report_attention.png)", ""]
+    return lines
 
 
 def render_plot(results: list[RunResult]) -> bytes:
@@ -142,6 +193,47 @@ def render_plot(results: list[RunResult]) -> bytes:
     return buf.getvalue()
 
 
+def render_attention_plot(results: list[RunResult]) -> bytes | None:
+    """PNG: one row per metric of :data:`ATTENTION_METRICS`, one column per layer, x = logged point (0 = init, then
+    the logged epochs); per method the mean over its finished runs ± one sample std (shaded). ``None`` when no run
+    recorded attention."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    done = [r for r in results if r.state == "done" and all(r.attention.get(m) for m in ATTENTION_METRICS)]
+    if not done:
+        return None
+    layers = max(len(r.attention[ATTENTION_METRICS[0]][0]) for r in done)
+    fig, axes = plt.subplots(len(ATTENTION_METRICS), layers, figsize=(2.6 * layers + 1, 2.4 * len(ATTENTION_METRICS)),
+                             dpi=110, squeeze=False)
+    for mi, metric in enumerate(ATTENTION_METRICS):
+        for li in range(layers):
+            ax = axes[mi][li]
+            for m in dict.fromkeys(r.method for r in done):
+                series = [r.attention[metric] for r in done if r.method == m]
+                n = min(len(x) for x in series)
+                arr = np.array([[pt[li] if li < len(pt) else np.nan for pt in x[:n]] for x in series])
+                mean = np.nanmean(arr, 0)
+                sd = np.nanstd(arr, 0, ddof=1) if len(arr) > 1 else np.zeros(n)
+                ax.plot(np.arange(n), mean, label=m)
+                ax.fill_between(np.arange(n), mean - sd, mean + sd, alpha=0.2)
+            ax.set_title(f"layer {li}", fontsize=9)
+            ax.grid(alpha=0.3)
+            if li == 0:
+                ax.set_ylabel(metric)
+            if mi == len(ATTENTION_METRICS) - 1:
+                ax.set_xlabel("point (0 = init)")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
 def write_report(study_dir: str | os.PathLike, results: list[RunResult], paper: dict[str, float] | None = None) -> Path:
     """Write ``report.md`` (mean ± std of final/best/test top-1 in %, per method) and ``report.png``; returns the
     md path."""
@@ -150,4 +242,7 @@ def write_report(study_dir: str | os.PathLike, results: list[RunResult], paper: 
     md = study_dir / "report.md"
     write_atomic(md, render_report(study_dir.name, plan, results, paper or {}))
     write_atomic(study_dir / "report.png", render_plot(results))
+    attention = render_attention_plot(results)
+    if attention is not None:
+        write_atomic(study_dir / "report_attention.png", attention)
     return md
