@@ -18,13 +18,14 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
 from impulsevit.callbacks.initializer import Initializer
 from impulsevit.callbacks.nan_guard import NonFiniteLossGuard
 from impulsevit.callbacks.preemption import SlurmRequeue
+from impulsevit.callbacks.run_record import RunRecord
 from impulsevit.callbacks.throughput import ThroughputLogger
 from impulsevit.checkpointing import RNGStateCheckpoint
 
 __all__ = ["SINGLE_OWNER", "standard_callbacks"]
 
 # kinds whose second instance would act twice on one event (two requeues, two re-seedings per batch, two inits)
-SINGLE_OWNER: tuple[type[L.Callback], ...] = (Initializer, SlurmRequeue, RNGStateCheckpoint)
+SINGLE_OWNER: tuple[type[L.Callback], ...] = (Initializer, SlurmRequeue, RNGStateCheckpoint, RunRecord)
 
 
 def standard_callbacks(
@@ -41,7 +42,8 @@ def standard_callbacks(
     In order: :class:`Initializer` (the recipe's ``model.init``, once per run at ``on_fit_start``),
     :class:`RNGStateCheckpoint` (per-rank seeds, RNG state in checkpoints), :class:`SlurmRequeue` (the one owner of
     SIGUSR1 / SIGTERM / SIGINT: checkpoint at a step boundary, requeue), :class:`NonFiniteLossGuard`,
-    :class:`ThroughputLogger` (skipped when any ``ThroughputMonitor`` is there) and, with a logger, Lightning's
+    :class:`ThroughputLogger` (skipped when any ``ThroughputMonitor`` is there), :class:`RunRecord` (data config,
+    class names, metrics and cost in every checkpoint, for ``impulsevit export``) and, with a logger, Lightning's
     ``LearningRateMonitor`` (per-step lr, ``lr`` or ``lr/pg<i>`` per param group).
 
     Raises:
@@ -67,6 +69,8 @@ def standard_callbacks(
         out.append(NonFiniteLossGuard())
     if missing(ThroughputLogger, ThroughputMonitor):
         out.append(ThroughputLogger())
+    if missing(RunRecord):
+        out.append(RunRecord())
     if has_logger and missing(LearningRateMonitor):
         out.append(LearningRateMonitor(logging_interval="step"))
     return out
