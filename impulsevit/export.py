@@ -220,7 +220,7 @@ def model_card(ckpt: dict[str, Any], model: nn.Module, ckpt_path: str | os.PathL
     dc = data_config(ckpt)
     metrics = rec.get("metrics") or {}
     arch = hp.get("backbone", type(model).__name__)
-    registered = not _needs_impulsevit(model)
+    registered = not _needs_impulsevit(arch)
     params = sum(p.numel() for p in model.parameters())
     classes = rec.get("class_names")
     where = "val_ema" if ema else "val"
@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
               f"checkpoint_path={args.out!r})")
         return 0
     dc = info["data_config"]
-    pre = "import impulsevit.models; " if _needs_impulsevit(info["model"]) else ""
+    pre = "import impulsevit.models; " if _needs_impulsevit(info["backbone"]) else ""
     print(f"wrote {args.out}/ (config.json, model.safetensors, README.md): {info['backbone']}, "
           f"{info['params']:,} parameters, {info['num_classes']} classes, input {dc['input_size'][1]} px, "
           f"mean {tuple(round(m, 4) for m in dc['mean'])}, std {tuple(round(s, 4) for s in dc['std'])}, "
@@ -518,6 +518,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _needs_impulsevit(model: nn.Module) -> bool:
-    """The architecture is one of impulsevit's own (registered with timm by ``import impulsevit.models``)."""
-    return type(model).__module__.startswith("impulsevit.")
+def _needs_impulsevit(arch: str) -> bool:
+    """``arch`` is one of impulsevit's own architectures (registered with timm by ``import impulsevit.models``)."""
+    from timm.models import model_entrypoint
+
+    import impulsevit.models  # noqa: F401
+
+    return model_entrypoint(arch).__module__.startswith("impulsevit.")
