@@ -433,10 +433,11 @@ def _hub_error(e: BaseException, repo_id: str) -> UserError:
     endpoint = constants.ENDPOINT
     status = getattr(getattr(e, "response", None), "status_code", None)
     name = type(e).__name__
-    if status in (401, 403) or name in ("LocalTokenNotFoundError",):
+    if status in (401, 403) or name == "LocalTokenNotFoundError":
         return UserError(f"push to {repo_id}: not authenticated at {endpoint} (HTTP {status}); log in with "
                          f"`hf auth login` or set HF_TOKEN to a token with write access")
-    if name == "OfflineModeIsEnabled" or "Connect" in name or "Timeout" in name or isinstance(e, OSError):
+    if status is None and (name == "OfflineModeIsEnabled" or "Connect" in name or "Timeout" in name
+                           or isinstance(e, OSError)):
         return UserError(f"push to {repo_id}: cannot reach {endpoint} ({name}); are you offline? The local folder "
                          f"is complete; push it later with --push-to-hub")
     first = (str(e).strip().splitlines() or [name])[0]

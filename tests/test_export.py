@@ -173,7 +173,7 @@ def test_plain_timm_loads_every_family_from_the_folder_in_a_fresh_process(vit_ru
     loaded = torch.load(tmp_path / "out.pt", weights_only=False)
     for family, ckpt in runs.items():
         torch.testing.assert_close(loaded[family]["logits"], _module_logits(ckpt, inputs[family]), rtol=1e-5,
-                                   atol=1e-6, msg=lambda m, f=family: f"{family}: {m}")
+                                   atol=1e-6, msg=lambda m, f=family: f"{f}: {m}")
         cli = vit_run[0] if family == "vit" else family_runs[family][0]
         dm = cli.datamodule
         assert loaded[family]["num_classes"] == dm.num_classes
@@ -409,3 +409,54 @@ def test_recipe_predict_stays_lightnings_subcommand(trained, capsys):
     """``impulsevit predict --recipe …`` still goes to LightningCLI (here: its refusal without a checkpoint)."""
     assert main(["predict", "--recipe", str(TINY), f"--runs_dir={trained.parent}", "--name=exp"]) == 2
     assert "give --resume auto" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- the hub
+def _push(ckpt: Path, out: Path, endpoint: str, home: Path) -> subprocess.CompletedProcess:
+    """``impulsevit export CKPT OUT --push-to-hub my-lab/vit-test`` in a fresh process talking to ``endpoint``."""
+    env = {k: v for k, v in subprocess_env().items() if not k.startswith("HF_")}
+    env.update(HF_ENDPOINT=endpoint, HF_TOKEN="hf_test_token", HF_HOME=str(home), HF_HUB_DISABLE_TELEMETRY="1")
+    return subprocess.run([sys.executable, "-m", "impulsevit.cli", "export", str(ckpt), str(out), "--push-to-hub",
+                           "my-lab/vit-test"], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_push_to_hub_uploads_the_folder_through_timm(trained, tmp_path):
+    """Everything up to and including the upload, against a local HTTP server standing in for the hub (the real hub
+    cannot be reached from the tests): timm's ``push_to_hf_hub`` creates the repo and commits the same weights and
+    config as the local folder and the model card; the committed files load in timm."""
+    from _fake_hub import FakeHub
+
+    with FakeHub() as hub:
+        done = _push(_last(trained), tmp_path / "out", hub.url, tmp_path / "hf")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "pushed to my-lab/vit-test" in done.stdout
+    assert hub.created == [{"name": "vit-test", "organization": "my-lab", "visibility": "public"}]
+    assert set(hub.files) == {"config.json", "model.safetensors", "README.md"}
+    for name in ("config.json", "model.safetensors"):
+        assert hub.files[name] == (tmp_path / "out" / name).read_bytes(), name
+    card = hub.files["README.md"].decode()
+    assert "# Model card for vit-test" in card and "init=impulse family=vit" in card
+    (tmp_path / "pulled").mkdir()
+    for name, data in hub.files.items():
+        (tmp_path / "pulled" / name).write_bytes(data)
+    m = timm.create_model(f"local-dir:{tmp_path / 'pulled'}", pretrained=True)
+    assert m.num_classes == 4 and m.pretrained_cfg["label_names"] == ["blob_0", "blob_1", "blob_2", "blob_3"]
+
+
+def test_push_unauthenticated_or_offline_fails_in_one_line(trained, tmp_path):
+    import socket
+
+    from _fake_hub import FakeHub
+
+    with FakeHub(status=401) as hub:
+        done = _push(_last(trained), tmp_path / "a", hub.url, tmp_path / "hf")
+    assert done.returncode == 1 and "Traceback" not in done.stderr and done.stderr.strip().count("\n") == 0
+    assert "push to my-lab/vit-test: not authenticated" in done.stderr and "HF_TOKEN" in done.stderr
+    assert (tmp_path / "a" / "model.safetensors").is_file()  # the local folder is written first and stays
+
+    with socket.socket() as s:  # a port nothing listens on: connection refused, as offline
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    done = _push(_last(trained), tmp_path / "b", closed, tmp_path / "hf")
+    assert done.returncode == 1 and "Traceback" not in done.stderr and done.stderr.strip().count("\n") == 0
+    assert f"cannot reach {closed}" in done.stderr
