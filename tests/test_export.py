@@ -311,6 +311,20 @@ def test_export_errors_name_the_problem(trained, tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+def test_run_record_survives_a_resume(tmp_path):
+    """The ``RunRecord`` in a checkpoint: wall time summed over the resumed segments, first start kept, metrics of the
+    latest validation; loadable with ``weights_only=True`` (plain types only)."""
+    run_cli(*tiny(tmp_path, "r", "--trainer.max_epochs=1"))
+    first = torch.load(_last(tmp_path / "r"), map_location="cpu", weights_only=True)["callbacks"]["RunRecord"]
+    run_cli(*tiny(tmp_path, "r", "--trainer.max_epochs=2", "--resume=auto"))
+    second = torch.load(_last(tmp_path / "r"), map_location="cpu", weights_only=True)["callbacks"]["RunRecord"]
+    assert second["started"] == first["started"] and second["wall_seconds"] > first["wall_seconds"]
+    assert second["metrics"]["val/acc1"] != first["metrics"]["val/acc1"] or \
+        second["metrics"]["val/loss"] != first["metrics"]["val/loss"]
+    assert second["class_names"] == ["blob_0", "blob_1", "blob_2", "blob_3"] and second["seed"] == 0
+    assert second["data_config"]["input_size"] == (3, 32, 32) and second["versions"]["timm"] == timm.__version__
+
+
 # ---------------------------------------------------------------------------------------------- state-dict format
 def _timm_model(path, num_classes=4):
     return timm.create_model("vit_tiny_patch16_224", checkpoint_path=str(path), num_classes=num_classes,
