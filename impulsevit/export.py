@@ -466,7 +466,11 @@ def push_to_hub(info: dict[str, Any], repo_id: str, private: bool = False) -> st
 def main(argv: list[str] | None = None) -> int:
     """``impulsevit export CKPT OUT [--ema] [--format folder|state-dict] [--overwrite] [--push-to-hub ORG/NAME]``;
     returns the exit status (0 done, 2 bad input, 1 disk or hub failure)."""
-    parser = argparse.ArgumentParser(prog="impulsevit export", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="impulsevit export",
+        description="Write a timm model folder (config.json with the run's data config and class names, "
+                    "model.safetensors, a model card) or a plain state dict from a checkpoint; load the folder with "
+                    "timm.create_model('local-dir:OUT', pretrained=True).")
     parser.add_argument("ckpt", help="Lightning checkpoint file or FSDP2 checkpoint folder")
     parser.add_argument("out", help="output folder (folder format) or .pth file (state-dict format)")
     parser.add_argument("--ema", action="store_true", help="export the EMA weights instead of the raw ones")

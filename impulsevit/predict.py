@@ -141,7 +141,10 @@ def predict_folder(model: nn.Module, cfg: dict[str, Any], names: list[str], file
 
 def main(argv: list[str] | None = None) -> int:
     """``impulsevit predict MODEL IMAGES [...]``; the exit status (0 done, 2 bad input, 1 no image readable)."""
-    parser = argparse.ArgumentParser(prog="impulsevit predict", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="impulsevit predict",
+        description="Top-5 classes of every image in a folder as CSV, with the model's own data config "
+                    "(`impulsevit predict --recipe ...` is LightningCLI's predict).")
     parser.add_argument("model", help="checkpoint (.ckpt file or FSDP2 folder) or a folder from impulsevit export")
     parser.add_argument("images", help="folder of images (searched recursively)")
     parser.add_argument("--out", default="predictions.csv", help="CSV to write (default: predictions.csv)")
