@@ -41,9 +41,9 @@ def standard_callbacks(
 
     In order: :class:`Initializer` (the recipe's ``model.init``, once per run at ``on_fit_start``),
     :class:`RNGStateCheckpoint` (per-rank seeds, RNG state in checkpoints), :class:`SlurmRequeue` (the one owner of
-    SIGUSR1 / SIGTERM / SIGINT: checkpoint at a step boundary, requeue), :class:`NonFiniteLossGuard`,
-    :class:`ThroughputLogger` (skipped when any ``ThroughputMonitor`` is there), :class:`RunRecord` (data config,
-    class names, metrics and cost in every checkpoint, for ``impulsevit export``) and, with a logger, Lightning's
+    SIGUSR1 / SIGTERM / SIGINT: checkpoint at a step boundary, requeue), :class:`NonFiniteLossGuard`, :class:`RunRecord`
+    (data config, class names, metrics and cost in every checkpoint, for ``impulsevit export``),
+    :class:`ThroughputLogger` (skipped when any ``ThroughputMonitor`` is there) and, with a logger, Lightning's
     ``LearningRateMonitor`` (per-step lr, ``lr`` or ``lr/pg<i>`` per param group).
 
     Raises:
@@ -67,10 +67,10 @@ def standard_callbacks(
         out.append(SlurmRequeue())
     if missing(NonFiniteLossGuard):
         out.append(NonFiniteLossGuard())
-    if missing(ThroughputLogger, ThroughputMonitor):
-        out.append(ThroughputLogger())
     if missing(RunRecord):
         out.append(RunRecord())
+    if missing(ThroughputLogger, ThroughputMonitor):
+        out.append(ThroughputLogger())
     if has_logger and missing(LearningRateMonitor):
         out.append(LearningRateMonitor(logging_interval="step"))
     return out
