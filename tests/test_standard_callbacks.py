@@ -35,7 +35,7 @@ def _kinds(trainer: L.Trainer) -> set[str]:
 
 
 STANDARD = {"Initializer", "RNGStateCheckpoint", "SlurmRequeue", "NonFiniteLossGuard", "ThroughputLogger",
-            "LearningRateMonitor"}
+            "RunRecord", "LearningRateMonitor"}
 
 
 def test_plain_trainer_and_cli_run_the_same_standard_callbacks(tmp_path):

@@ -19,13 +19,14 @@ from impulsevit.callbacks.attention_evolution import AttentionEvolution
 from impulsevit.callbacks.initializer import Initializer
 from impulsevit.callbacks.nan_guard import NonFiniteLossGuard
 from impulsevit.callbacks.preemption import SlurmRequeue
+from impulsevit.callbacks.run_record import RunRecord
 from impulsevit.callbacks.throughput import ThroughputLogger
 from impulsevit.checkpointing import RNGStateCheckpoint
 
 __all__ = ["SINGLE_OWNER", "standard_callbacks"]
 
 # kinds whose second instance would act twice on one event (two requeues, two re-seedings per batch, two inits)
-SINGLE_OWNER: tuple[type[L.Callback], ...] = (Initializer, SlurmRequeue, RNGStateCheckpoint)
+SINGLE_OWNER: tuple[type[L.Callback], ...] = (Initializer, SlurmRequeue, RNGStateCheckpoint, RunRecord)
 
 
 def standard_callbacks(
@@ -42,7 +43,8 @@ def standard_callbacks(
 
     In order: :class:`Initializer` (the recipe's ``model.init``, once per run at ``on_fit_start``),
     :class:`RNGStateCheckpoint` (per-rank seeds, RNG state in checkpoints), :class:`SlurmRequeue` (the one owner of
-    SIGUSR1 / SIGTERM / SIGINT: checkpoint at a step boundary, requeue), :class:`NonFiniteLossGuard`,
+    SIGUSR1 / SIGTERM / SIGINT: checkpoint at a step boundary, requeue), :class:`NonFiniteLossGuard`, :class:`RunRecord`
+    (data config, class names, metrics and cost in every checkpoint, for ``impulsevit export``),
     :class:`ThroughputLogger` (skipped when any ``ThroughputMonitor`` is there) and, with a logger, Lightning's
     ``LearningRateMonitor`` (per-step lr, ``lr`` or ``lr/pg<i>`` per param group) and, unless
     ``attention_every_n_epochs`` is ``None``, :class:`AttentionEvolution` (attention locality on a probe batch at init,
@@ -69,6 +71,8 @@ def standard_callbacks(
         out.append(SlurmRequeue())
     if missing(NonFiniteLossGuard):
         out.append(NonFiniteLossGuard())
+    if missing(RunRecord):
+        out.append(RunRecord())
     if missing(ThroughputLogger, ThroughputMonitor):
         out.append(ThroughputLogger())
     if has_logger and missing(LearningRateMonitor):

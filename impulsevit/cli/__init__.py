@@ -1,5 +1,6 @@
 """The ``impulsevit`` command: ``fit|validate|test|predict`` (LightningCLI) plus ``recipes``, ``export`` and the
-subcommands other modules provide (``convert``, ``submit``, ``study``, ``demo``).
+subcommands other modules provide (``convert``, ``submit``, ``study``, ``demo``); ``predict MODEL IMAGES`` (a
+positional argument after ``predict``) is :mod:`impulsevit.predict`, not LightningCLI's.
 
 ``impulsevit fit --recipe NAME_OR_PATH [--dotted.key=value ...]``:
 

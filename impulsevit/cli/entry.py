@@ -56,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get("IMPULSEVIT_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
     _setup_logging()
+    if len(argv) > 1 and argv[0] == "predict" and not argv[1].startswith("-"):
+        from impulsevit.predict import main as predict_main  # `predict MODEL IMAGES`: a folder of images
+
+        return predict_main(argv[1:])
     try:
         argv = prepare_argv(argv)
     except (RecipeNotFoundError, ConfigError) as e:

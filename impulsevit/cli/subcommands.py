@@ -35,9 +35,11 @@ impulsevit {__version__}: Lightning + timm training of vision transformers with 
   fit|validate|test|predict --recipe NAME_OR_PATH [--dotted.key=value ...]
         [--name N] [--runs-dir D] [--resume auto|PATH]
                       train / evaluate (LightningCLI; `impulsevit fit --help` lists every key)
+  predict MODEL IMAGES [--out predictions.csv] [--ema]
+                      top-5 classes of every image in a folder (MODEL: checkpoint or exported folder), as CSV
   recipes             list the available recipes
-  export CKPT OUT.pth [--ema]
-                      write a plain timm state dict from a checkpoint
+  export CKPT OUT [--ema] [--format folder|state-dict] [--overwrite] [--push-to-hub ORG/NAME]
+                      write a timm model folder (config.json, model.safetensors, model card) or a plain state dict
   convert ...         convert a dataset to FFCV .beton
   submit ...          submit a recipe to SLURM
   study ...           run an initialization study

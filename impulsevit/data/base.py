@@ -44,12 +44,24 @@ class BaseImageDataModule(L.LightningDataModule):
         self.batch_size = int(batch_size)
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
+        self.class_names: list[str] | None = None  # index = label; set by subclasses that know them (at setup)
         self._train_loader: Any = None  # the stateful training loader, once built
         self._loader_state: dict[str, Any] | None = None  # from a checkpoint, applied to the next training loader
 
     @property
     def num_classes(self) -> int:
         return self._num_classes
+
+    def eval_data_config(self) -> dict[str, Any]:
+        """The evaluation transform in timm's data-config terms (what ``timm.data.create_transform`` takes):
+        ``input_size`` ``(3, S, S)``, ``mean`` / ``std`` (0–1 scale), ``interpolation``, ``crop_pct`` and
+        ``crop_mode``. Here: no resize (``crop_pct`` 1.0, bicubic); datamodules that resize override it."""
+        return {"input_size": (3, self.image_size, self.image_size), "mean": self.mean, "std": self.std,
+                "interpolation": "bicubic", "crop_pct": 1.0, "crop_mode": "center"}
+
+    def describe(self) -> str:
+        """A short description of the data for model cards (the class name here)."""
+        return type(self).__name__
 
     # ------------------------------------------------------------------ training-loader state in checkpoints
     def stateful_train_loader(self, loader: Any) -> Any:

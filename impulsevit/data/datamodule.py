@@ -310,12 +310,26 @@ class ImageDataModule(BaseImageDataModule):
                                             f"Trainer calls it; call dm.prepare_data() when using the datamodule "
                                             f"by hand)")
                 path = self.beton_path(split)
-                verify_beton(path, read_manifest(path, check_size=False), self.storage.beton_check)
+                manifest = read_manifest(path, check_size=False)
+                verify_beton(path, manifest, self.storage.beton_check)
+                if manifest is not None and manifest.get("classes") and self.class_names is None:
+                    self.class_names = [str(c) for c in manifest["classes"]]  # the train split's, listed first
             return
         train_tf, eval_tf = self._timm_transforms()
         if stage in (None, "fit"):
             self._sets["train"] = SourceDataset(self.load_source(self.train_split), train_tf, seed=self.seed)
         self._sets["val"] = SourceDataset(self.load_source(self.val_split), eval_tf)
+        self.class_names = list(self._sets["train" if "train" in self._sets else "val"].source.classes)
+
+    def eval_data_config(self) -> dict:
+        """The evaluation transform of both backends in timm's terms: resize the shorter side to
+        ``floor(S / crop_pct)`` with ``interpolation``, centre crop ``S``, normalise with ``mean`` / ``std``."""
+        return {**super().eval_data_config(), "interpolation": self.interpolation, "crop_pct": self.crop_pct}
+
+    def describe(self) -> str:
+        subsets = "".join(f", {what} subset of {k}" for what, k in (("train", self.train_subset),
+                                                                     ("val", self.val_subset)) if k)
+        return f"{self.info.name} (train split {self.train_split!r}, val split {self.val_split!r}{subsets})"
 
     def _timm_transforms(self):  # noqa: ANN202
         """timm's ImageNet train/eval transforms (what ``create_transform`` builds; called directly because

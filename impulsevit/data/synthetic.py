@@ -37,6 +37,11 @@ class SyntheticDataModule(BaseImageDataModule):
         super().__init__(num_classes, image_size, batch_size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
         self.num_train, self.num_val, self.seed, self.noise = num_train, num_val, seed, noise
         self.num_workers = num_workers
+        self.class_names = [f"blob_{c}" for c in range(num_classes)]
+
+    def describe(self) -> str:
+        return (f"synthetic Gaussian blobs ({self.num_classes} classes, {self.num_train} train / {self.num_val} val "
+                f"images, seed {self.seed})")
 
     def _split(self, n: int, offset: int) -> TensorDataset:
         g = torch.Generator().manual_seed(self.seed)

@@ -19,7 +19,9 @@ config: 32×32 input, 10 classes, CIFAR-10 mean/std, crop_pct 1.0, no pretrained
 Extra kwarg ``spatial_trainable`` (default True): ``False`` builds the model with the depthwise spatial filters
 (weight and bias) frozen (``requires_grad=False``). Freezing is also an option of the ConvMixer initializers
 (``impulsevit.init.convmixer``); putting it in the model kwargs as well keeps it across a resume, where the
-initializer does not run again. Not supported: non-square kernels, pretrained weights.
+initializer does not run again. Weights: none in the registry (``pretrained=True`` alone is an error); a folder written
+by ``impulsevit export`` loads with ``timm.create_model("local-dir:FOLDER", pretrained=True)`` (or ``hf-hub:ORG/NAME``).
+Not supported: non-square kernels.
 """
 
 from __future__ import annotations
@@ -75,9 +77,19 @@ default_cfgs = generate_default_cfgs({
 })
 
 
+_WEIGHT_SOURCES = ("file", "url", "hf_hub_id", "state_dict")
+
+
 def _create(variant: str, pretrained: bool, spatial_trainable: bool = True, **kwargs: Any) -> ConvMixer:
     if pretrained:
-        raise ValueError(f"{variant}: no pretrained weights exist for the CIFAR ConvMixer variants")
+        # weights come only from a source the caller names: timm's `local-dir:` / `hf-hub:` (an `impulsevit export`
+        # folder) or a pretrained_cfg overlay with a file; the registry itself has none (timm would warn and go on
+        # with random weights)
+        cfgs = [c for c in (kwargs.get("pretrained_cfg"), kwargs.get("pretrained_cfg_overlay")) if c]
+        cfgs = [c if isinstance(c, dict) else getattr(c, "__dict__", {}) for c in cfgs]
+        if not any(c.get(k) for c in cfgs for k in _WEIGHT_SOURCES):
+            raise ValueError(f"{variant}: no pretrained weights exist for the CIFAR ConvMixer variants; load an "
+                             f"exported model with timm.create_model('local-dir:FOLDER', pretrained=True)")
     kwargs.setdefault("num_classes", 10)
     model = build_model_with_cfg(ConvMixer, variant, pretrained, **kwargs)
     if not spatial_trainable:
