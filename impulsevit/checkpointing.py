@@ -49,6 +49,7 @@ __all__ = [
     "set_rng_state",
     "step_seed",
     "is_complete_checkpoint",
+    "is_distributed_checkpoint",
     "latest_checkpoint",
     "resume_candidate",
     "run_limits",
@@ -145,6 +146,13 @@ def resume_candidate(run_dir: str | os.PathLike, extra_dirs: tuple[str | os.Path
             continue
         return candidate, skipped
     return None, skipped
+
+
+def is_distributed_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a directory written as a distributed checkpoint (it holds DCP's ``.metadata``): the only
+    directory a checkpoint writer may replace (:func:`impulsevit.io.commit` ``replace_dir``)."""
+    path = Path(path)
+    return path.is_dir() and not path.is_symlink() and (path / ".metadata").is_file()
 
 
 def is_complete_checkpoint(path: str | os.PathLike) -> bool:

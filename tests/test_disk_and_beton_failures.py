@@ -87,6 +87,29 @@ def test_atomic_write_on_full_and_read_only_filesystems(tmp_path):
             atomic_write_text(mnt / "new.txt", "x")
 
 
+def test_commit_never_deletes_an_output_of_another_kind(tmp_path):
+    """A file committed over a directory (or a directory over a file, or a directory over a directory its caller does
+    not own) is a one-line error naming the path; what was there stays, the temp goes."""
+    from impulsevit.io import commit, temp_path
+
+    folder, plain = tmp_path / "out.bin", tmp_path / "plain.txt"
+    (folder / "deep").mkdir(parents=True)
+    (folder / "deep" / "keep.txt").write_text("keep")
+    plain.write_text("plain")
+    for path, make_tmp in ((folder, lambda t: t.write_text("new")), (plain, lambda t: t.mkdir()),
+                           (folder, lambda t: t.mkdir())):
+        tmp = temp_path(path)
+        make_tmp(tmp)
+        with pytest.raises(WriteError, match=f"cannot write {path}: it is an existing (directory|file)"):
+            commit(tmp, path)
+        assert not tmp.exists()
+    assert (folder / "deep" / "keep.txt").read_text() == "keep" and plain.read_text() == "plain"
+    tmp = temp_path(folder)  # a directory the caller owns (a distributed checkpoint) is replaced
+    (tmp / "new").mkdir(parents=True)
+    commit(tmp, folder, replace_dir=True)
+    assert [p.name for p in folder.iterdir()] == ["new"] and not _no_temps(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def beton(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("beton")

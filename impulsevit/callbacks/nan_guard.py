@@ -29,7 +29,7 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
-from impulsevit.checkpointing import checkpoint_dir
+from impulsevit.checkpointing import checkpoint_dir, is_distributed_checkpoint
 from impulsevit.io import commit, remove, temp_path
 
 __all__ = ["NonFiniteLossGuard"]
@@ -81,7 +81,7 @@ class NonFiniteLossGuard(L.Callback):
             trainer.save_checkpoint(str(tmp))
             trainer.strategy.barrier("nan_guard_saved")
             if trainer.global_rank == 0:
-                commit(tmp, path)
+                commit(tmp, path, replace_dir=is_distributed_checkpoint(path))
             trainer.strategy.barrier("nan_guard_renamed")
             self.saved_path = path
             msg += f"; the last good state (before this step) is saved in {path}"

@@ -65,7 +65,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from impulsevit.checkpointing import checkpoint_dir
+from impulsevit.checkpointing import checkpoint_dir, is_distributed_checkpoint
 from impulsevit.cluster.events import append_event, slurm_job_id
 from impulsevit.io import commit, remove, temp_path
 from impulsevit.lightning_private import hand_back_signal_handlers
@@ -155,7 +155,7 @@ class SlurmRequeue(Callback):
         trainer.save_checkpoint(tmp)  # collective: every rank takes part (rank 0 writes files, all write DCP shards)
         trainer.strategy.barrier("preemption-save-written")
         if trainer.is_global_zero:
-            commit(tmp, path)
+            commit(tmp, path, replace_dir=is_distributed_checkpoint(path))
         trainer.strategy.barrier("preemption-save-done")
         self._saved_step = step
         self._say(trainer, f"{reason}: checkpoint saved to {path} at global step {step}",
