@@ -226,3 +226,31 @@ def test_debug_shows_the_traceback(tmp_path):
     with pytest.raises(ValueError, match="unknown init method"):
         main([*fit(tmp_path, "dbg", "--model.init.method=nosuch"), "--debug"])
     assert torch.is_tensor(torch.zeros(1))  # the process is intact after the error
+
+
+# ------------------------------------------------------------------------------------------- divergence (NaN guard)
+DIVERGE = ("--model.optimizer.lr=1e2", "--model.scheduler.warmup_epochs=1.25", "--trainer.max_epochs=4")
+
+
+def _all_finite(folder: Path) -> dict[str, bool]:
+    return {p.name: all(torch.isfinite(v).all() for v in torch.load(p, map_location="cpu", weights_only=False)
+                        ["state_dict"].values() if v.is_floating_point()) for p in sorted(folder.glob("*.ckpt"))}
+
+
+@pytest.mark.parametrize("check", ["every_step", "next_step"])
+def test_divergence_stops_with_one_line_and_every_checkpoint_stays_finite(tmp_path, capsys, check):
+    """A finite but huge loss whose update gives NaN weights (the issue's reproduction): the run stops at that step
+    with one line naming the good checkpoint, and no checkpoint writer ever wrote a non-finite state — every_step
+    saves last_good.ckpt before the update; next_step (one step late, as on GPUs) refuses last.ckpt at the bad
+    step (written every step here) and names the previous one."""
+    extra = ["--trainer.callbacks+=impulsevit.callbacks.NonFiniteLossGuard", f"--trainer.callbacks.check={check}"]
+    if check == "next_step":
+        extra.append("--checkpoint.every_n_train_steps=1")
+    assert main(tiny(tmp_path, "nan", *DIVERGE, *extra)) == 1
+    line = error_line(capsys)
+    ckdir = tmp_path / "nan" / "checkpoints"
+    assert "training diverged: non-finite" in line and "at optimizer step 3 (epoch 0, batch 3)" in line, line
+    good = ckdir / ("last_good.ckpt" if check == "every_step" else "last.ckpt")
+    assert f"--resume {good}" in line, line
+    finite = _all_finite(ckdir)
+    assert good.name in finite and all(finite.values()), finite
