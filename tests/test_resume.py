@@ -115,6 +115,25 @@ def test_resume_auto_prefers_a_newer_slurm_hpc_checkpoint(tmp_path):
     assert resumed.trainer.ckpt_path == str(hpc) and resumed.trainer.global_step == 8
 
 
+def test_resume_auto_picks_the_highest_step_whatever_the_modification_times(tmp_path):
+    """A copied run (cp, rsync, a restore from backup) where an older ``preempted.ckpt`` is the newest file: ``--resume
+    auto`` continues from the checkpoint with the highest stored step, not the newest one by mtime."""
+    stop2 = '--trainer.callbacks=[{"class_path": "_cli_helpers.StopAfterStep", "init_args": {"step": 2}}]'
+    run, ckdir = tmp_path / "copied", tmp_path / "copied" / "checkpoints"
+    run_cli(*tiny(tmp_path, "copied", stop2))
+    os.replace(ckdir / "last.ckpt", ckdir / "preempted.ckpt")  # a real step-2 checkpoint, as a preemption leaves it
+    run_cli(*tiny(tmp_path, "copied", "--resume=auto", STOP_AFTER_EPOCH_0))
+    steps = {p.name: torch.load(p, map_location="cpu", weights_only=True)["global_step"] for p in ckdir.glob("*.ckpt")}
+    assert steps["preempted.ckpt"] == 2 and steps["last.ckpt"] == 4, steps
+    now = time.time()
+    for i, name in enumerate(sorted(steps, key=lambda n: (n == "preempted.ckpt", n == "last.ckpt"))):
+        os.utime(ckdir / name, (now - 100 + i, now - 100 + i))  # epoch file oldest, then last.ckpt, preempted newest
+    assert latest_checkpoint(run) == ckdir / "last.ckpt"
+    assert checkpoint_candidates(run)[-1] == ckdir / "preempted.ckpt"
+    resumed = run_cli(*tiny(tmp_path, "copied", "--resume=auto"))
+    assert resumed.trainer.ckpt_path == str(ckdir / "last.ckpt") and resumed.trainer.global_step == 8
+
+
 def test_resume_auto_with_fsdp2_distributed_checkpoint_folder(tmp_path):
     args = tiny(tmp_path, "fsdp", "--trainer.strategy=fsdp2", "--model.ema_decay=null")
     run_cli(*args, STOP_AFTER_EPOCH_0)
