@@ -108,6 +108,21 @@ def test_second_writer_is_stopped_and_stale_or_same_job_locks_are_taken_over(tmp
     assert not (run / LOCK_NAME).exists()
 
 
+@pytest.mark.parametrize("content", [b"", b'{"host": "ab', b"\x00\xff garbage", b"[]"])
+def test_empty_or_unreadable_lock_is_stale_with_a_notice(tmp_path, capsys, content):
+    """A 0-byte lock (what a start on a full disk left) or a garbled one no longer blocks the run directory forever
+    ("in use by pid None on None since None"): it is replaced, with one line saying so, and released at the end."""
+    run = tmp_path / "left"
+    run.mkdir()
+    (run / LOCK_NAME).write_bytes(content)
+    assert main(fit(tmp_path, "left")) == 0
+    err = capsys.readouterr().err
+    notices = [ln for ln in err.splitlines() if "empty or unreadable" in ln]
+    assert len(notices) == 1 and str(run / LOCK_NAME) in notices[0] and "in use by" not in err, err
+    assert not (run / LOCK_NAME).exists() and (run / "checkpoints" / "last.ckpt").is_file()
+
+
+
 def test_fit_into_an_existing_run_refuses_unless_resume_or_overwrite(tmp_path, capsys):
     run = tmp_path / "twice"
     assert main(fit(tmp_path, "twice")) == 0
