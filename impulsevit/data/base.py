@@ -9,12 +9,16 @@ float32, and the LightningModule switches to the soft-target loss when it sees 2
 
 from __future__ import annotations
 
+import functools
+import os
+import signal
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
 import torch
 
-__all__ = ["BaseImageDataModule", "dist_info"]
+__all__ = ["BaseImageDataModule", "dist_info", "worker_init_fn"]
 
 
 def dist_info() -> tuple[int, int]:
@@ -22,6 +26,27 @@ def dist_info() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
+
+
+def _worker_init(rank: int, seed_workers: bool, worker_id: int) -> None:
+    # SIGTERM / SIGINT go to the whole process group (scancel, a time limit, Ctrl-C): a worker that died of them would
+    # fail the main process's next fetch ("DataLoader worker ... killed by signal") before it could checkpoint. The
+    # main process owns the stop (impulsevit.callbacks.SlurmRequeue); workers leave when it shuts them down or dies
+    # (PyTorch's worker loop watches its parent).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if seed_workers:  # what Lightning installs itself when no worker_init_fn is given (seed_everything(workers=True))
+        from lightning.fabric.utilities.seed import pl_worker_init_function
+
+        pl_worker_init_function(worker_id, rank=rank)
+
+
+def worker_init_fn(rank: int = 0) -> Callable[[int], None]:
+    """The ``worker_init_fn`` of every multi-process ``DataLoader`` of impulsevit: workers ignore SIGTERM and SIGINT
+    (a signal to the process group stops the main process at its next step boundary, with a checkpoint, not through
+    a dead worker), then, under ``seed_everything(workers=True)``, Lightning's worker seeding for ``rank``. Picklable
+    (spawned workers)."""
+    return functools.partial(_worker_init, rank, os.environ.get("PL_SEED_WORKERS", "0") == "1")
 
 
 class BaseImageDataModule(L.LightningDataModule):

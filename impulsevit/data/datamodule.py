@@ -51,7 +51,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from impulsevit.config import as_config
 from impulsevit.data.augment import DeviceAugment, fix_timm_posterize, normalize
-from impulsevit.data.base import BaseImageDataModule, dist_info
+from impulsevit.data.base import BaseImageDataModule, dist_info, worker_init_fn
 from impulsevit.data.config import AugmentConfig, StorageConfig
 from impulsevit.data.convert import convert_split, subset_indices
 from impulsevit.data.ffcv_loader import build_ffcv_loader, ffcv_available
@@ -357,7 +357,8 @@ class ImageDataModule(BaseImageDataModule):
         # iter(), which would shift the training stream (drop path, mixup) between fresh and resumed runs.
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + rank)
         common = dict(batch_size=self.batch_size, num_workers=self.num_workers, generator=generator,
-                      persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available())
+                      persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available(),
+                      worker_init_fn=worker_init_fn(rank))
         if train:
             # The order is a function of (seed, epoch) and the epoch is set here: on a resumed run Lightning fetches
             # the first batch before its own set_epoch call.
