@@ -202,6 +202,13 @@ def test_resume_checkpoint_that_does_not_fit_names_the_differing_settings(tmp_pa
     assert f"--resume {ckpt} does not fit the model" in line
     assert "model.backbone_kwargs.embed_dim: 64 in the checkpoint, 32 now" in line
     assert not (tmp_path / "wide").exists()
+    # same tensor shapes, another function: 4 heads of 16 channels instead of 2 of 32
+    assert main(fit(tmp_path, "heads", f"--resume={ckpt}", "--model.backbone_kwargs.num_heads=4")) == 2
+    line = error_line(capsys)
+    assert f"--resume {ckpt} does not fit the model: same tensor shapes" in line
+    assert "model.backbone_kwargs.num_heads: 2 in the checkpoint, 4 now" in line and "drop_path" not in line, line
+    assert not (tmp_path / "heads").exists()
+    assert main(fit(tmp_path, "reg", f"--resume={ckpt}", "--model.backbone_kwargs.drop_path_rate=0.0")) == 0
     truncated = tmp_path / "truncated.ckpt"
     truncated.write_bytes(ckpt.read_bytes()[:5000])
     assert main(fit(tmp_path, "t", f"--resume={truncated}")) == 2
