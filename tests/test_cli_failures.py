@@ -194,6 +194,30 @@ def test_configuration_errors_are_one_line_before_data_preparation(tmp_path, cap
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("backend", ["torchvision", "convert"])
+def test_a_validation_class_missing_from_training_is_an_error_naming_it(tmp_path, capsys, backend):
+    """val/ holds a class folder train/ lacks: its images used to be dropped without a word (the val split is listed
+    with train's classes). Now one line names the folder, through `fit` and through `convert`."""
+    from test_data_registry import save_jpeg
+
+    from impulsevit.data.convert_cli import main as convert_main
+
+    for split, names in (("train", ["cat", "dog"]), ("val", ["bird", "cat", "dog"])):
+        for name in names:
+            for j in range(2):
+                save_jpeg(tmp_path / "imgs" / split / name / f"{j}.jpg", h=32, w=32, seed=j)
+    if backend == "convert":
+        assert convert_main([str(tmp_path / "imgs"), str(tmp_path / "out"), "--split", "val", "--no-progress"]) == 2
+        line = capsys.readouterr().err.strip()
+    else:
+        data = {"class_path": "impulsevit.data.ImageDataModule",
+                "init_args": {"dataset": "imagefolder", "root": str(tmp_path / "imgs"), "image_size": 32,
+                              "batch_size": 2, "num_workers": 0, "backend": "torchvision"}}
+        assert main(fit(tmp_path / "runs", "cls", f"--data={json.dumps(data)}")) == 2
+        line = error_line(capsys)
+    assert f"{tmp_path / 'imgs' / 'val'} has 1 class folder(s) that the training split does not have: bird" in line
+
+
 def test_resume_checkpoint_that_does_not_fit_names_the_differing_settings(tmp_path, capsys):
     assert main(fit(tmp_path, "small", "--trainer.limit_train_batches=0.5")) == 0
     ckpt = tmp_path / "small" / "checkpoints" / "last.ckpt"

@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from impulsevit.errors import ConfigError
+
 __all__ = [
     "IMAGE_EXTENSIONS",
     "ArraySource",
@@ -210,12 +212,24 @@ def check_sample(source: ImageSource, index: int) -> tuple[Problem | None, bytes
 def image_folder_source(root: str | os.PathLike, classes: Sequence[str] | None = None) -> FileSource:
     """An ImageFolder tree ``root/<class>/<image>`` (classes sorted by name unless given). Non-image files, empty
     class folders and entries that cannot be stat-ed are recorded in ``problems`` and left out; hidden files (names
-    starting with ``.``) are ignored. Nested sub-folders inside a class folder are searched recursively."""
+    starting with ``.``) are ignored. Nested sub-folders inside a class folder are searched recursively.
+
+    Raises:
+        ConfigError: ``classes`` is given (another split's, e.g. train's for val) and ``root`` has class folders that
+            are not in it: their images would have no label (names them).
+    """
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"ImageFolder root {root} is not a directory")
+    present = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
     if classes is None:
-        classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+        classes = present
+    else:
+        unknown = [c for c in present if c not in set(classes)]
+        if unknown:
+            shown = ", ".join(unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
+            raise ConfigError(f"{root} has {len(unknown)} class folder(s) that the training split does not have: "
+                              f"{shown}; every split needs the same classes (add them to train, or remove them)")
     if not classes:
         raise ValueError(f"ImageFolder root {root} has no class sub-folders (expected {root}/<class>/<image>)")
     paths: list[str] = []
