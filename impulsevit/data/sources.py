@@ -53,8 +53,17 @@ class Problem:
 
 
 def to_rgb_array(image: Image.Image | np.ndarray) -> np.ndarray:
-    """PIL image or ``(H, W)`` / ``(H, W, 1|3|4)`` array → contiguous ``(H, W, 3)`` uint8 RGB."""
+    """PIL image or ``(H, W)`` / ``(H, W, 1|3|4)`` array → contiguous ``(H, W, 3)`` uint8 RGB.
+
+    16-bit grayscale images (PIL modes ``I;16*``, and ``I``, which is how PNG's 16-bit gray may open) are scaled to 8
+    bits (``round(v / 257)``: 0 → 0, 65535 → 255), not clipped at 255 as PIL's ``convert`` does (which turns almost
+    every pixel white). 16-bit RGB PNGs are reduced to 8 bits by PIL itself. Not supported: float images (mode ``F``,
+    converted by PIL with clipping)."""
     if isinstance(image, Image.Image):
+        if image.mode == "I" or image.mode.startswith("I;16"):
+            wide = np.asarray(image).astype(np.float64)
+            gray = np.clip(np.rint(wide / 257.0), 0, 255).astype(np.uint8)
+            return np.ascontiguousarray(np.repeat(gray[:, :, None], 3, axis=2))
         if image.mode != "RGB":
             image = image.convert("RGB")
         return np.asarray(image, dtype=np.uint8).copy()
