@@ -310,7 +310,8 @@ class ImageDataModule(BaseImageDataModule):
                                             f"Trainer calls it; call dm.prepare_data() when using the datamodule "
                                             f"by hand)")
                 path = self.beton_path(split)
-                verify_beton(path, read_manifest(path, check_size=False), self.storage.beton_check)
+                verify_beton(path, read_manifest(path, check_size=False), self.storage.beton_check,
+                             first_use_full=True)
             return
         train_tf, eval_tf = self._timm_transforms()
         if stage in (None, "fit"):
