@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 import yaml
@@ -132,6 +133,41 @@ def test_resume_auto_picks_the_highest_step_whatever_the_modification_times(tmp_
     assert checkpoint_candidates(run)[-1] == ckdir / "preempted.ckpt"
     resumed = run_cli(*tiny(tmp_path, "copied", "--resume=auto"))
     assert resumed.trainer.ckpt_path == str(ckdir / "last.ckpt") and resumed.trainer.global_step == 8
+
+
+class SignalInValidation(L.Callback):
+    """Sends this process a real SIGTERM after the first batch of epoch ``epoch``'s validation (not the sanity
+    check)."""
+
+    def __init__(self, epoch: int = 0) -> None:
+        self.epoch, self.sent = epoch, False
+
+    def on_validation_batch_end(self, trainer: L.Trainer, *args: object, **kwargs: object) -> None:
+        if not trainer.sanity_checking and trainer.current_epoch == self.epoch and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_during_validation_runs_that_validation_at_resume(tmp_path):
+    """A SIGTERM in the middle of epoch 0's validation: exit 143 with a checkpoint; the resumed run validates epoch 0
+    again from its first batch (it used to skip it: no metric, top-k never saw the epoch), then ends as an
+    uninterrupted run does, metrics included."""
+    from impulsevit.cli import main
+
+    run_cli(*tiny(tmp_path, "straight"))
+    sig = '--trainer.callbacks=[{"class_path": "test_resume.SignalInValidation", "init_args": {"epoch": 0}}]'
+    assert main(tiny(tmp_path, "cut", sig)) == 143
+    assert scalars(tmp_path / "cut", "val/acc1") == []
+    resumed = run_cli(*tiny(tmp_path, "cut", "--resume=auto"))
+    assert resumed.trainer.ckpt_path == str(tmp_path / "cut" / "checkpoints" / "preempted.ckpt")
+    want = scalars(tmp_path / "straight", "val/acc1")
+    assert len(want) == 2 and scalars(tmp_path / "cut", "val/acc1") == want
+    a, b = state_dict(tmp_path / "straight" / "checkpoints" / "last.ckpt"), \
+        state_dict(tmp_path / "cut" / "checkpoints" / "last.ckpt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    ckpt = resumed.trainer.checkpoint_callback
+    assert len(ckpt.best_k_models) == 1 and ckpt.best_model_score is not None
+    assert float(ckpt.best_model_score) == max(v for _, v in want)
 
 
 def test_resume_auto_with_fsdp2_distributed_checkpoint_folder(tmp_path):
