@@ -167,6 +167,40 @@ def _group(pgid: int) -> set[int]:
     return found
 
 
+WORKER_SCRIPT = """
+import sys, torch
+from torch.utils.data import DataLoader, TensorDataset
+from impulsevit.data.base import worker_init_fn
+loader = DataLoader(TensorDataset(torch.arange(64.0)), batch_size=8, num_workers=1, persistent_workers=True,
+                    worker_init_fn=worker_init_fn(0))
+it = iter(loader)
+next(it)
+print(*[w.pid for w in it._workers], flush=True)
+sys.stdin.readline()
+print(next(it)[0].tolist(), flush=True)
+"""  # exits with the iterator alive: multiprocessing's exit handler then terminates the worker and waits for it
+
+
+def test_loader_worker_ignores_outside_stop_signals_but_leaves_with_its_parent(tmp_path):
+    """A worker survives SIGTERM / SIGINT from another process (and keeps serving batches), yet the main process's
+    own shutdown at exit (``terminate()`` from its parent, then ``join()``) still ends it: no hang, no orphan."""
+    proc = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT], env=subprocess_env(), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        worker = int(proc.stdout.readline())
+        os.kill(worker, signal.SIGTERM)
+        os.kill(worker, signal.SIGINT)
+        time.sleep(1)  # let the worker take the signals before the next fetch
+        out, err = proc.communicate("go\n", timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    assert out.strip() == str([float(v) for v in range(8, 16)])
+    assert not _group(proc.pid)
+
+
 @pytest.mark.slow
 def test_sigterm_to_the_process_group_checkpoints_with_loader_workers_and_resumes_exactly(tmp_path, cache, straight):
     """What scancel, a time limit or a preemption sends: SIGTERM to every process of the job, the torchvision
