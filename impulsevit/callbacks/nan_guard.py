@@ -59,14 +59,16 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def nonfinite_flag(tensors: Iterable[torch.Tensor | None]) -> torch.Tensor | None:
-    """A 0-d bool device tensor: whether any floating-point tensor of ``tensors`` holds a NaN / inf (or has a norm
-    beyond the float range). Nothing is read back from the device. None when there is no floating-point tensor."""
+    """A 0-d bool device tensor: whether any floating-point tensor of ``tensors`` holds a NaN / inf (or has a float32
+    norm beyond the float32 range, ~3.4e38). Nothing is read back from the device. None when there is no
+    floating-point tensor."""
     ts = [_local(t.detach()) for t in tensors if t is not None and t.is_floating_point()]
     ts = [t for t in ts if t.numel()]
     if not ts:
         return None
-    norms = torch._foreach_norm(ts)
-    return ~torch.isfinite(torch.stack([n.float() for n in norms])).all()
+    norms = torch._foreach_norm(ts, 2, dtype=torch.float32)  # float32 results: a 16-bit norm overflows at 65504
+    device = norms[0].device  # a state dict may mix devices (a CPU buffer): the flag lives on the first one's
+    return ~torch.isfinite(torch.stack([n.to(device) for n in norms])).all()
 
 
 def _either(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
@@ -128,7 +130,7 @@ class NonFiniteLossGuard(L.Callback):
         flag = nonfinite_flag([loss])
         if self._mode(trainer) == "next_step":
             self._check_previous(trainer)
-        self._step_where = None
+        self._step_where = None  # a new micro-batch: where it starts, as counted before its update
         self._step_where = self._where(trainer)
         if self._mode(trainer) == "next_step":
             self._flag = flag
