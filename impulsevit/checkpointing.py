@@ -4,7 +4,8 @@
   ``os.replace``): a reader (or a resumed job after SIGKILL / preemption / node failure) sees either the old file or
   the new one, never a truncated one. A killed write leaves only a ``*.tmp-<host>-<pid>`` file, which discovery ignores.
 - :func:`latest_checkpoint` is what ``impulsevit fit --resume auto`` uses: among ``<run_dir>/checkpoints/*.ckpt`` and
-  Lightning's SLURM ``<run_dir>/hpc_ckpt_*.ckpt`` it returns the newest (modification time) that is complete.
+  Lightning's SLURM ``<run_dir>/hpc_ckpt_*.ckpt`` it returns the complete one with the highest stored step (the
+  newest modification time among equal steps).
 - :class:`RunCheckpoint` is Lightning's ``ModelCheckpoint`` with a ``last.ckpt`` that is always the newest state.
 - :class:`RNGStateCheckpoint` gives every rank its own global RNG streams (``seed + global_rank``, re-seeded per
   training batch from (seed, rank, epoch, batch)), stores every rank's torch / numpy / python RNG states in each
@@ -44,11 +45,13 @@ __all__ = [
     "can_stop_now",
     "checkpoint_candidates",
     "checkpoint_dir",
+    "checkpoint_step",
     "get_rng_state",
     "rank_seed",
     "set_rng_state",
     "step_seed",
     "is_complete_checkpoint",
+    "is_distributed_checkpoint",
     "latest_checkpoint",
     "resume_candidate",
     "run_limits",
@@ -126,8 +129,9 @@ def smoke_reason(saved: dict[str, Any] | None, now: dict[str, Any] | None) -> st
 
 def resume_candidate(run_dir: str | os.PathLike, extra_dirs: tuple[str | os.PathLike, ...] = (),
                      limits: dict[str, Any] | None = None) -> tuple[Path | None, list[str]]:
-    """``--resume auto``: the newest complete checkpoint of a run directory whose run limits match ``limits`` (see
-    :func:`smoke_reason`), and one line per newer candidate skipped (``path: why``)."""
+    """``--resume auto``: the furthest complete checkpoint (highest stored step) of a run directory whose run limits
+    match ``limits`` (see :func:`smoke_reason`), and one line per candidate before it that was skipped
+    (``path: why``)."""
     skipped = []
     for candidate in checkpoint_candidates(run_dir, extra_dirs):
         if candidate.is_dir():
@@ -145,6 +149,13 @@ def resume_candidate(run_dir: str | os.PathLike, extra_dirs: tuple[str | os.Path
             continue
         return candidate, skipped
     return None, skipped
+
+
+def is_distributed_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a directory written as a distributed checkpoint (it holds DCP's ``.metadata``): the only
+    directory a checkpoint writer may replace (:func:`impulsevit.io.commit` ``replace_dir``)."""
+    path = Path(path)
+    return path.is_dir() and not path.is_symlink() and (path / ".metadata").is_file()
 
 
 def is_complete_checkpoint(path: str | os.PathLike) -> bool:
@@ -168,10 +179,22 @@ def is_complete_checkpoint(path: str | os.PathLike) -> bool:
     return False
 
 
+def checkpoint_step(path: str | os.PathLike) -> int | None:
+    """The ``global_step`` stored in a checkpoint (a file: its pickle, loaded with tensors memory-mapped, not read; a
+    distributed checkpoint folder: its ``meta.pt``), or None when it does not load."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / _DCP_META
+    head = _load_head(path) if path.is_file() and path.stat().st_size > 0 else None
+    return int(head["global_step"]) if head is not None else None
+
+
 def checkpoint_candidates(run_dir: str | os.PathLike, extra_dirs: tuple[str | os.PathLike, ...] = ()) -> list[Path]:
-    """``<run_dir>/checkpoints/*.ckpt``, ``<run_dir>/hpc_ckpt_*.ckpt`` and ``<d>/*.ckpt`` for each extra dir, newest
-    first (by modification time; ties broken by name). Temp files and ``last_good.ckpt`` are excluded; completeness is
-    not checked here."""
+    """``<run_dir>/checkpoints/*.ckpt``, ``<run_dir>/hpc_ckpt_*.ckpt`` and ``<d>/*.ckpt`` for each extra dir, furthest
+    first: by the ``global_step`` stored in each (:func:`checkpoint_step`), ties broken by modification time, then
+    name. Modification times alone mislead after a copy (``cp``, ``rsync``, a restore), which can make an older
+    ``preempted.ckpt`` the newest file. Checkpoints that do not load come first (the callers report them as
+    skipped). Temp files and ``last_good.ckpt`` are excluded; completeness is not checked here."""
     run_dir = Path(run_dir)
     found: set[Path] = set()
     for d in (run_dir / "checkpoints", *map(Path, extra_dirs)):
@@ -182,11 +205,16 @@ def checkpoint_candidates(run_dir: str | os.PathLike, extra_dirs: tuple[str | os
     # last_good.ckpt (NonFiniteLossGuard) is a mid-step snapshot taken before a NaN/inf loss: resuming it as-is would
     # usually hit the same loss again, so `--resume auto` never picks it; resume it explicitly with `--resume PATH`.
     found = {p for p in found if not _TMP_RE.search(p.name) and p.name != "last_good.ckpt"}
-    return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True)
+
+    def order(p: Path) -> tuple[float, int, str]:
+        step = checkpoint_step(p)
+        return (float("inf") if step is None else step, p.stat().st_mtime_ns, p.name)
+
+    return sorted(found, key=order, reverse=True)
 
 
 def latest_checkpoint(run_dir: str | os.PathLike, extra_dirs: tuple[str | os.PathLike, ...] = ()) -> Path | None:
-    """The newest complete checkpoint of a run directory (see :func:`checkpoint_candidates`), or ``None``."""
+    """The furthest complete checkpoint of a run directory (see :func:`checkpoint_candidates`), or ``None``."""
     for candidate in checkpoint_candidates(run_dir, extra_dirs):
         if is_complete_checkpoint(candidate):
             return candidate

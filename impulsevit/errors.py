@@ -4,7 +4,7 @@ them as one line and exits with :attr:`UserError.exit_status`, without a traceba
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "RunDirError", "UserError"]
+__all__ = ["ConfigError", "RunDirError", "TrainingDiverged", "UserError"]
 
 
 class UserError(Exception):
@@ -23,3 +23,8 @@ class RunDirError(UserError):
     """The run directory is in use by another process, or holds a run that would be overwritten; exit status 2."""
 
     exit_status = 2
+
+
+class TrainingDiverged(UserError, FloatingPointError):
+    """Training produced a non-finite loss, gradient or weight (:class:`~impulsevit.callbacks.NonFiniteLossGuard`);
+    the message names the step and the last good checkpoint; exit status 1."""

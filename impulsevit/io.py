@@ -6,7 +6,9 @@
 - :func:`atomic_path`: the same for writers that need a *path* (FFCV's writer, matplotlib): a context manager that
   yields the temp path and commits it when the block ends without an error.
 - :func:`temp_path` + :func:`commit` + :func:`remove`: the pieces, for collective writes (every rank of a job writes
-  into one temp path, rank 0 commits it); :func:`commit` also replaces directories (distributed checkpoints).
+  into one temp path, rank 0 commits it). :func:`commit` never deletes an output of another kind (a directory where
+  a file goes is an error, not a removal) and replaces a directory only when its caller owns it (distributed
+  checkpoints).
 - :func:`disk_errors`: turns ENOSPC / EDQUOT / EROFS / EACCES / EPERM into :class:`WriteError`, one line naming the path
   (and the bytes needed and free, where known). :func:`require_free_space` fails before a write that cannot fit.
 
@@ -161,17 +163,30 @@ def _fsync_tree(path: Path) -> None:
         fsync_dir(path)
 
 
-def commit(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
-    """Make the finished temp file or directory ``tmp`` durable and move it over ``path`` (a directory ``path`` is
-    first moved aside, then removed: ``os.replace`` cannot replace a non-empty directory). Disk errors become
-    :class:`WriteError`; ``tmp`` is removed when the commit fails."""
+def commit(tmp: str | os.PathLike, path: str | os.PathLike, replace_dir: bool = False) -> None:
+    """Make the finished temp file or directory ``tmp`` durable and move it over ``path``. Disk errors become
+    :class:`WriteError`; ``tmp`` is removed when the commit fails.
+
+    Outputs are never deleted: a ``path`` that is a directory while ``tmp`` is a file (or a file while ``tmp`` is a
+    directory) raises :class:`WriteError` naming ``path``. A directory ``tmp`` replaces an existing directory ``path``
+    only with ``replace_dir=True`` (for callers that created that directory themselves, e.g. a distributed checkpoint
+    folder of the run): it is moved aside, the new one moved in, then the old one removed (``os.replace`` cannot
+    replace a non-empty directory), so that replace is not atomic. A symlink ``path`` is replaced as a link (its target
+    is kept).
+    """
     tmp, path = Path(tmp), Path(path)
     try:
+        existing = _kind(path)
+        new = "directory" if tmp.is_dir() else "file"
+        if existing is not None and existing != new:
+            raise WriteError(f"cannot write {path}: it is an existing {existing}, the output is a {new}; give another "
+                             f"path or move it away (it is left as it is)", errno.EEXIST, path)
+        if existing == "directory" and not replace_dir:
+            raise WriteError(f"cannot write {path}: it is an existing directory; give another path or move it away "
+                             f"(it is left as it is)", errno.EISDIR, path)
         with disk_errors(path):
             _fsync_tree(tmp)
-            if path.is_dir() != tmp.is_dir() and path.exists():
-                remove(path)  # a file replaced by a folder or back (rare): not atomic
-            if path.is_dir() and not path.is_symlink():
+            if existing == "directory":
                 old = temp_path(path, "old")
                 remove(old)
                 os.replace(path, old)
@@ -183,6 +198,16 @@ def commit(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
     except BaseException:
         _discard(tmp)
         raise
+
+
+def _kind(path: Path) -> str | None:
+    """``"directory"`` (a real one, not a link to one), ``"file"`` (anything else that exists, links included) or
+    None (nothing there)."""
+    if path.is_symlink():
+        return "file"
+    if path.is_dir():
+        return "directory"
+    return "file" if path.exists() else None
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from typing import Any
 
 from lightning.pytorch import Trainer
 
-__all__ = ["is_log_step", "hand_back_signal_handlers"]
+__all__ = ["is_log_step", "hand_back_signal_handlers", "rerun_interrupted_validation"]
 
 
 def is_log_step(trainer: Trainer) -> bool:
@@ -42,3 +42,29 @@ def hand_back_signal_handlers(trainer: Trainer, mine: Callable[..., Any],
         for sig, handler in previous.items():
             if originals.get(sig) == mine:
                 originals[sig] = handler if handler is not None else signal.SIG_DFL
+
+
+_VAL_PROGRESS = "epoch_loop.val_loop.batch_progress"
+
+
+def rerun_interrupted_validation(checkpoint: dict[str, Any]) -> bool:
+    """Edit a checkpoint saved while the fit loop's validation ran (before Lightning restores its loops from it) so
+    that the resumed fit runs that validation again, from its first batch, before training on. Returns whether the
+    checkpoint had the loop state to edit.
+
+    Lightning resumes a validation as "restarted mid-evaluation" only when a batch was started but not processed,
+    and then continues after the batches it had done, whose metric state is lost; a SIGTERM raises between batches,
+    so Lightning would skip the rest of that validation (no metrics for the epoch, top-k never sees it). The edit
+    marks one batch as started-not-processed and the current run as empty.
+
+    Why private: the loops' progress is Lightning's own checkpoint entry (``checkpoint["loops"]``), with no public
+    API to say "validation of this epoch is still to do".
+    """
+    progress = (checkpoint.get("loops") or {}).get("fit_loop", {}).get(_VAL_PROGRESS)
+    if not isinstance(progress, dict) or not {"total", "current"} <= set(progress):
+        return False
+    before = int(progress["total"]["completed"]) - int(progress["current"]["completed"])  # earlier validations
+    progress["total"] = {"ready": before + 1, "started": before + 1, "processed": before, "completed": before}
+    progress["current"] = {key: 0 for key in progress["current"]}
+    progress["is_last_batch"] = False
+    return True

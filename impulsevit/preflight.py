@@ -8,9 +8,10 @@ line (:class:`~impulsevit.errors.ConfigError`) instead of after a conversion, or
   initializer on a copy built on the ``meta`` device (no memory, no values), which also
   catches method-specific limits (e.g. a kernel larger than the token grid). Larger backbones get the family check
   only; their remaining limits surface when the init runs at the start of fitting.
-- :func:`check_resume`: a checkpoint matches the model (keys and shapes); a mismatch names the model settings that
-  differ between the checkpoint's hyperparameters and the current ones (``backbone_kwargs.embed_dim: 32 in the
-  checkpoint, 64 now``).
+- :func:`check_resume`: a checkpoint matches the model (keys and shapes, and the model settings that define its
+  function: the backbone, its keyword arguments and the class count, so ``num_heads`` 2 -> 4 with the same tensor
+  shapes is refused too); a mismatch names the model settings that differ between the checkpoint's hyperparameters
+  and the current ones (``backbone_kwargs.embed_dim: 32 in the checkpoint, 64 now``).
 """
 
 from __future__ import annotations
@@ -121,6 +122,18 @@ def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 _STRUCTURE_KEYS = ("backbone", "backbone_kwargs", "num_classes", "ema_decay")
+_FUNCTION_KEYS = ("backbone", "backbone_kwargs", "num_classes")  # what the weights compute, beyond tensor shapes
+# backbone keyword arguments that change only training (regularisation) or how weights start, not what they compute:
+# a resume may change them
+_TRAINING_ONLY_KWARGS = ("drop_rate", "drop_path_rate", "attn_drop_rate", "proj_drop_rate", "pos_drop_rate",
+                         "patch_drop_rate", "weight_init")
+
+
+def _function_settings(hparams: dict[str, Any]) -> dict[str, Any]:
+    out = {k: hparams.get(k) for k in _FUNCTION_KEYS}
+    kwargs = dict(out.get("backbone_kwargs") or {})
+    out["backbone_kwargs"] = {k: v for k, v in kwargs.items() if k not in _TRAINING_ONLY_KWARGS}
+    return out
 
 
 def check_resume(path: str | os.PathLike, model: nn.Module, hparams: dict[str, Any] | None = None) -> None:
@@ -145,7 +158,15 @@ def check_resume(path: str | os.PathLike, model: nn.Module, hparams: dict[str, A
     ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing, unexpected = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
     shapes = sorted(k for k in set(ours) & set(theirs) if ours[k] != theirs[k])
+    saved = ckpt.get("hyper_parameters")
     if not (missing or unexpected or shapes):
+        if isinstance(saved, dict) and hparams is not None and all(k in saved for k in _FUNCTION_KEYS):
+            diff = config_diff(_function_settings(saved), _function_settings(hparams))
+            if diff:
+                raise ConfigError(f"--resume {path} does not fit the model: same tensor shapes, but the model "
+                                  "settings that define what it computes differ: " +
+                                  "; ".join(f"model.{d}" for d in diff) + " — resume with the checkpoint's settings, "
+                                  "or start a new run (another --name)")
         return
     parts = []
     if shapes:
@@ -157,7 +178,6 @@ def check_resume(path: str | os.PathLike, model: nn.Module, hparams: dict[str, A
     if unexpected:
         parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]})")
     diff: list[str] = []
-    saved = ckpt.get("hyper_parameters")
     if isinstance(saved, dict) and hparams is not None:
         diff = config_diff({k: saved.get(k) for k in _STRUCTURE_KEYS if k in saved or k in hparams},
                            {k: hparams.get(k) for k in _STRUCTURE_KEYS if k in saved or k in hparams})

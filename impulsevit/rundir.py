@@ -2,11 +2,13 @@
 
 - :func:`check_name`: a run name is one path component (no ``/``, ``\\``, ``..``, ``.``, no leading ``-``, not empty),
   so ``<runs_dir>/<name>`` can neither split into nested folders nor escape ``runs_dir``.
-- :class:`RunDirLock`: ``<run_dir>/.lock`` (JSON: host, pid, SLURM job id, start time), created exclusively. A second
-  writer fails with a message naming the owner. A lock is taken over when it is stale (same host, its pid is gone),
-  when it belongs to this process, or when it carries this process's SLURM job id (a requeued job of the same run,
-  possibly on another node). Not supported: detecting a dead owner on *another* host without a job id (remove
-  ``.lock`` by hand; the message says so), pid reuse by an unrelated process on the same host.
+- :class:`RunDirLock`: ``<run_dir>/.lock`` (JSON: host, pid, SLURM job id, start time), created exclusively with its
+  content (a temp file hard-linked into place, so it never exists empty). A second writer fails with a message naming
+  the owner; an empty or unreadable lock (a leftover) is stale, replaced with a one-line notice. A lock is also taken
+  over when it is stale (same host, its pid is gone), when it belongs to this process, or when it carries this
+  process's SLURM job id (a requeued job of the same run, possibly on another node). Not supported: detecting a dead
+  owner on *another* host without a job id (remove ``.lock`` by hand; the message says so), pid reuse by an unrelated
+  process on the same host.
 - :func:`existing_run` / :func:`clear_run`: what makes a directory an existing run (a config, checkpoints, event
   files), and what ``--overwrite`` removes (those; cluster files such as ``submit.sbatch`` / ``slurm/`` are kept).
 """
@@ -18,12 +20,13 @@ import errno
 import json
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
 from impulsevit.cluster.events import slurm_job_id
 from impulsevit.errors import ConfigError, RunDirError
-from impulsevit.io import disk_errors, remove
+from impulsevit.io import disk_errors, remove, temp_path
 
 __all__ = ["LOCK_NAME", "RunDirLock", "check_name", "clear_run", "existing_run", "launch_rank"]
 
@@ -96,6 +99,43 @@ class RunDirLock:
                 return f"stale lock of pid {pid}, which is gone"
         return None
 
+    def _create(self, text: str) -> bool:
+        """Create the lock holding ``text`` unless it exists (False then). The content is written to a temp file
+        first and hard-linked into place (``link`` fails on an existing name, like ``O_EXCL``), so the lock never
+        exists empty: an empty one can only be a leftover (e.g. of a start on a full disk by an older version).
+        Filesystems without hard links fall back to ``O_EXCL`` + write."""
+        tmp = temp_path(self.path)
+        try:
+            tmp.write_text(text)
+            try:
+                os.link(tmp, self.path)
+                return True
+            except FileExistsError:
+                return False
+            except OSError as exc:
+                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+                    raise
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+            return True
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+    def _read_other(self) -> dict | None:
+        """The JSON of an existing lock; None when it is empty, unreadable or not a lock's JSON."""
+        try:
+            other = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError):
+            return None
+        return other if isinstance(other, dict) and other.get("pid") is not None else None
+
     def acquire(self) -> None:
         """Take the lock; raises :class:`RunDirError` naming the owner when another live process holds it."""
         with disk_errors(self.run_dir):
@@ -103,32 +143,27 @@ class RunDirLock:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.owner())
         for _ in range(3):
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                try:
-                    other = json.loads(self.path.read_text() or "{}")
-                except (OSError, ValueError):
-                    other = {}
+            with disk_errors(self.path):
+                if self._create(text):
+                    self.held = True
+                    return
+            other = self._read_other()
+            if other == {}:
+                continue  # released between the attempt and the read: try again
+            if other is None:
+                print(f"impulsevit: {self.path} is empty or unreadable (left by a start that failed while taking it); "
+                      "treated as stale and replaced", file=sys.stderr)
+                reason: str | None = "an empty or unreadable lock"
+            else:
                 reason = self._takeover_reason(other)
-                if reason is None:
-                    raise RunDirError(
-                        f"run directory {self.run_dir} is in use by pid {other.get('pid')} on "
-                        f"{other.get('host')}" + (f" (SLURM job {other['job']})" if other.get("job") else "") +
-                        f" since {other.get('started')}; wait for it to finish, use another --name, or delete "
-                        f"{self.path} if that process is gone") from None
-                with contextlib.suppress(FileNotFoundError):
-                    self.path.unlink()
-                continue
-            except OSError as exc:
-                if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC):
-                    with disk_errors(self.path):
-                        raise
-                raise
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text)
-            self.held = True
-            return
+            if reason is None:
+                raise RunDirError(
+                    f"run directory {self.run_dir} is in use by pid {other.get('pid')} on "
+                    f"{other.get('host')}" + (f" (SLURM job {other['job']})" if other.get("job") else "") +
+                    f" since {other.get('started')}; wait for it to finish, use another --name, or delete "
+                    f"{self.path} if that process is gone") from None
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
         raise RunDirError(f"could not take the lock {self.path} (another process keeps re-creating it)")
 
     def release(self) -> None:

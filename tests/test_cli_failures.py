@@ -108,6 +108,21 @@ def test_second_writer_is_stopped_and_stale_or_same_job_locks_are_taken_over(tmp
     assert not (run / LOCK_NAME).exists()
 
 
+@pytest.mark.parametrize("content", [b"", b'{"host": "ab', b"\x00\xff garbage", b"[]"])
+def test_empty_or_unreadable_lock_is_stale_with_a_notice(tmp_path, capsys, content):
+    """A 0-byte lock (what a start on a full disk left) or a garbled one no longer blocks the run directory forever
+    ("in use by pid None on None since None"): it is replaced, with one line saying so, and released at the end."""
+    run = tmp_path / "left"
+    run.mkdir()
+    (run / LOCK_NAME).write_bytes(content)
+    assert main(fit(tmp_path, "left")) == 0
+    err = capsys.readouterr().err
+    notices = [ln for ln in err.splitlines() if "empty or unreadable" in ln]
+    assert len(notices) == 1 and str(run / LOCK_NAME) in notices[0] and "in use by" not in err, err
+    assert not (run / LOCK_NAME).exists() and (run / "checkpoints" / "last.ckpt").is_file()
+
+
+
 def test_fit_into_an_existing_run_refuses_unless_resume_or_overwrite(tmp_path, capsys):
     run = tmp_path / "twice"
     assert main(fit(tmp_path, "twice")) == 0
@@ -179,6 +194,30 @@ def test_configuration_errors_are_one_line_before_data_preparation(tmp_path, cap
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("backend", ["torchvision", "convert"])
+def test_a_validation_class_missing_from_training_is_an_error_naming_it(tmp_path, capsys, backend):
+    """val/ holds a class folder train/ lacks: its images used to be dropped without a word (the val split is listed
+    with train's classes). Now one line names the folder, through `fit` and through `convert`."""
+    from test_data_registry import save_jpeg
+
+    from impulsevit.data.convert_cli import main as convert_main
+
+    for split, names in (("train", ["cat", "dog"]), ("val", ["bird", "cat", "dog"])):
+        for name in names:
+            for j in range(2):
+                save_jpeg(tmp_path / "imgs" / split / name / f"{j}.jpg", h=32, w=32, seed=j)
+    if backend == "convert":
+        assert convert_main([str(tmp_path / "imgs"), str(tmp_path / "out"), "--split", "val", "--no-progress"]) == 2
+        line = capsys.readouterr().err.strip()
+    else:
+        data = {"class_path": "impulsevit.data.ImageDataModule",
+                "init_args": {"dataset": "imagefolder", "root": str(tmp_path / "imgs"), "image_size": 32,
+                              "batch_size": 2, "num_workers": 0, "backend": "torchvision"}}
+        assert main(fit(tmp_path / "runs", "cls", f"--data={json.dumps(data)}")) == 2
+        line = error_line(capsys)
+    assert f"{tmp_path / 'imgs' / 'val'} has 1 class folder(s) that the training split does not have: bird" in line
+
+
 def test_resume_checkpoint_that_does_not_fit_names_the_differing_settings(tmp_path, capsys):
     assert main(fit(tmp_path, "small", "--trainer.limit_train_batches=0.5")) == 0
     ckpt = tmp_path / "small" / "checkpoints" / "last.ckpt"
@@ -187,6 +226,13 @@ def test_resume_checkpoint_that_does_not_fit_names_the_differing_settings(tmp_pa
     assert f"--resume {ckpt} does not fit the model" in line
     assert "model.backbone_kwargs.embed_dim: 64 in the checkpoint, 32 now" in line
     assert not (tmp_path / "wide").exists()
+    # same tensor shapes, another function: 4 heads of 16 channels instead of 2 of 32
+    assert main(fit(tmp_path, "heads", f"--resume={ckpt}", "--model.backbone_kwargs.num_heads=4")) == 2
+    line = error_line(capsys)
+    assert f"--resume {ckpt} does not fit the model: same tensor shapes" in line
+    assert "model.backbone_kwargs.num_heads: 2 in the checkpoint, 4 now" in line and "drop_path" not in line, line
+    assert not (tmp_path / "heads").exists()
+    assert main(fit(tmp_path, "reg", f"--resume={ckpt}", "--model.backbone_kwargs.drop_path_rate=0.0")) == 0
     truncated = tmp_path / "truncated.ckpt"
     truncated.write_bytes(ckpt.read_bytes()[:5000])
     assert main(fit(tmp_path, "t", f"--resume={truncated}")) == 2
@@ -226,3 +272,31 @@ def test_debug_shows_the_traceback(tmp_path):
     with pytest.raises(ValueError, match="unknown init method"):
         main([*fit(tmp_path, "dbg", "--model.init.method=nosuch"), "--debug"])
     assert torch.is_tensor(torch.zeros(1))  # the process is intact after the error
+
+
+# ------------------------------------------------------------------------------------------- divergence (NaN guard)
+DIVERGE = ("--model.optimizer.lr=1e2", "--model.scheduler.warmup_epochs=1.25", "--trainer.max_epochs=4")
+
+
+def _all_finite(folder: Path) -> dict[str, bool]:
+    return {p.name: all(torch.isfinite(v).all() for v in torch.load(p, map_location="cpu", weights_only=False)
+                        ["state_dict"].values() if v.is_floating_point()) for p in sorted(folder.glob("*.ckpt"))}
+
+
+@pytest.mark.parametrize("check", ["every_step", "next_step"])
+def test_divergence_stops_with_one_line_and_every_checkpoint_stays_finite(tmp_path, capsys, check):
+    """A finite but huge loss whose update gives NaN weights (the issue's reproduction): the run stops at that step
+    with one line naming the good checkpoint, and no checkpoint writer ever wrote a non-finite state — every_step
+    saves last_good.ckpt before the update; next_step (one step late, as on GPUs) refuses last.ckpt at the bad
+    step (written every step here) and names the previous one."""
+    extra = ["--trainer.callbacks+=impulsevit.callbacks.NonFiniteLossGuard", f"--trainer.callbacks.check={check}"]
+    if check == "next_step":
+        extra.append("--checkpoint.every_n_train_steps=1")
+    assert main(tiny(tmp_path, "nan", *DIVERGE, *extra)) == 1
+    line = error_line(capsys)
+    ckdir = tmp_path / "nan" / "checkpoints"
+    assert "training diverged: non-finite" in line and "at optimizer step 3 (epoch 0, batch 3)" in line, line
+    good = ckdir / ("last_good.ckpt" if check == "every_step" else "last.ckpt")
+    assert f"--resume {good}" in line, line
+    finite = _all_finite(ckdir)
+    assert good.name in finite and all(finite.values()), finite

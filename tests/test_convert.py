@@ -185,3 +185,25 @@ def test_small_images_stored_raw_and_conversion_is_deterministic(tmp_path):
     ma = Reader(str(a)).metadata["f0"]["mode"]
     assert 0 < int(ma.sum()) < len(ma)  # some JPEG, some raw
     assert np.array_equal(ma, Reader(str(b)).metadata["f0"]["mode"])
+
+
+def test_output_that_is_a_directory_is_refused_and_kept(tmp_path, capsys):
+    """`convert SRC X.beton` where X.beton is a folder: one line naming it, exit 2, the folder and its files intact;
+    the library call (no CLI check) is refused at the commit, after the work, and also keeps the folder."""
+    from impulsevit.data.convert import convert_split
+    from impulsevit.data.registry import get_dataset
+    from impulsevit.io import WriteError
+
+    src, out = tmp_path / "src", tmp_path / "X.beton"
+    make_tree(src, per_class=2)
+    (out / "sub").mkdir(parents=True)
+    (out / "sub" / "keep.txt").write_text("precious")
+    assert main([str(src), str(out), "--split", "train", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(out) in err[0] and "directory" in err[0], err
+    assert (out / "sub" / "keep.txt").read_text() == "precious"
+    source = get_dataset("imagefolder").load(src, "train")
+    with pytest.raises(WriteError, match=f"cannot write {out}: it is an existing directory"):
+        convert_split(source, out, PRESETS["raw"], workers=1, progress=False)
+    assert (out / "sub" / "keep.txt").read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["X.beton", "src"]  # no temp file left either

@@ -87,6 +87,29 @@ def test_atomic_write_on_full_and_read_only_filesystems(tmp_path):
             atomic_write_text(mnt / "new.txt", "x")
 
 
+def test_commit_never_deletes_an_output_of_another_kind(tmp_path):
+    """A file committed over a directory (or a directory over a file, or a directory over a directory its caller does
+    not own) is a one-line error naming the path; what was there stays, the temp goes."""
+    from impulsevit.io import commit, temp_path
+
+    folder, plain = tmp_path / "out.bin", tmp_path / "plain.txt"
+    (folder / "deep").mkdir(parents=True)
+    (folder / "deep" / "keep.txt").write_text("keep")
+    plain.write_text("plain")
+    for path, make_tmp in ((folder, lambda t: t.write_text("new")), (plain, lambda t: t.mkdir()),
+                           (folder, lambda t: t.mkdir())):
+        tmp = temp_path(path)
+        make_tmp(tmp)
+        with pytest.raises(WriteError, match=f"cannot write {path}: it is an existing (directory|file)"):
+            commit(tmp, path)
+        assert not tmp.exists()
+    assert (folder / "deep" / "keep.txt").read_text() == "keep" and plain.read_text() == "plain"
+    tmp = temp_path(folder)  # a directory the caller owns (a distributed checkpoint) is replaced
+    (tmp / "new").mkdir(parents=True)
+    commit(tmp, folder, replace_dir=True)
+    assert [p.name for p in folder.iterdir()] == ["new"] and not _no_temps(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def beton(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("beton")
@@ -164,3 +187,56 @@ def test_fit_on_a_truncated_beton_names_the_file(beton, tmp_path, capsys):
     assert status == 2 and len(line) == 1 and "Traceback" not in err, err
     assert f"{trunc} is not a readable .beton file" in line[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_first_use_of_a_beton_checks_every_chunk_then_later_uses_are_sampled(beton, tmp_path):
+    """A damaged chunk of a real .beton (its manifest re-chunked at 4 KiB so the small file has many chunks, as a
+    74 MB one has at 4 MiB) is found at the datamodule's first use wherever it lies; a sampled check alone finds it
+    with the stated probability only. A passed full check is recorded, and later uses of that same file are sampled."""
+    import json
+    import random
+
+    from impulsevit.data.datamodule import ImageDataModule
+    from impulsevit.data.integrity import file_digests, sampled_detection_probability, verified_path
+
+    def setup(train: Path, val: Path) -> None:
+        dm = ImageDataModule("imagefolder", backend="ffcv", image_size=32, batch_size=2, num_workers=1,
+                             storage={"train_beton": str(train), "val_beton": str(val)})
+        dm.setup("fit")
+
+    chunk = 4096
+    (tmp_path / "good").mkdir()
+    good = _copy(beton, tmp_path / "good")
+    manifest = json.loads(manifest_path(good).read_text())
+    manifest["checksum"] = {**manifest["checksum"], "chunk_bytes": chunk, "chunks": file_digests(good, None, chunk)}
+    manifest_path(good).write_text(json.dumps(manifest))
+    n = len(manifest["checksum"]["chunks"])
+    assert n > 12, n
+    setup(good, good)
+    assert verified_path(good).is_file()  # first use: full, passed, recorded
+    missed_by_sampling = 0
+    for i in range(1, n - 1):
+        folder = tmp_path / f"bad{i}"
+        folder.mkdir()
+        bad = folder / good.name
+        bad.write_bytes(good.read_bytes())
+        manifest_path(bad).write_text(json.dumps(manifest))
+        with open(bad, "r+b") as fh:  # flip 16 bytes in the middle of chunk i
+            fh.seek(i * chunk + chunk // 2)
+            old = fh.read(16)
+            fh.seek(i * chunk + chunk // 2)
+            fh.write(bytes(b ^ 0xFF for b in old))
+        try:
+            verify_beton(bad, manifest, "sampled", rng=random.Random(i))
+        except BetonError:
+            pass
+        else:
+            missed_by_sampling += 1
+        with pytest.raises(BetonError, match=rf"{bad}: bytes {i * chunk}-{(i + 1) * chunk} differ"):
+            setup(bad, good)
+        assert not verified_path(bad).exists()
+    assert missed_by_sampling > 0 and sampled_detection_probability(n) == 8 / (n - 2)
+    # the recorded file: later uses re-hash only the sampled chunks (a damaged unsampled chunk is not read)
+    record = verified_path(good).read_text()
+    setup(good, good)
+    assert verified_path(good).read_text() == record

@@ -18,6 +18,7 @@ randomness off (``scale=[1,1]``, ``hflip=0``) to check the FFCV order and loader
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -151,6 +152,92 @@ def test_signal_stops_with_exit_code_after_checkpoint_and_resumes_exactly(tmp_pa
     resumed = run_cli(*args(tmp_path, "sig", "torchvision", cache, "--resume=auto"))
     assert resumed.trainer.ckpt_path == str(preempted)
     assert_same_training(final(tmp_path, "sig"), straight("torchvision"))
+
+
+def _group(pgid: int) -> set[int]:
+    """Live (not zombie) processes of process group ``pgid``, from ``/proc``."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.add(int(stat.parent.name))
+    return found
+
+
+WORKER_SCRIPT = """
+import sys, torch
+from torch.utils.data import DataLoader, TensorDataset
+from impulsevit.data.base import worker_init_fn
+loader = DataLoader(TensorDataset(torch.arange(64.0)), batch_size=8, num_workers=1, persistent_workers=True,
+                    worker_init_fn=worker_init_fn(0))
+it = iter(loader)
+next(it)
+print(*[w.pid for w in it._workers], flush=True)
+sys.stdin.readline()
+print(next(it)[0].tolist(), flush=True)
+"""  # exits with the iterator alive: multiprocessing's exit handler then terminates the worker and waits for it
+
+
+def test_loader_worker_ignores_outside_stop_signals_but_leaves_with_its_parent(tmp_path):
+    """A worker survives SIGTERM / SIGINT from another process (and keeps serving batches), yet the main process's
+    own shutdown at exit (``terminate()`` from its parent, then ``join()``) still ends it: no hang, no orphan."""
+    proc = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT], env=subprocess_env(), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        worker = int(proc.stdout.readline())
+        os.kill(worker, signal.SIGTERM)
+        os.kill(worker, signal.SIGINT)
+        time.sleep(1)  # let the worker take the signals before the next fetch
+        out, err = proc.communicate("go\n", timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    assert out.strip() == str([float(v) for v in range(8, 16)])
+    assert not _group(proc.pid)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_process_group_checkpoints_with_loader_workers_and_resumes_exactly(tmp_path, cache, straight):
+    """What scancel, a time limit or a preemption sends: SIGTERM to every process of the job, the torchvision
+    loader's worker included. The worker ignores it, so the main process checkpoints at the next step boundary and
+    exits 143 (not "DataLoader worker ... killed by signal", exit 1, no checkpoint); the worker leaves with the main
+    process (nothing of the group survives), and ``--resume auto`` ends bit-identical to the uninterrupted run."""
+    marker = tmp_path / "started"
+    slow = ('--trainer.callbacks=[{"class_path": "_cli_helpers.SlowSteps", "init_args": {"seconds": 0.3, '
+            f'"marker": "{marker}", "after": 3}}}}]')
+    cmd = [sys.executable, "-m", "impulsevit.cli",
+           *args(tmp_path, "pg", "torchvision", cache, slow, "--data.init_args.num_workers=1")]
+    env = {**subprocess_env(), "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), proc.communicate()[1][-3000:]
+        assert _group(proc.pid) - {proc.pid}, "no loader worker in the process group"
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, err[-3000:]
+    assert "killed by signal" not in err
+    preempted = tmp_path / "pg" / "checkpoints" / "preempted.ckpt"
+    assert f"checkpoint saved to {preempted}" in err
+    deadline = time.monotonic() + 30  # workers notice their parent's exit within PyTorch's 5 s watchdog interval
+    while _group(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _group(proc.pid), "processes of the job outlived it"
+    resumed = run_cli(*args(tmp_path, "pg", "torchvision", cache, "--resume=auto"))
+    assert resumed.trainer.ckpt_path == str(preempted)
+    assert_same_training(final(tmp_path, "pg"), straight("torchvision"))
 
 
 # ------------------------------------------------------------------------------------------------- the plan

@@ -265,3 +265,32 @@ def test_short_side_preset_caps_the_shorter_side(tmp_path):
                                                         Image.Resampling.BICUBIC))
         top, left = int(round((ref.shape[0] - 64) / 2.0)), int(round((ref.shape[1] - 64) / 2.0))  # torchvision
         assert psnr(out, ref[top:top + 64, left:left + 64]) > 40
+
+
+@pytest.mark.parametrize("backend", ["torchvision", "ffcv"])
+def test_16_bit_pngs_are_scaled_not_clipped(tmp_path, backend):
+    """Real 16-bit grayscale PNGs (PIL mode ``I;16``): the pixels reach the model as round(v / 257) on both backends,
+    not clipped at 255 (which made nearly every pixel white)."""
+    rng = np.random.default_rng(0)
+    expected = []
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            for j in range(2):
+                p = tmp_path / "imgs" / split / c / f"{j}.png"
+                p.parent.mkdir(parents=True, exist_ok=True)
+                wide = rng.integers(0, 65536, (32, 32), dtype=np.uint16)
+                Image.fromarray(wide).save(p)
+                if split == "val":
+                    expected.append(np.rint(wide / 257.0).astype(np.uint8))
+    with Image.open(tmp_path / "imgs" / "val" / "a" / "0.png") as im:
+        assert im.mode.startswith("I")  # what PIL makes of a 16-bit PNG
+    dm = ImageDataModule("imagefolder", root=str(tmp_path / "imgs"), backend=backend, image_size=32, crop_pct=1.0,
+                         batch_size=8, num_workers=0 if backend == "torchvision" else 1, storage={"preset": "raw"},
+                         cache_dir=str(tmp_path / "cache"))
+    dm.prepare_data()
+    dm.setup("validate")
+    x, y = val_epoch(dm)
+    np.testing.assert_array_equal(y, [0, 0, 1, 1])
+    for got, want in zip(x, expected):
+        for channel in range(3):
+            np.testing.assert_array_equal(got[:, :, channel], want)

@@ -242,8 +242,8 @@ def test_nonfinite_loss_next_step_mode_names_the_bad_step_one_step_later(tmp_pat
     m = tiny(optimizer={"lr": 1e-3})
     snap = Snapshot()
     t = trainer(tmp_path, max_steps=8, callbacks=[snap, NonFiniteLossGuard(check="next_step")])
-    with pytest.raises(FloatingPointError, match=rf"non-finite training loss at optimizer step {bad_batch} "
-                                                 rf"\(epoch 0, batch {bad_batch}\).*found one step later"):
+    with pytest.raises(FloatingPointError, match=rf"non-finite loss, gradients or weights at optimizer step "
+                                                 rf"{bad_batch} \(epoch 0, batch {bad_batch}\).*found one step later"):
         t.fit(m, NaNAtBatch(bad_batch, num_classes=10, image_size=32, num_train=64, num_val=16, batch_size=8))
     assert snap.step == bad_batch + 1  # the bad step ran (its update applied); the error came at the next one
     assert not (tmp_path / "run" / "checkpoints" / "last_good.ckpt").exists()

@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 import yaml
@@ -113,6 +114,60 @@ def test_resume_auto_prefers_a_newer_slurm_hpc_checkpoint(tmp_path):
     assert latest_checkpoint(run) == hpc
     resumed = run_cli(*tiny(tmp_path, "hpc", "--resume=auto"))
     assert resumed.trainer.ckpt_path == str(hpc) and resumed.trainer.global_step == 8
+
+
+def test_resume_auto_picks_the_highest_step_whatever_the_modification_times(tmp_path):
+    """A copied run (cp, rsync, a restore from backup) where an older ``preempted.ckpt`` is the newest file: ``--resume
+    auto`` continues from the checkpoint with the highest stored step, not the newest one by mtime."""
+    stop2 = '--trainer.callbacks=[{"class_path": "_cli_helpers.StopAfterStep", "init_args": {"step": 2}}]'
+    run, ckdir = tmp_path / "copied", tmp_path / "copied" / "checkpoints"
+    run_cli(*tiny(tmp_path, "copied", stop2))
+    os.replace(ckdir / "last.ckpt", ckdir / "preempted.ckpt")  # a real step-2 checkpoint, as a preemption leaves it
+    run_cli(*tiny(tmp_path, "copied", "--resume=auto", STOP_AFTER_EPOCH_0))
+    steps = {p.name: torch.load(p, map_location="cpu", weights_only=True)["global_step"] for p in ckdir.glob("*.ckpt")}
+    assert steps["preempted.ckpt"] == 2 and steps["last.ckpt"] == 4, steps
+    now = time.time()
+    for i, name in enumerate(sorted(steps, key=lambda n: (n == "preempted.ckpt", n == "last.ckpt"))):
+        os.utime(ckdir / name, (now - 100 + i, now - 100 + i))  # epoch file oldest, then last.ckpt, preempted newest
+    assert latest_checkpoint(run) == ckdir / "last.ckpt"
+    assert checkpoint_candidates(run)[-1] == ckdir / "preempted.ckpt"
+    resumed = run_cli(*tiny(tmp_path, "copied", "--resume=auto"))
+    assert resumed.trainer.ckpt_path == str(ckdir / "last.ckpt") and resumed.trainer.global_step == 8
+
+
+class SignalInValidation(L.Callback):
+    """Sends this process a real SIGTERM after the first batch of epoch ``epoch``'s validation (not the sanity
+    check)."""
+
+    def __init__(self, epoch: int = 0) -> None:
+        self.epoch, self.sent = epoch, False
+
+    def on_validation_batch_end(self, trainer: L.Trainer, *args: object, **kwargs: object) -> None:
+        if not trainer.sanity_checking and trainer.current_epoch == self.epoch and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_during_validation_runs_that_validation_at_resume(tmp_path):
+    """A SIGTERM in the middle of epoch 0's validation: exit 143 with a checkpoint; the resumed run validates epoch 0
+    again from its first batch (it used to skip it: no metric, top-k never saw the epoch), then ends as an
+    uninterrupted run does, metrics included."""
+    from impulsevit.cli import main
+
+    run_cli(*tiny(tmp_path, "straight"))
+    sig = '--trainer.callbacks=[{"class_path": "test_resume.SignalInValidation", "init_args": {"epoch": 0}}]'
+    assert main(tiny(tmp_path, "cut", sig)) == 143
+    assert scalars(tmp_path / "cut", "val/acc1") == []
+    resumed = run_cli(*tiny(tmp_path, "cut", "--resume=auto"))
+    assert resumed.trainer.ckpt_path == str(tmp_path / "cut" / "checkpoints" / "preempted.ckpt")
+    want = scalars(tmp_path / "straight", "val/acc1")
+    assert len(want) == 2 and scalars(tmp_path / "cut", "val/acc1") == want
+    a, b = state_dict(tmp_path / "straight" / "checkpoints" / "last.ckpt"), \
+        state_dict(tmp_path / "cut" / "checkpoints" / "last.ckpt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    ckpt = resumed.trainer.checkpoint_callback
+    assert len(ckpt.best_k_models) == 1 and ckpt.best_model_score is not None
+    assert float(ckpt.best_model_score) == max(v for _, v in want)
 
 
 def test_resume_auto_with_fsdp2_distributed_checkpoint_folder(tmp_path):

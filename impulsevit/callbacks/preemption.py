@@ -43,9 +43,13 @@ The checkpoint carries the loaders' position (:mod:`impulsevit.data.sampling`) a
 Every action is printed (rank 0, stderr) and appended to the run's ``slurm/events.log``
 (``$IMPULSEVIT_EVENTS_LOG``, set by the generated batch script; ``<default_root_dir>/slurm/events.log`` otherwise).
 
-Not supported: requeue signals other than USR1 (the batch script asks SLURM for ``--signal=USR1@lead``); signals
-that arrive during validation are acted on at the next training step (validation is not interrupted, except by
-Lightning's own SIGTERM handling); a SIGKILL (after SLURM's ``KillWait``) loses the steps since the last checkpoint.
+A SIGTERM during the fit's validation: Lightning stops the validation between two batches; the checkpoint written
+then records that this epoch's validation is pending (``impulsevit_validation_pending``), and the resumed fit runs
+that validation again from its first batch before training on (so the epoch's metrics and top-k are not lost).
+
+Not supported: requeue signals other than USR1 (the batch script asks SLURM for ``--signal=USR1@lead``); USR1 and
+SIGINT that arrive during validation are acted on at the next training step (validation is not interrupted); a
+SIGKILL (after SLURM's ``KillWait``) loses the steps since the last checkpoint.
 """
 
 from __future__ import annotations
@@ -65,16 +69,17 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from impulsevit.checkpointing import checkpoint_dir
+from impulsevit.checkpointing import checkpoint_dir, is_distributed_checkpoint
 from impulsevit.cluster.events import append_event, slurm_job_id
 from impulsevit.io import commit, remove, temp_path
-from impulsevit.lightning_private import hand_back_signal_handlers
+from impulsevit.lightning_private import hand_back_signal_handlers, rerun_interrupted_validation
 
 __all__ = ["Preempted", "SlurmRequeue"]
 
 _NONE, _INTERRUPT, _STOP, _REQUEUE = 0, 1, 2, 3  # max-reduced over ranks: a requeue request wins
 _NAMES = {_INTERRUPT: "SIGINT", _STOP: "SIGTERM", _REQUEUE: "SIGUSR1"}
 EXIT_CODES = {_INTERRUPT: 130, _STOP: 143}  # 128 + signal number, what a shell reports for a killed job
+VALIDATION_PENDING = "impulsevit_validation_pending"  # checkpoint entry: the epoch whose validation a signal cut short
 
 
 class Preempted(SystemExit):
@@ -106,6 +111,7 @@ class SlurmRequeue(Callback):
         self._saved_step: int | None = None
         self._previous: dict[int, Any] = {}
         self._active = False
+        self._cut_validation: int | None = None  # epoch whose validation the signal interrupted (while saving)
 
     # ------------------------------------------------------------------------------------------------- signals
     def _on_signal(self, signum: int, frame: Any) -> None:  # async-signal context: set a flag, nothing else
@@ -155,7 +161,7 @@ class SlurmRequeue(Callback):
         trainer.save_checkpoint(tmp)  # collective: every rank takes part (rank 0 writes files, all write DCP shards)
         trainer.strategy.barrier("preemption-save-written")
         if trainer.is_global_zero:
-            commit(tmp, path)
+            commit(tmp, path, replace_dir=is_distributed_checkpoint(path))
         trainer.strategy.barrier("preemption-save-done")
         self._saved_step = step
         self._say(trainer, f"{reason}: checkpoint saved to {path} at global step {step}",
@@ -266,9 +272,27 @@ class SlurmRequeue(Callback):
             return
         try:
             if (isinstance(exception, SIGTERMException) and trainer.state.fn == "fit"
-                    and self._saved_step != trainer.global_step):
-                self._say(trainer, "SIGTERM (Lightning): checkpointing before exit", event="signal", signal="SIGTERM",
-                          step=trainer.global_step)
-                self._save(trainer, "stop")
+                    and (self._saved_step != trainer.global_step or trainer.validating)):
+                cut = trainer.validating and not trainer.sanity_checking
+                self._say(trainer, "SIGTERM (Lightning): checkpointing before exit" +
+                          (f"; the interrupted validation of epoch {trainer.current_epoch} runs again at resume"
+                           if cut else ""), event="signal", signal="SIGTERM", step=trainer.global_step)
+                self._cut_validation = trainer.current_epoch if cut else None
+                try:
+                    self._save(trainer, "stop")
+                finally:
+                    self._cut_validation = None
         finally:
             self._uninstall(trainer)
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        if self._cut_validation is not None:
+            checkpoint[VALIDATION_PENDING] = self._cut_validation
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        # runs before Lightning restores its loops from the same dict (callbacks first, then loops)
+        epoch = checkpoint.get(VALIDATION_PENDING)
+        if epoch is not None and trainer.state.fn == "fit" and rerun_interrupted_validation(checkpoint):
+            self._say(trainer, f"the validation of epoch {epoch} was interrupted by a signal: running it first")

@@ -9,12 +9,17 @@ float32, and the LightningModule switches to the soft-target loss when it sees 2
 
 from __future__ import annotations
 
+import functools
+import os
+import signal
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
 import torch
 
-__all__ = ["BaseImageDataModule", "dist_info"]
+__all__ = ["BaseImageDataModule", "dist_info", "worker_init_fn"]
 
 
 def dist_info() -> tuple[int, int]:
@@ -22,6 +27,47 @@ def dist_info() -> tuple[int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size()
     return 0, 1
+
+
+def _only_the_parent_stops_this_worker() -> None:
+    """SIGTERM / SIGINT go to the whole process group or job (scancel, a time limit, Ctrl-C): a worker that died of
+    them would fail the main process's next fetch ("DataLoader worker ... killed by signal") before it could
+    checkpoint. The main process owns the stop (:class:`impulsevit.callbacks.SlurmRequeue`), so this worker waits for
+    both signals in a thread (they are blocked in every thread of the worker, which starts with one) and exits only on
+    a SIGTERM its parent sent (``multiprocessing``'s ``terminate`` at the parent's exit, PyTorch's shutdown), as
+    PyTorch's own worker handler does; others are dropped. A worker also leaves when the parent shuts it down or dies
+    (PyTorch's worker loop watches its parent)."""
+    stops = {signal.SIGTERM, signal.SIGINT}
+    if not hasattr(signal, "sigwaitinfo"):  # not Linux: ignore them (a parent's terminate() then waits for the loop)
+        for sig in stops:
+            signal.signal(sig, signal.SIG_IGN)
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    parent = os.getppid()
+
+    def wait() -> None:
+        while True:
+            info = signal.sigwaitinfo(stops)
+            if info.si_signo == signal.SIGTERM and info.si_pid == parent:
+                os._exit(0)
+
+    threading.Thread(target=wait, name="impulsevit-worker-signals", daemon=True).start()
+
+
+def _worker_init(rank: int, seed_workers: bool, worker_id: int) -> None:
+    _only_the_parent_stops_this_worker()
+    if seed_workers:  # what Lightning installs itself when no worker_init_fn is given (seed_everything(workers=True))
+        from lightning.fabric.utilities.seed import pl_worker_init_function
+
+        pl_worker_init_function(worker_id, rank=rank)
+
+
+def worker_init_fn(rank: int = 0) -> Callable[[int], None]:
+    """The ``worker_init_fn`` of every multi-process ``DataLoader`` of impulsevit: workers ignore SIGTERM and SIGINT
+    from anyone but their parent (a signal to the process group stops the main process at its next step boundary,
+    with a checkpoint, not through a dead worker), then, under ``seed_everything(workers=True)``, Lightning's worker
+    seeding for ``rank``. Picklable (spawned workers)."""
+    return functools.partial(_worker_init, rank, os.environ.get("PL_SEED_WORKERS", "0") == "1")
 
 
 class BaseImageDataModule(L.LightningDataModule):

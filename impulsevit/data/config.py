@@ -122,8 +122,9 @@ class StorageConfig:
             of converting ``dataset`` (give both or neither); ``dataset`` then only supplies the normalisation
             statistics (``imagefolder``: ImageNet's) and the class count comes from the manifest.
         beton_check: at setup, check each ``.beton`` against its manifest's checksum
-            (:mod:`impulsevit.data.integrity`): ``sampled`` (header, size and sampled chunks), ``full`` (every byte)
-            or ``off``.
+            (:mod:`impulsevit.data.integrity`): ``sampled`` (header, size and sampled chunks; the first use of a file
+            checks every byte and records it in ``X.verified.json``; a sampled check finds one damaged 4 MiB chunk
+            of ``n > 10`` with probability ``8 / (n - 2)``), ``full`` (every byte, every time) or ``off``.
         convert_limit: images, ``>= 0``. In a multi-process run (world size > 1) ``prepare_data`` does not convert a
             split larger than this: it stops with the ``impulsevit convert`` command to run first (``impulsevit
             submit`` submits that as its own job). Single-process runs convert any size.

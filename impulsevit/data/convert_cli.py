@@ -157,6 +157,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         info, root = resolve_source(args.src, args.root, args.dataset)
         preset = choose_preset(info, args)
         splits = args.split or default_splits(info, root)
+        for split in splits:  # before any work: an output path that is a folder is never replaced
+            out = output_path(args.dst, split, len(splits) > 1)
+            if out.is_dir() and not out.is_symlink():
+                raise ValueError(f"{out} is an existing directory, where the .beton file of split {split!r} would "
+                                 "go; give a .beton path that is not a folder, or a folder DST without the .beton "
+                                 "suffix (it is left as it is)")
         for split in splits:
             source = info.load(root, split, verify=args.verify)
             sub = subset_indices(len(source), args.subset)

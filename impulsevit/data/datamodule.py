@@ -51,7 +51,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from impulsevit.config import as_config
 from impulsevit.data.augment import DeviceAugment, fix_timm_posterize, normalize
-from impulsevit.data.base import BaseImageDataModule, dist_info
+from impulsevit.data.base import BaseImageDataModule, dist_info, worker_init_fn
 from impulsevit.data.config import AugmentConfig, StorageConfig
 from impulsevit.data.convert import convert_split, subset_indices
 from impulsevit.data.ffcv_loader import build_ffcv_loader, ffcv_available
@@ -311,7 +311,7 @@ class ImageDataModule(BaseImageDataModule):
                                             f"by hand)")
                 path = self.beton_path(split)
                 manifest = read_manifest(path, check_size=False)
-                verify_beton(path, manifest, self.storage.beton_check)
+                verify_beton(path, manifest, self.storage.beton_check, first_use_full=True)
                 if manifest is not None and manifest.get("classes") and self.class_names is None:
                     self.class_names = [str(c) for c in manifest["classes"]]  # the train split's, listed first
             return
@@ -371,7 +371,8 @@ class ImageDataModule(BaseImageDataModule):
         # iter(), which would shift the training stream (drop path, mixup) between fresh and resumed runs.
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + rank)
         common = dict(batch_size=self.batch_size, num_workers=self.num_workers, generator=generator,
-                      persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available())
+                      persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available(),
+                      worker_init_fn=worker_init_fn(rank))
         if train:
             # The order is a function of (seed, epoch) and the epoch is set here: on a resumed run Lightning fetches
             # the first batch before its own set_epoch call.

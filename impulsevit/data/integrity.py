@@ -6,7 +6,14 @@
 - :func:`file_digests` / :func:`verify_beton`: BLAKE2b digests of every ``CHUNK`` bytes, stored in the manifest by
   ``impulsevit convert``; ``level='sampled'`` (cheap default) re-hashes the first and last chunks and ``SAMPLED``
   random others, ``'full'`` re-hashes all. Catches zeroed or overwritten regions (always with ``full``; ``sampled``
-  catches them when they fall into a sampled chunk — every chunk of a file up to ``(SAMPLED + 2) * CHUNK`` bytes).
+  catches them when they fall into a sampled chunk — every chunk of a file up to ``(SAMPLED + 2) * CHUNK`` = 40 MiB;
+  beyond, one damaged interior chunk of ``n`` is found with probability ``SAMPLED / (n - 2)``
+  (:func:`sampled_detection_probability`): 8/17 = 47 % for a 74 MB file, 0.2 % for 16 GB).
+- ``first_use_full`` (what the datamodule's ``storage.beton_check='sampled'`` uses): the first check of a file is
+  full, and a passed full check is recorded in ``X.verified.json`` next to the manifest, keyed by the file's size,
+  modification time and the manifest's chunk digests; later checks of the same file are sampled. A rewritten or
+  replaced file (new mtime / size / manifest) is checked in full again. Files over ``FULL_FIRST_USE_MAX`` bytes
+  are only sampled, with a one-line notice giving the probability and the full-check command.
 
 Errors are :class:`BetonError` (a ``ValueError``), one line naming the file and what is wrong.
 Not supported: ``.beton`` files written by other tools carry no manifest, so only :func:`check_header` applies.
@@ -14,18 +21,25 @@ Not supported: ``.beton`` files written by other tools carry no manifest, so onl
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import random
+import sys
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-__all__ = ["CHUNK", "SAMPLED", "BetonError", "CheckLevel", "check_header", "file_digests", "verify_beton"]
+from impulsevit.io import atomic_write_json
+
+__all__ = ["CHUNK", "FULL_FIRST_USE_MAX", "SAMPLED", "BetonError", "CheckLevel", "check_header", "file_digests",
+           "sampled_detection_probability", "verified_path", "verify_beton"]
 
 CHUNK = 4 << 20  # bytes per digest
 SAMPLED = 8  # random chunks re-hashed by a 'sampled' check (besides the first and the last)
+FULL_FIRST_USE_MAX = 32 << 30  # bytes: larger files are not read in full at their first use (sampled, with a notice)
 CheckLevel = Literal["sampled", "full", "off"]
 
 
@@ -79,24 +93,58 @@ def check_header(path: str | os.PathLike) -> int:
     return n
 
 
-def file_digests(path: str | os.PathLike, indices: list[int] | None = None) -> list[str]:
-    """Hex BLAKE2b-128 digests of the ``CHUNK``-byte chunks of ``path`` (all, or those at ``indices``, in order)."""
+def file_digests(path: str | os.PathLike, indices: list[int] | None = None, chunk: int = CHUNK) -> list[str]:
+    """Hex BLAKE2b-128 digests of the ``chunk``-byte chunks of ``path`` (all, or those at ``indices``, in order)."""
     out = []
     with open(path, "rb") as fh:
-        n = max(1, -(-os.fstat(fh.fileno()).st_size // CHUNK))
+        n = max(1, -(-os.fstat(fh.fileno()).st_size // chunk))
         for i in range(n) if indices is None else indices:
-            fh.seek(i * CHUNK)
-            out.append(hashlib.blake2b(fh.read(CHUNK), digest_size=16).hexdigest())
+            fh.seek(i * chunk)
+            out.append(hashlib.blake2b(fh.read(chunk), digest_size=16).hexdigest())
     return out
 
 
+def sampled_detection_probability(num_chunks: int) -> float:
+    """The chance that a ``'sampled'`` check finds one damaged chunk (an interior one; the first and last chunks are
+    always checked) of a file of ``num_chunks`` chunks: 1 up to ``SAMPLED + 2`` chunks, else ``SAMPLED / (n - 2)``."""
+    return 1.0 if num_chunks <= SAMPLED + 2 else SAMPLED / (num_chunks - 2)
+
+
+def verified_path(beton: str | os.PathLike) -> Path:
+    """``X.verified.json`` next to ``X.beton``: the record of the last full check that passed."""
+    beton = Path(beton)
+    return beton.with_name(beton.name.removesuffix(".beton") + ".verified.json")
+
+
+def _identity(path: Path, stored: list[str]) -> dict:
+    st = path.stat()
+    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "chunks_digest": hashlib.blake2b("".join(stored).encode(), digest_size=16).hexdigest()}
+
+
+def _verified_before(path: Path, stored: list[str]) -> bool:
+    try:
+        return json.loads(verified_path(path).read_text()) == _identity(path, stored)
+    except (OSError, ValueError):
+        return False
+
+
+def _record_verified(path: Path, stored: list[str]) -> None:
+    with contextlib.suppress(OSError):  # a read-only cache folder: the next use checks in full again
+        atomic_write_json(verified_path(path), _identity(path, stored))
+
+
 def verify_beton(path: str | os.PathLike, manifest: dict | None, level: CheckLevel = "sampled",
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, first_use_full: bool = False) -> None:
     """Check ``path`` against its conversion manifest (``None``: no manifest, only :func:`check_header`).
 
     Args:
-        level: ``'off'`` nothing; ``'sampled'`` header, size and sampled chunk digests; ``'full'`` every chunk.
+        level: ``'off'`` nothing; ``'sampled'`` header, size and sampled chunk digests (one damaged interior chunk
+            is found with :func:`sampled_detection_probability`); ``'full'`` every chunk.
         rng: picks the sampled chunks (default: a fresh random choice each call, so repeated checks cover more).
+        first_use_full: with ``'sampled'``, check every chunk unless a full check of this very file (size, mtime,
+            manifest digests) passed before (``X.verified.json``); files over ``FULL_FIRST_USE_MAX`` stay sampled,
+            with a one-line notice on stderr. A passed full check is recorded (both levels, when this is set).
 
     Raises:
         BetonError: the structure is damaged, the size differs from the manifest's, or a chunk's digest differs
@@ -117,12 +165,22 @@ def verify_beton(path: str | os.PathLike, manifest: dict | None, level: CheckLev
     if not stored:
         return  # written before checksums were recorded
     n = len(stored)
+    chunk = int((manifest.get("checksum") or {}).get("chunk_bytes") or CHUNK)
+    if level == "sampled" and first_use_full and not _verified_before(path, stored):
+        if size <= FULL_FIRST_USE_MAX:
+            level = "full"
+        elif n > SAMPLED + 2:
+            print(f"impulsevit: {path} ({size / 2**30:.0f} GiB) is checked by sampled chunks only: one damaged chunk "
+                  f"is found with probability {sampled_detection_probability(n):.1%}; run `impulsevit convert "
+                  f"--check {path} --full` once to check every byte", file=sys.stderr)
     if level == "full" or n <= SAMPLED + 2:
         indices = list(range(n))
     else:
         indices = sorted({0, n - 1, *(rng or random.Random()).sample(range(1, n - 1), SAMPLED)})
-    for i, digest in zip(indices, file_digests(path, indices)):
+    for i, digest in zip(indices, file_digests(path, indices, chunk)):
         if digest != stored[i]:
-            raise BetonError(f"{path}: bytes {i * CHUNK}-{min(size, (i + 1) * CHUNK)} differ from the checksum in "
+            raise BetonError(f"{path}: bytes {i * chunk}-{min(size, (i + 1) * chunk)} differ from the checksum in "
                              f"its manifest (damaged on disk or modified); rebuild it with `impulsevit convert "
                              f"--force` or delete it")
+    if first_use_full and len(indices) == n:
+        _record_verified(path, stored)

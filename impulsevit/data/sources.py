@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from impulsevit.errors import ConfigError
+
 __all__ = [
     "IMAGE_EXTENSIONS",
     "ArraySource",
@@ -51,8 +53,17 @@ class Problem:
 
 
 def to_rgb_array(image: Image.Image | np.ndarray) -> np.ndarray:
-    """PIL image or ``(H, W)`` / ``(H, W, 1|3|4)`` array → contiguous ``(H, W, 3)`` uint8 RGB."""
+    """PIL image or ``(H, W)`` / ``(H, W, 1|3|4)`` array → contiguous ``(H, W, 3)`` uint8 RGB.
+
+    16-bit grayscale images (PIL modes ``I;16*``, and ``I``, which is how PNG's 16-bit gray may open) are scaled to 8
+    bits (``round(v / 257)``: 0 → 0, 65535 → 255), not clipped at 255 as PIL's ``convert`` does (which turns almost
+    every pixel white). 16-bit RGB PNGs are reduced to 8 bits by PIL itself. Not supported: float images (mode ``F``,
+    converted by PIL with clipping)."""
     if isinstance(image, Image.Image):
+        if image.mode == "I" or image.mode.startswith("I;16"):
+            wide = np.asarray(image).astype(np.float64)
+            gray = np.clip(np.rint(wide / 257.0), 0, 255).astype(np.uint8)
+            return np.ascontiguousarray(np.repeat(gray[:, :, None], 3, axis=2))
         if image.mode != "RGB":
             image = image.convert("RGB")
         return np.asarray(image, dtype=np.uint8).copy()
@@ -210,12 +221,24 @@ def check_sample(source: ImageSource, index: int) -> tuple[Problem | None, bytes
 def image_folder_source(root: str | os.PathLike, classes: Sequence[str] | None = None) -> FileSource:
     """An ImageFolder tree ``root/<class>/<image>`` (classes sorted by name unless given). Non-image files, empty
     class folders and entries that cannot be stat-ed are recorded in ``problems`` and left out; hidden files (names
-    starting with ``.``) are ignored. Nested sub-folders inside a class folder are searched recursively."""
+    starting with ``.``) are ignored. Nested sub-folders inside a class folder are searched recursively.
+
+    Raises:
+        ConfigError: ``classes`` is given (another split's, e.g. train's for val) and ``root`` has class folders that
+            are not in it: their images would have no label (names them).
+    """
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"ImageFolder root {root} is not a directory")
+    present = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
     if classes is None:
-        classes = sorted(d.name for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))
+        classes = present
+    else:
+        unknown = [c for c in present if c not in set(classes)]
+        if unknown:
+            shown = ", ".join(unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")
+            raise ConfigError(f"{root} has {len(unknown)} class folder(s) that the training split does not have: "
+                              f"{shown}; every split needs the same classes (add them to train, or remove them)")
     if not classes:
         raise ValueError(f"ImageFolder root {root} has no class sub-folders (expected {root}/<class>/<image>)")
     paths: list[str] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from impulsevit.data.base import BaseImageDataModule, dist_info
+from impulsevit.data.base import BaseImageDataModule, dist_info, worker_init_fn
 from impulsevit.data.sampling import EpochSampler, ResumableDataLoader
 
 __all__ = ["SyntheticDataModule"]
@@ -66,10 +66,11 @@ class SyntheticDataModule(BaseImageDataModule):
         sampler.set_epoch(self.trainer.current_epoch if self.trainer is not None else 0)
         return self.stateful_train_loader(ResumableDataLoader(
             self.train_set, batch_size=self.batch_size, sampler=sampler, drop_last=True, num_workers=self.num_workers,
-            generator=torch.Generator().manual_seed(self.seed * 1_000_003 + rank)))
+            generator=torch.Generator().manual_seed(self.seed * 1_000_003 + rank), worker_init_fn=worker_init_fn(rank)))
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, num_workers=self.num_workers)
+        return DataLoader(self.val_set, batch_size=self.batch_size, num_workers=self.num_workers,
+                          worker_init_fn=worker_init_fn(dist_info()[0]))
 
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()
