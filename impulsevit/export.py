@@ -381,7 +381,7 @@ def export_folder(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike, ema:
         with disk_errors(out):
             save_for_hf(model, str(tmp), model_config=model_config, safe_serialization=True, data_config=dc)
             (tmp / "README.md").write_text(generate_readme(card, out.name), encoding="utf-8")
-        commit(tmp, out)
+        commit(tmp, out, replace_dir=out.is_dir())  # checked above: empty, or an earlier export with --overwrite
     finally:
         remove(tmp)
     return {"backbone": (ckpt.get("hyper_parameters") or {}).get("backbone"), "num_classes": model.num_classes,
