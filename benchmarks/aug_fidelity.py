@@ -17,10 +17,10 @@ Per-sample statistics of the augmented image (de-normalised to 0–1) against it
 of pixels changed by more than 4/255, mean, standard deviation, saturation (mean |pixel − its grey|); per policy
 ``rand-m9-mstd0.5-inc1`` + erasing 0.25 (DeiT) and the same with colour jitter 0.4 forced. Plus: the erased area
 (each pipeline's erasing on a constant image), the RandAugment op frequency (op applied per layer, or none; total
-variation distance instead of KS), the magnitudes of the applied ops and timm ``Mixup`` (DeiT: mixup 0.8, cutmix 1.0, switch 0.5) λ and CutMix box area
-as the LightningModule builds it from ``MixupConfig`` vs timm built directly. Each distance is compared with its limit
-``max(2 × floor, 0.12)`` (at 400 samples; see :func:`compare`); the last line is ``ratio: X``, the worst distance /
-limit (``<= 1``: equal in distribution).
+variation distance instead of KS), the magnitudes of the applied ops, and timm ``Mixup`` (DeiT: mixup 0.8, cutmix
+1.0, switch 0.5) λ and CutMix box area as the LightningModule builds it from ``MixupConfig`` vs timm built directly.
+Each distance is compared with its limit ``max(2 × floor, 0.12)`` (at 400 samples; see :func:`compare`); the last
+line is ``ratio: X``, the worst distance / limit (``<= 1``: equal in distribution).
 
 Usage: ``python benchmarks/aug_fidelity.py [--n 400] [--size 224] [--break fill0|p1|bilinear|mstd0]``
 (``--break`` deliberately damages the ffcv pipeline, to show that the benchmark catches it: ``fill0``, ``p1`` and

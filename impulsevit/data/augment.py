@@ -40,7 +40,8 @@ pointwise op on the whole batch (10 for ``rand-m9-mstd0.5-inc1``) and one float6
 of a training step.
 
 Not supported: AutoAugment policies (``original``/``v0``) and AugMix (raise ``ValueError``); RandAugment's weighted
-op choice (``-tweights``) is supported, ``3a`` op sets are not.
+op choice (``-tweights``) is supported, ``3a`` op sets are not; devices without float64 (Apple MPS) for the geometric
+ops.
 """
 
 from __future__ import annotations
@@ -234,7 +235,9 @@ def _affine(x: torch.Tensor, matrices: torch.Tensor, fill: torch.Tensor,
 class BatchRandAugment(torch.nn.Module):
     """timm's RandAugment for batches: ``forward(x)`` with ``x`` ``(B, 3, H, W)`` on the 0–255 scale (uint8 or float)
     returns float32 on the 0–255 scale (integer values). ``img_mean`` is the 0–1 mean used as the fill colour (timm
-    passes the dataset mean). Randomness comes from ``generator`` (one per process; ``None``: torch's global RNG)."""
+    passes the dataset mean); ``interpolation`` is the geometric ops' PIL filter (``bicubic`` / ``bilinear``: the
+    recipe's, as timm's ``transforms_imagenet_train`` passes it; ``random``: either per op, timm's default without
+    one). Randomness comes from ``generator`` (one per process; ``None``: torch's global RNG)."""
 
     def __init__(self, config: str = "rand-m9-mstd0.5-inc1", img_mean: tuple[float, ...] = (0.485, 0.456, 0.406),
                  translate_pct: float = 0.45, interpolation: str = "bicubic") -> None:
@@ -494,7 +497,8 @@ class DeviceAugment(torch.nn.Module):
     ``torch.Generator`` on the images' device, re-seeded per batch with :func:`augment_seed` ``(seed, epoch, step,
     rank)``: replicas draw differently, and a run resumed at any step redraws exactly what the uninterrupted run drew
     (nothing to checkpoint). ``epoch`` / ``step`` default to 0 / the number of earlier calls. Seeding is a host-side
-    operation: no device synchronisation.
+    operation: no device synchronisation. ``interpolation``: RandAugment's geometric filter (the datamodule passes its
+    own ``interpolation``, as timm does).
     """
 
     def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], auto_augment: str | None = None,
