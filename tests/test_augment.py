@@ -209,3 +209,16 @@ def test_draws_are_a_function_of_seed_epoch_step_rank():
     distinct = {tuple(t.flatten()[::97].tolist()) for t in first}
     assert len(distinct) == len(first)  # every (epoch, step) draws anew
     assert not torch.equal(DeviceAugment(**{**kw, "seed": 4})(x, epoch=1, step=1), first[4])
+
+
+@pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])
+def test_datamodule_gives_randaugment_the_recipes_interpolation(interpolation):
+    """timm's train transform resamples RandAugment's geometric ops with the recipe's interpolation; the ffcv
+    backend's device RandAugment gets the same."""
+    from impulsevit.data.datamodule import ImageDataModule
+
+    dm = ImageDataModule(dataset="fashion_mnist", backend="ffcv", interpolation=interpolation,
+                         augment={"auto_augment": "rand-m9-mstd0.5-inc1"})
+    assert dm.device_augment().rand_augment.interpolation == interpolation
+    with pytest.raises(ValueError, match="interpolation"):
+        BatchRandAugment("rand-m9-mstd0.5-inc1", interpolation="nearest")
