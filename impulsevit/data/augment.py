@@ -35,7 +35,7 @@ data-dependent shapes: no ``nonzero``, boolean indexing or ``.any()`` reads), ev
 constants (mean/std, fill colour, op weights) are built on the device once, and the affine maps are built directly in
 PIL's output → input form (no matrix inversion and its error check). The price is compute: each layer evaluates every
 pointwise op on the whole batch (10 for ``rand-m9-mstd0.5-inc1``) and one float64 resampling of the whole batch (16
-``gather``s for bicubic) instead of each image's one op (GPU cost not measured here: no GPU was available;
+``take``s for bicubic) instead of each image's one op (GPU cost not measured here: no GPU was available;
 ``benchmarks/gpu_check.sh`` is the place to measure it). ``tests/test_sync_free.py`` counts the host-synchronising ops
 of a training step.
 
@@ -206,7 +206,7 @@ def _affine(x: torch.Tensor, matrices: torch.Tensor, fill: torch.Tensor,
     As PIL's ``Geometry.c``, in float64 as PIL computes: a sample point outside ``[0, W) × [0, H)`` gets ``fill`` (a
     hard edge, no blending); inside, the ``bilinear`` (2 × 2) or ``bicubic`` (4 × 4) neighbours are read with their
     indices clamped to the image, interpolated along x then y (:func:`_pil_interpolate`), clipped to 0–255 and
-    truncated to an integer. Fixed shapes: the taps are ``gather``s of the whole batch (no data-dependent
+    truncated to an integer. Fixed shapes: each tap is one ``take`` over the whole batch (no data-dependent
     indexing)."""
     b, c, h, w = x.shape
     dev, dt = x.device, torch.float64
@@ -221,12 +221,15 @@ def _affine(x: torch.Tensor, matrices: torch.Tensor, fill: torch.Tensor,
     dx, dy = (fx - x0).view(b, 1, h * w), (fy - y0).view(b, 1, h * w)
     offsets = (0, 1) if interpolation == "bilinear" else (-1, 0, 1, 2)
     x0, y0 = x0.long().view(b, 1, h * w), y0.long().view(b, 1, h * w)
-    flat = x.to(dt).reshape(b, c, h * w)
+    flat = x.to(dt).contiguous().view(-1)
+    # element offset of each (image, channel) plane: a tap is one torch.take of (B, C, H·W) indices
+    planes = (torch.arange(b, device=dev) * (c * h * w)).view(b, 1, 1) + (torch.arange(c, device=dev) * (h * w)).view(
+        1, c, 1)
     cols_at = [(x0 + o).clamp(0, w - 1) for o in offsets]
     per_row = []
     for oy in offsets:
-        row = (y0 + oy).clamp(0, h - 1) * w
-        taps = [flat.gather(2, (row + cx).expand(b, c, h * w)) for cx in cols_at]
+        row = (y0 + oy).clamp(0, h - 1) * w + planes
+        taps = [torch.take(flat, row + cx) for cx in cols_at]
         per_row.append(_pil_interpolate(taps, dx))
     out = torch.floor(_pil_interpolate(per_row, dy).clamp(0, 255)).view(b, c, h, w).float()
     return torch.where(inside.unsqueeze(1), out, fill.view(1, c, 1, 1).float())
