@@ -87,6 +87,8 @@ def _epoch_order(loader: Any, n: int) -> np.ndarray:
     if inner is not None and hasattr(inner, "traversal_order"):  # FFCVLoader around an ffcv Loader
         return np.asarray(inner.traversal_order.sample_order(loader.epoch), dtype=np.int64)
     sampler = getattr(loader, "sampler", None)
+    if hasattr(sampler, "plan"):  # EpochSampler: yields SampleKey(index, epoch, position); plan() holds the indices
+        return np.asarray(sampler.plan()[0], dtype=np.int64)
     if sampler is not None and not isinstance(sampler, torch.utils.data.SequentialSampler):
         return np.asarray(list(iter(sampler)), dtype=np.int64)
     return np.arange(n, dtype=np.int64)

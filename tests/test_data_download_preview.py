@@ -233,3 +233,35 @@ def test_preview_ffcv_backend_reports_stored_sizes(tmp_path, photo_folder):
     # bad keys fail as in fit, naming the key
     with pytest.raises(SystemExit):
         preview_main(["preview", "--split", "val", "--recipe", "deit_tiny_in1k", "--data.init_args.imag_size=3"])
+
+
+FASHION = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
+
+
+@pytest.mark.skipif(not FASHION.exists(), reason="Debian package dataset-fashion-mnist not installed")
+@pytest.mark.parametrize("backend", ["ffcv", "torchvision"])
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_preview_quickstart_on_every_backend_and_split(tmp_path, backend, split):
+    """The quickstart recipe on Debian's real Fashion-MNIST (200 / 100 image subsets): every backend × split writes
+    its files and the labels follow the reported indices into the real split (val: in order; train: the epoch's
+    shuffled order, which the torchvision backend's sampler yields as index keys)."""
+    from impulsevit.data.registry import get_dataset
+
+    out = tmp_path / "out"
+    result = _preview(out, split, 8, "--recipe", "quickstart", f"--data.init_args.backend={backend}",
+                      "--data.init_args.train_subset=200", "--data.init_args.val_subset=100",
+                      f"--data.init_args.num_workers={0 if backend == 'torchvision' else 1}",
+                      f"--data.init_args.cache_dir={tmp_path / 'ffcv'}")
+    assert result["backend"] == backend and result["images"].shape == (8, 3, 28, 28)
+    info = get_dataset("fashion_mnist")
+    source = info.load(None, info.train_split if split == "train" else info.val_split, verify="off")
+    from impulsevit.data.convert import subset_indices
+
+    sub = subset_indices(len(source), 200 if split == "train" else 100)
+    indices = result["indices"].numpy()
+    assert len(set(indices.tolist())) == 8 and indices.max() < len(sub)
+    assert result["labels"].tolist() == np.asarray(source.labels)[sub][indices].tolist()
+    if split == "val":
+        assert indices.tolist() == list(range(8))  # the split's order
+    else:
+        assert indices.tolist() != list(range(8))  # the epoch's shuffled order

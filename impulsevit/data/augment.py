@@ -5,13 +5,21 @@ whole batch at once, each image with its own random draws. Mixup/CutMix are not 
 timm's ``Mixup``.
 
 - :class:`BatchRandAugment` re-implements timm's ``RandAugment`` (``rand-m9-mstd0.5-inc1`` etc.; the config string is
-  parsed by timm itself) for ``(B, 3, H, W)`` tensors holding 0–255 values. Per image and per layer it draws the op,
-  whether it applies (``p``), the magnitude (Gaussian ``mstd`` noise, clipped to ``[0, mmax]``) and the sign, exactly
-  as timm does; ops follow PIL's definitions (autocontrast, equalize, posterize, solarize, enhance blends, affine maps
-  with the mean-colour fill). Differences from timm's PIL path: posterize keeps at least 1 bit (Pillow >= 11 rejects
-  0, which timm asks for at magnitude 10); geometric ops resample bilinearly (timm: bicubic in
-  DeiT's recipe, random bilinear/bicubic otherwise); values are rounded to integers after every op as uint8 PIL does.
-  ``tests/test_augment.py`` compares it op by op and in distribution against timm on the same images.
+  parsed by timm itself) for ``(B, 3, H, W)`` tensors holding 0–255 values. Per image and per layer it draws the op
+  (uniform, with replacement), whether it applies (``p``), the magnitude (Gaussian ``mstd`` noise, clipped to ``[0,
+  mmax]``) and the sign, exactly as timm does (:meth:`BatchRandAugment.draw_layer`); every op follows PIL's
+  definition on uint8 values, rounding / truncating between ops as PIL does: autocontrast and equalize with
+  ``ImageOps``' LUT rules per channel, posterize / solarize / solarize-add LUTs, the ``ImageEnhance`` blends (Contrast
+  against the rounded mean of the grey image, Sharpness against PIL's SMOOTH filter with the 1-pixel border kept), and
+  the affine maps as ``Image.transform`` computes them (:func:`_affine`: the recipe's ``interpolation`` — PIL's
+  bicubic is a cubic convolution with ``a = -1`` — with clamped neighbours, a hard edge to timm's fill colour, the
+  mean pixel, and truncation). One deviation: posterize keeps at least 1 bit (timm asks for 0 at magnitude 10, which
+  Pillow >= 11 rejects; the torchvision backend is patched the same way by :func:`fix_timm_posterize`).
+  Measured on real photos (``tests/test_augment.py::test_every_op_matches_timms_pil_op_on_photos``): every op at
+  magnitudes 0, 5, 9, 10 and both signs, both interpolations, is within one uint8 level of timm's PIL op on every
+  pixel with PSNR >= 65 dB (the rest: float32 blend arithmetic vs PIL's). In distribution, the whole chain
+  (RandAugment, colour jitter when forced, erasing) against timm's ``transforms_imagenet_train``:
+  ``benchmarks/aug_fidelity.py`` (README: the numbers).
 - :class:`BatchColorJitter` is torchvision's ``ColorJitter(b, c, s)`` (what timm builds from ``color_jitter``): random
   factor order per image, factors uniform in ``[max(0, 1 - x), 1 + x]``.
 - :func:`normalize` converts 0–255 images to float and normalises them.
@@ -24,14 +32,16 @@ timm's ``Mixup``.
 
 Sync-free on CUDA: every op runs on the whole batch and is selected per image with ``torch.where`` (no
 data-dependent shapes: no ``nonzero``, boolean indexing or ``.any()`` reads), every random draw happens on the device,
-constants (mean/std, fill colour, op weights) are built on the device once, and affine maps are inverted in closed form
-(no ``linalg.inv`` and its error check). The price is compute: each layer evaluates every pointwise op on the whole
-batch (10 for ``rand-m9-mstd0.5-inc1``, plus one batched ``grid_sample``) instead of each image's one op (GPU cost
-not measured here: no GPU was available; ``benchmarks/gpu_check.sh`` is the place to measure it).
-``tests/test_sync_free.py`` counts the host-synchronising ops of a training step.
+constants (mean/std, fill colour, op weights) are built on the device once, and the affine maps are built directly in
+PIL's output → input form (no matrix inversion and its error check). The price is compute: each layer evaluates every
+pointwise op on the whole batch (10 for ``rand-m9-mstd0.5-inc1``) and one float64 resampling of the whole batch (16
+``take``s for bicubic) instead of each image's one op (GPU cost not measured here: no GPU was available;
+``benchmarks/gpu_check.sh`` is the place to measure it). ``tests/test_sync_free.py`` counts the host-synchronising ops
+of a training step.
 
 Not supported: AutoAugment policies (``original``/``v0``) and AugMix (raise ``ValueError``); RandAugment's weighted
-op choice (``-tweights``) is supported, ``3a`` op sets are not.
+op choice (``-tweights``) is supported, ``3a`` op sets are not; devices without float64 (Apple MPS) for the geometric
+ops.
 """
 
 from __future__ import annotations
@@ -52,7 +62,7 @@ _SUPPORTED = {
     "SolarizeIncreasing", "SolarizeAdd", "Color", "ColorIncreasing", "Contrast", "ContrastIncreasing", "Brightness",
     "BrightnessIncreasing", "Sharpness", "SharpnessIncreasing", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel",
 }
-_GRAY = (0.299, 0.587, 0.114)  # PIL's RGB → L weights
+_GRAY = (19595.0, 38470.0, 7471.0)  # PIL's RGB → L weights (0.299, 0.587, 0.114) in 16-bit fixed point
 
 
 def _posterize_at_least_1bit(img, bits_to_keep, **kwargs):  # noqa: ANN001, ANN202 - timm op signature
@@ -97,8 +107,10 @@ def _scaled_mean_std(mean: tuple[float, ...], std: tuple[float, ...],
 
 
 def _gray(x: torch.Tensor) -> torch.Tensor:
-    """PIL's L channel, ``(B, 1, H, W)`` (weights as Python scalars: no host tensor)."""
-    return x[:, 0:1] * _GRAY[0] + x[:, 1:2] * _GRAY[1] + x[:, 2:3] * _GRAY[2]
+    """PIL's ``convert("L")`` of integer-valued 0–255 RGB, ``(B, 1, H, W)``: its fixed-point
+    ``(19595 R + 38470 G + 7471 B + 2^15) >> 16``, exact in float32 (every term < 2^24; weights as Python scalars: no
+    host tensor)."""
+    return torch.floor((x[:, 0:1] * _GRAY[0] + x[:, 1:2] * _GRAY[1] + x[:, 2:3] * _GRAY[2] + 32768.0) / 65536.0)
 
 
 def _blend(degenerate: torch.Tensor, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
@@ -108,12 +120,12 @@ def _blend(degenerate: torch.Tensor, x: torch.Tensor, factor: torch.Tensor) -> t
 
 
 def _contrast(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    mean = torch.floor(_gray(x).round().mean(dim=(1, 2, 3), keepdim=True) + 0.5)
+    mean = torch.floor(_gray(x).mean(dim=(1, 2, 3), keepdim=True) + 0.5)
     return _blend(mean.expand_as(x), x, factor)
 
 
 def _saturation(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    return _blend(_gray(x).round().expand_as(x), x, factor)
+    return _blend(_gray(x).expand_as(x), x, factor)
 
 
 def _brightness(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
@@ -172,39 +184,73 @@ def _solarize_add(x: torch.Tensor, add: torch.Tensor) -> torch.Tensor:
     return torch.where(x < 128, (x + add.view(-1, 1, 1, 1)).clamp(max=255), x)
 
 
-def _affine(x: torch.Tensor, matrices: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
-    """Resample each image with its ``(3, 3)`` pixel-space matrix mapping output → input coordinates (PIL's
-    ``Image.transform(AFFINE)`` convention, continuous coordinates with pixel centres at ``i + 0.5``); uncovered
-    pixels get ``fill`` (0–255 per channel), edges blended bilinearly."""
-    b, _, h, w = x.shape
-    theta = _normalized_theta(matrices.to(x.dtype), h, w)
-    grid = F.affine_grid(theta, [b, 4, h, w], align_corners=False)
-    ones = torch.ones(b, 1, h, w, device=x.device, dtype=x.dtype)
-    out = F.grid_sample(torch.cat([x, ones], 1), grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-    img, mask = out[:, :3], out[:, 3:]
-    return (img + (1 - mask) * fill.view(1, 3, 1, 1)).round().clamp(0, 255)
+def _pil_interpolate(v: list[torch.Tensor], d: torch.Tensor) -> torch.Tensor:
+    """One axis of PIL's ``Image.transform`` filter on the neighbours ``v`` (2: bilinear, 4: bicubic) at fractional
+    offsets ``d``, with PIL's expressions in PIL's order (``Geometry.c``; the bicubic is a cubic convolution with
+    ``a = -1``, not the ``a = -0.5`` of PIL's resize nor torch's ``a = -0.75``)."""
+    if len(v) == 2:
+        return v[0] + (v[1] - v[0]) * d
+    p2 = -v[0] + v[2]
+    p3 = 2 * (v[0] - v[1]) + v[2] - v[3]
+    p4 = -v[0] + v[1] - v[2] + v[3]
+    return v[1] + d * (p2 + d * (p3 + d * p4))
 
 
-def _normalized_theta(m: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """``(B, 3, 3)`` pixel-space maps → ``(B, 2, 3)`` ``affine_grid`` thetas: ``N M N⁻¹`` with ``N`` the pixel → [-1, 1]
-    map (``x' = 2x/w - 1``), written out in closed form (``N⁻¹`` is known: no ``linalg.inv``, whose error check reads
-    the device)."""
-    a, b, c = m[:, 0, 0], m[:, 0, 1], m[:, 0, 2]
-    d, e, f = m[:, 1, 0], m[:, 1, 1], m[:, 1, 2]
-    row0 = torch.stack([a, b * (h / w), (a * (w / 2) + b * (h / 2) + c) * (2.0 / w) - 1.0], dim=1)
-    row1 = torch.stack([d * (w / h), e, (d * (w / 2) + e * (h / 2) + f) * (2.0 / h) - 1.0], dim=1)
-    return torch.stack([row0, row1], dim=1)
+def _affine(x: torch.Tensor, matrices: torch.Tensor, fill: torch.Tensor,
+            interpolation: str = "bicubic") -> torch.Tensor:
+    """PIL's ``Image.transform(size, AFFINE, data, resample, fillcolor=fill)`` per image, batched: ``x``
+    ``(B, C, H, W)`` on the 0–255 scale, ``matrices`` ``(B, 3, 3)`` pixel-space maps from output to input
+    coordinates (PIL's convention: the output pixel ``(i, j)`` samples the input at ``M (j + 0.5, i + 0.5)``).
+    Returns float32 ``(B, C, H, W)`` with integer values.
+
+    As PIL's ``Geometry.c``, in float64 as PIL computes: a sample point outside ``[0, W) × [0, H)`` gets ``fill`` (a
+    hard edge, no blending); inside, the ``bilinear`` (2 × 2) or ``bicubic`` (4 × 4) neighbours are read with their
+    indices clamped to the image, interpolated along x then y (:func:`_pil_interpolate`), clipped to 0–255 and
+    truncated to an integer. Fixed shapes: each tap is one ``take`` over the whole batch (no data-dependent
+    indexing)."""
+    b, c, h, w = x.shape
+    dev, dt = x.device, torch.float64
+    m = matrices.to(dt)
+    cols = torch.arange(w, device=dev, dtype=dt).view(1, 1, w) + 0.5
+    rows = torch.arange(h, device=dev, dtype=dt).view(1, h, 1) + 0.5
+    sx = m[:, 0, 0].view(b, 1, 1) * cols + m[:, 0, 1].view(b, 1, 1) * rows + m[:, 0, 2].view(b, 1, 1)
+    sy = m[:, 1, 0].view(b, 1, 1) * cols + m[:, 1, 1].view(b, 1, 1) * rows + m[:, 1, 2].view(b, 1, 1)
+    inside = (sx >= 0) & (sx < w) & (sy >= 0) & (sy < h)
+    fx, fy = sx - 0.5, sy - 0.5
+    x0, y0 = torch.floor(fx), torch.floor(fy)
+    dx, dy = (fx - x0).view(b, 1, h * w), (fy - y0).view(b, 1, h * w)
+    offsets = (0, 1) if interpolation == "bilinear" else (-1, 0, 1, 2)
+    x0, y0 = x0.long().view(b, 1, h * w), y0.long().view(b, 1, h * w)
+    flat = x.to(dt).contiguous().view(-1)
+    # element offset of each (image, channel) plane: a tap is one torch.take of (B, C, H·W) indices
+    planes = (torch.arange(b, device=dev) * (c * h * w)).view(b, 1, 1) + (torch.arange(c, device=dev) * (h * w)).view(
+        1, c, 1)
+    cols_at = [(x0 + o).clamp(0, w - 1) for o in offsets]
+    per_row = []
+    for oy in offsets:
+        row = (y0 + oy).clamp(0, h - 1) * w + planes
+        taps = [torch.take(flat, row + cx) for cx in cols_at]
+        per_row.append(_pil_interpolate(taps, dx))
+    out = torch.floor(_pil_interpolate(per_row, dy).clamp(0, 255)).view(b, c, h, w).float()
+    return torch.where(inside.unsqueeze(1), out, fill.view(1, c, 1, 1).float())
 
 
 class BatchRandAugment(torch.nn.Module):
     """timm's RandAugment for batches: ``forward(x)`` with ``x`` ``(B, 3, H, W)`` on the 0–255 scale (uint8 or float)
     returns float32 on the 0–255 scale (integer values). ``img_mean`` is the 0–1 mean used as the fill colour (timm
-    passes the dataset mean). Randomness comes from ``generator`` (one per process; ``None``: torch's global RNG)."""
+    passes the dataset mean); ``interpolation`` is the geometric ops' PIL filter (``bicubic`` / ``bilinear``: the
+    recipe's, as timm's ``transforms_imagenet_train`` passes it; ``random``: either per op, timm's default without
+    one). Randomness comes from ``generator`` (one per process; ``None``: torch's global RNG)."""
 
     def __init__(self, config: str = "rand-m9-mstd0.5-inc1", img_mean: tuple[float, ...] = (0.485, 0.456, 0.406),
-                 translate_pct: float = 0.45) -> None:
+                 translate_pct: float = 0.45, interpolation: str = "bicubic") -> None:
         super().__init__()
         from timm.data.auto_augment import rand_augment_transform
+
+        if interpolation not in ("bicubic", "bilinear", "random"):
+            raise ValueError(f"RandAugment interpolation must be 'bicubic', 'bilinear' or 'random' (timm: either, per "
+                             f"op), got {interpolation!r}")
+        self.interpolation = interpolation
 
         if not config.startswith("rand"):
             raise ValueError(f"auto_augment {config!r}: only RandAugment ('rand-...') runs on the device; AutoAugment "
@@ -231,7 +277,8 @@ class BatchRandAugment(torch.nn.Module):
         self._device_constants: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
 
     def extra_repr(self) -> str:
-        return f"config={self.config!r}, ops={len(self.names)}, layers={self.num_layers}"
+        return (f"config={self.config!r}, ops={len(self.names)}, layers={self.num_layers}, "
+                f"interpolation={self.interpolation!r}")
 
     def _magnitudes(self, n: int, device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
         m = torch.full((n,), self.magnitude, device=device)
@@ -250,6 +297,23 @@ class BatchRandAugment(torch.nn.Module):
             self._device_constants[key] = (fill, weights)
         return self._device_constants[key]
 
+    def draw_layer(self, n: int, device: torch.device,
+                   generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                      torch.Tensor]:
+        """One layer's draws for ``n`` images, as timm's ``RandAugment`` / ``AugmentOp`` make them: the op index into
+        :attr:`names` (uniform with replacement, or ``-tweights``), whether it applies (``rand <= p``), the level
+        (magnitude / 10 after the ``mstd`` noise and the clip to ``[0, mmax]``) and the sign (``-1`` with probability
+        0.5, used by the signed ops). Four ``(n,)`` tensors on ``device``."""
+        _, weights = self._constants(device)
+        if weights is None:
+            ops = torch.randint(len(self.names), (n,), device=device, generator=generator)
+        else:
+            ops = torch.multinomial(weights.expand(n, -1), 1, generator=generator).view(-1)
+        apply = torch.rand(n, device=device, generator=generator) <= self.prob
+        level = self._magnitudes(n, device, generator) / 10.0
+        sign = torch.where(torch.rand(n, device=device, generator=generator) > 0.5, -1.0, 1.0)
+        return ops, apply, level, sign
+
     def forward(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """Without data-dependent shapes: every op of a layer runs on the whole batch and ``torch.where`` keeps it for
         the images that drew it (one op per image per layer, so the order of the ops within a layer is irrelevant);
@@ -257,16 +321,10 @@ class BatchRandAugment(torch.nn.Module):
         x = x.float()
         b, dev = x.shape[0], x.device
         h, w = x.shape[-2], x.shape[-1]
-        fill, weights = self._constants(dev)
+        fill, _ = self._constants(dev)
         geo = [k for k, n in enumerate(self.names) if n in _GEOMETRIC]
         for _ in range(self.num_layers):
-            if weights is None:
-                ops = torch.randint(len(self.names), (b,), device=dev, generator=generator)
-            else:
-                ops = torch.multinomial(weights.expand(b, -1), 1, generator=generator).view(-1)
-            apply = torch.rand(b, device=dev, generator=generator) <= self.prob
-            level = self._magnitudes(b, dev, generator) / 10.0
-            sign = torch.where(torch.rand(b, device=dev, generator=generator) > 0.5, -1.0, 1.0)
+            ops, apply, level, sign = self.draw_layer(b, dev, generator)
             chosen = apply.view(-1, 1, 1, 1)
             for k, name in enumerate(self.names):
                 if k not in geo:
@@ -278,7 +336,12 @@ class BatchRandAugment(torch.nn.Module):
                     sel = ops == k
                     mats = torch.where(sel.view(-1, 1, 1), self._matrix(self.names[k], level, sign, h, w), mats)
                     is_geo = is_geo | sel
-                x = torch.where(chosen & is_geo.view(-1, 1, 1, 1), _affine(x, mats, fill), x)
+                if self.interpolation == "random":  # timm: random.choice((BILINEAR, BICUBIC)) per op
+                    cubic = (torch.rand(b, device=dev, generator=generator) < 0.5).view(-1, 1, 1, 1)
+                    moved = torch.where(cubic, _affine(x, mats, fill, "bicubic"), _affine(x, mats, fill, "bilinear"))
+                else:
+                    moved = _affine(x, mats, fill, self.interpolation)
+                x = torch.where(chosen & is_geo.view(-1, 1, 1, 1), moved, x)
         return x
 
     def _pointwise(self, name: str, x: torch.Tensor, lv: torch.Tensor, sg: torch.Tensor) -> torch.Tensor:
@@ -309,7 +372,7 @@ class BatchRandAugment(torch.nn.Module):
 
     def _matrix(self, name: str, lv: torch.Tensor, sg: torch.Tensor, h: int, w: int) -> torch.Tensor:
         n = lv.shape[0]
-        mats = torch.eye(3, device=lv.device).repeat(n, 1, 1)
+        mats = torch.eye(3, device=lv.device, dtype=lv.dtype).repeat(n, 1, 1)
         if name == "ShearX":
             mats[:, 0, 1] = sg * lv * 0.3
         elif name == "ShearY":
@@ -437,15 +500,18 @@ class DeviceAugment(torch.nn.Module):
     ``torch.Generator`` on the images' device, re-seeded per batch with :func:`augment_seed` ``(seed, epoch, step,
     rank)``: replicas draw differently, and a run resumed at any step redraws exactly what the uninterrupted run drew
     (nothing to checkpoint). ``epoch`` / ``step`` default to 0 / the number of earlier calls. Seeding is a host-side
-    operation: no device synchronisation.
+    operation: no device synchronisation. ``interpolation``: RandAugment's geometric filter (the datamodule passes its
+    own ``interpolation``, as timm does).
     """
 
     def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], auto_augment: str | None = None,
                  color_jitter: float | tuple[float, float, float] | None = None, force_color_jitter: bool = False,
-                 re_prob: float = 0.0, re_mode: str = "pixel", re_count: int = 1, seed: int = 0, rank: int = 0) -> None:
+                 re_prob: float = 0.0, re_mode: str = "pixel", re_count: int = 1, seed: int = 0, rank: int = 0,
+                 interpolation: str = "bicubic") -> None:
         super().__init__()
         self.mean, self.std = tuple(mean), tuple(std)
-        self.rand_augment = BatchRandAugment(auto_augment, img_mean=self.mean) if auto_augment else None
+        self.rand_augment = (BatchRandAugment(auto_augment, img_mean=self.mean, interpolation=interpolation)
+                             if auto_augment else None)
         use_jitter = color_jitter is not None and color_jitter != 0 and (not auto_augment or force_color_jitter)
         self.color_jitter = BatchColorJitter(color_jitter) if use_jitter else None
         self.re_prob, self.re_mode, self.re_count = float(re_prob), re_mode, int(re_count)

@@ -408,7 +408,7 @@ class ImageDataModule(BaseImageDataModule):
                 self.mean, self.std, auto_augment=aug.auto_augment if on_device else None,
                 color_jitter=aug.color_jitter if on_device else None, force_color_jitter=aug.force_color_jitter,
                 re_prob=aug.re_prob, re_mode=aug.re_mode, re_count=aug.re_count, seed=self.seed,
-                rank=dist_info()[0] if rank is None else int(rank))
+                rank=dist_info()[0] if rank is None else int(rank), interpolation=self.interpolation)
         return self._device_augment
 
     def batch_augment(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
