@@ -119,7 +119,8 @@ def test_fit_into_an_existing_run_refuses_unless_resume_or_overwrite(tmp_path, c
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()} == before  # untouched
 
     (run / "hparams.yaml").write_text("stale: true\n")
-    assert main(fit(tmp_path, "twice", "--overwrite=true", "--model.optimizer.lr=0.002")) == 0
+    # the bare flag the message suggests (`--overwrite=true` works too)
+    assert main(fit(tmp_path, "twice", "--overwrite", "--model.optimizer.lr=0.002")) == 0
     assert "stale" not in (run / "hparams.yaml").read_text()
     assert yaml.safe_load((run / "config.yaml").read_text())["model"]["optimizer"]["lr"] == 0.002
     assert len(list(run.glob("events.out.tfevents.*"))) == 1
@@ -139,7 +140,8 @@ def test_evaluation_never_touches_the_training_runs_files_and_needs_a_checkpoint
     assert sorted(run.glob("events.out.tfevents.*")) == events
     assert yaml.safe_load((run / "test" / "config.yaml").read_text())["resume"] == "auto"
     assert list((run / "test").glob("events.out.tfevents.*"))
-    # explicitly asked for: the untrained model
+    # explicitly asked for: the untrained model (the bare flag the message suggests, or with a value)
+    assert main(fit(tmp_path, "ev", "--untrained", sub="validate")) == 0
     assert main(fit(tmp_path, "ev", "--untrained=true", sub="validate")) == 0
 
 

@@ -10,7 +10,7 @@ from impulsevit.errors import ConfigError
 from impulsevit.recipes import resolve_recipe
 
 _CONFIG_FLAGS = ("--recipe", "--config", "-c")
-_NO_VALUE_FLAGS = ("-h", "--help", "--print_config")
+_NO_VALUE_FLAGS = ("-h", "--help", "--print_config", "--overwrite", "--untrained")
 
 
 def _option_name(token: str) -> str | None:

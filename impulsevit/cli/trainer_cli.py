@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from jsonargparse import ActionConfigFile
+from jsonargparse import ActionConfigFile, ActionYesNo
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -90,10 +90,14 @@ class ImpulseCLI(LightningCLI):
         parser.add_argument("--resume", type=str | None, default=None,
                             help="'auto': newest complete checkpoint of the run directory (fresh start if none); "
                                  "or a checkpoint path.")
-        parser.add_argument("--overwrite", type=bool, default=False,
+        # bare flags (``--overwrite``), as the error messages suggest them; ``--overwrite=true`` / ``--no_overwrite``
+        # work too
+        parser.add_argument("--overwrite", action=ActionYesNo(yes_prefix="", no_prefix="no_"), nargs="?",
+                            default=False,
                             help="fit: start over in an existing run directory, deleting its config, event files and "
                                  "checkpoints (default: refuse and suggest --resume auto or another --name)")
-        parser.add_argument("--untrained", type=bool, default=False,
+        parser.add_argument("--untrained", action=ActionYesNo(yes_prefix="", no_prefix="no_"), nargs="?",
+                            default=False,
                             help="validate/test/predict: evaluate the model as built, without a checkpoint")
         parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.monitor": "val/acc1", "checkpoint.mode": "max", "checkpoint.save_last": True})
