@@ -31,6 +31,14 @@ def fit(runs: Path, name: str, *extra: str, sub: str = "fit") -> list[str]:
     return tiny(runs, name, *SHORT, *extra, subcommand=sub)
 
 
+def status(args: list[str]) -> int:
+    """``main(args)``'s exit status; a parse error leaves ``main`` as ``SystemExit(2)`` (the console script)."""
+    try:
+        return main(args)
+    except SystemExit as e:
+        return int(e.code or 0)
+
+
 def error_line(capsys, sub: str = "fit") -> str:
     """The ``impulsevit SUB: error: ...`` line of stderr (asserting there is exactly one and no traceback)."""
     err = capsys.readouterr().err
@@ -228,3 +236,40 @@ def test_debug_shows_the_traceback(tmp_path):
     with pytest.raises(ValueError, match="unknown init method"):
         main([*fit(tmp_path, "dbg", "--model.init.method=nosuch"), "--debug"])
     assert torch.is_tensor(torch.zeros(1))  # the process is intact after the error
+
+
+# ------------------------------------------------------------------- bad arguments: one line, no usage, nothing made
+def _empty_recipe(tmp: Path) -> str:
+    (tmp / "empty.yaml").write_text("")
+    return str(tmp / "empty.yaml")
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--trainer.max_epoch=1"], "unknown key 'trainer.max_epoch'; did you mean 'trainer.max_epochs'?"),
+        (["--trainer.max_epochs=abc"], "key 'trainer.max_epochs': value 'abc' is not valid (expected int | None)"),
+        (["--model.optimizer.lr=abc"], "key 'model.optimizer.lr': value 'abc' is not valid (expected float | None)"),
+        (["--data.init_args.image_size=abc"], "key 'data.init_args.image_size': value 'abc' is not valid"),
+        (["--model.init.metod=impulse"], "unknown key 'model.init.metod'; did you mean 'model.init.method'?"),
+        (["--overwrite=maybe"], "--overwrite"),
+    ],
+    ids=["unknown-key", "wrong-type", "wrong-type-nested", "wrong-type-data", "unknown-nested", "bad-flag-value"],
+)
+def test_bad_keys_and_values_are_one_line_without_the_usage(tmp_path, capsys, extra, expected):
+    assert status(fit(tmp_path / "runs", "bad", *extra)) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "error:" in ln]
+    assert len(lines) == 1 and lines[0].startswith("impulsevit fit: error: ") and expected in lines[0], err
+    assert "usage:" not in err and "Traceback" not in err and "Given value type" not in err
+    assert "(valid keys: impulsevit fit --help)" in lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_empty_recipe_names_the_file(tmp_path, capsys):
+    empty = _empty_recipe(tmp_path)
+    assert status(["fit", "--recipe", empty, f"--runs_dir={tmp_path / 'runs'}"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: recipe {empty} is empty (expected keys such as trainer:, model:, data:)" in err
+    assert len(err.strip().splitlines()) == 1 and "Unexpected config" not in err
+    assert not (tmp_path / "runs").exists()

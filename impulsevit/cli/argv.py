@@ -80,12 +80,12 @@ class RecipeSyntaxError(ConfigError):
 
 
 def check_recipe_syntax(path: Path) -> None:
-    """Raise :class:`RecipeSyntaxError` naming ``path`` when it is not valid YAML (jsonargparse would report the
-    error against ``<unicode string>``)."""
+    """Raise :class:`RecipeSyntaxError` naming ``path`` when it is not valid YAML, or not a mapping (an empty file:
+    jsonargparse would report ``Unexpected config:`` or the error against ``<unicode string>``, without the file)."""
     import yaml
 
     try:
-        yaml.safe_load(Path(path).read_text())
+        loaded = yaml.safe_load(Path(path).read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
@@ -93,3 +93,6 @@ def check_recipe_syntax(path: Path) -> None:
         raise RecipeSyntaxError(f"{path}{where}: invalid YAML: {what}") from None
     except OSError as e:
         raise RecipeSyntaxError(f"cannot read recipe {path}: {e.strerror or e}") from None
+    if not isinstance(loaded, dict):
+        what = "is empty" if loaded is None else f"holds a {type(loaded).__name__}, not a mapping"
+        raise RecipeSyntaxError(f"recipe {path} {what} (expected keys such as trainer:, model:, data:)")

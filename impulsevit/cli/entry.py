@@ -91,6 +91,9 @@ def run_trainer_command(argv: list[str], sub: str = "fit", debug: bool = False) 
     mapped to 143 here."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+    from impulsevit.cli.parser import ImpulseArgumentParser
+
+    ImpulseArgumentParser.full_errors = debug
     try:
         ImpulseCLI(args=argv)
     except SIGTERMException:
@@ -106,5 +109,7 @@ def run_trainer_command(argv: list[str], sub: str = "fit", debug: bool = False) 
         message, status = found
         print(f"impulsevit {sub}: error: {message}", file=sys.stderr)
         return status
+    finally:
+        ImpulseArgumentParser.full_errors = False
     return 0
 

@@ -116,6 +116,10 @@ class ImpulseCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """LightningCLI's parsing without its warning about ``args`` next to a non-empty ``sys.argv``: ``main`` passes
         the command line it has rewritten (:func:`prepare_argv`) and keeps ``sys.argv`` for DDP's re-launch."""
+        subcommands = getattr(parser._subcommands_action, "choices", None) or {}
+        if isinstance(parser, ImpulseArgumentParser) and isinstance(args, list | tuple) and args and \
+                args[0] in subcommands:
+            parser.error_prog = f"{parser.prog} {args[0]}"  # the one-line error names the subcommand
         if isinstance(args, dict):
             self.config = parser.parse_object(args)
         else:
