@@ -4,7 +4,7 @@ them as one line and exits with :attr:`UserError.exit_status`, without a traceba
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "RunDirError", "UserError"]
+__all__ = ["ConfigError", "DataError", "RunDirError", "UserError"]
 
 
 class UserError(Exception):
@@ -23,3 +23,8 @@ class RunDirError(UserError):
     """The run directory is in use by another process, or holds a run that would be overwritten; exit status 2."""
 
     exit_status = 2
+
+
+class DataError(UserError):
+    """The data cannot be read as configured, found while reading it (a file the dataset needs is missing, a folder
+    holds no images, the files do not match the dataset); the message names the dataset and path. Exit status 1."""

@@ -133,6 +133,9 @@ def check_resume(path: str | os.PathLike, model: nn.Module, hparams: dict[str, A
     """
     path = Path(path)
     if path.is_dir():
+        if not (path / ".metadata").is_file():
+            raise ConfigError(f"--resume {path}: a folder, not a checkpoint (give a .ckpt file, or a distributed "
+                              f"checkpoint folder holding a .metadata file)")
         return  # a distributed (FSDP2) checkpoint folder: its shards are checked by torch.distributed.checkpoint
     try:
         ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=False)

@@ -273,3 +273,89 @@ def test_an_empty_recipe_names_the_file(tmp_path, capsys):
     assert f"error: recipe {empty} is empty (expected keys such as trainer:, model:, data:)" in err
     assert len(err.strip().splitlines()) == 1 and "Unexpected config" not in err
     assert not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------------- a failed or refused start leaves nothing that blocks the retry
+def _folder_data(tmp_path: Path, root: Path, backend: str = "torchvision", **extra: object) -> str:
+    """``--data=...`` for a torchvision ImageFolder run on ``root`` (32 px, 2 images a batch)."""
+    data = {"class_path": "impulsevit.data.ImageDataModule",
+            "init_args": {"dataset": "imagefolder", "root": str(root), "backend": backend, "image_size": 32,
+                          "batch_size": 2, "num_workers": 0, "cache_dir": str(tmp_path / "cache"), **extra}}
+    return f"--data={json.dumps(data)}"
+
+
+def _image_tree(root: Path, classes: int = 2, per_class: int = 2) -> Path:
+    from test_data_registry import save_jpeg
+
+    for split in ("train", "val"):
+        for c in range(classes):
+            for j in range(per_class):
+                save_jpeg(root / split / f"c{c}" / f"{j}.jpg", h=32, w=32, seed=10 * c + j)
+    return root
+
+
+def _files(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*")} if folder.exists() else {}
+
+
+@pytest.mark.parametrize(
+    ("case", "status_", "expected"),
+    [
+        ("missing-root", 2, "data.root {tmp}/nothere does not exist (dataset 'imagefolder'; expected "
+                            "{tmp}/nothere/train/<class>/<image> and {tmp}/nothere/val/<class>/<image>)"),
+        ("empty-imagefolder", 2, "ImageFolder root {tmp}/empty has no train/ folder (expected "
+                                 "{tmp}/empty/train/<class>/<image> and {tmp}/empty/val/<class>/<image>)"),
+        ("no-val-split", 2, "ImageFolder root {tmp}/noval has no val/ folder"),
+        ("no-class-folders", 2, "ImageFolder {tmp}/noclass/train has no class sub-folders"),
+        ("fashion-mnist-root-without-files", 1, "dataset 'fashion_mnist', split 'train': missing "
+                                                "train-images-idx3-ubyte[.gz] under {tmp}/fm"),
+        ("resume-a-folder", 2, "--resume {tmp}/adir: a folder, not a checkpoint"),
+        ("runs-dir-is-a-file", 2, "--runs_dir {tmp}/afile/runs: {tmp}/afile is a file, not a folder"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and " " not in v else "",
+)
+def test_a_failed_start_is_one_line_leaves_nothing_and_the_retry_runs(tmp_path, capsys, case, status_, expected):
+    """Bad data roots (found at construction or, for a dataset's own files, while loading: after the event file was
+    opened), a folder given to --resume and a --runs_dir that is a file: one line naming the path, exit status, no
+    run directory left (nor the --runs_dir parent the command created), and the same command with the mistake fixed
+    starts (not refused as "already holds a run")."""
+    runs = tmp_path / "runs" / "nested"
+    good = _folder_data(tmp_path, _image_tree(tmp_path / "imgs"))
+    data, extra = good, []
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "noval" / "train" / "c0").mkdir(parents=True)
+    (tmp_path / "noclass" / "train").mkdir(parents=True)
+    (tmp_path / "noclass" / "val").mkdir(parents=True)
+    (tmp_path / "fm").mkdir()
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("")
+    roots = {"missing-root": "nothere", "empty-imagefolder": "empty", "no-val-split": "noval",
+             "no-class-folders": "noclass"}
+    if case in roots:
+        data = _folder_data(tmp_path, tmp_path / roots[case])
+    elif case == "fashion-mnist-root-without-files":
+        data = _folder_data(tmp_path, tmp_path / "fm").replace('"imagefolder"', '"fashion_mnist"')
+    elif case == "resume-a-folder":
+        extra = [f"--resume={tmp_path / 'adir'}"]
+    before = _files(tmp_path)
+    bad_runs = tmp_path / "afile" / "runs" if case == "runs-dir-is-a-file" else runs
+    assert status(tiny(bad_runs, "r", *SHORT, data, *extra)) == status_
+    assert expected.format(tmp=tmp_path) in error_line(capsys)
+    assert _files(tmp_path) == before  # nothing written or removed: no run dir, no lock, no cache, no runs/ parent
+    assert status(tiny(runs, "r", *SHORT, good)) == 0  # the retry is not refused
+    assert (runs / "r" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_a_failed_resume_adds_nothing_to_the_run(tmp_path, capsys):
+    """A resume that fails in setup (after Lightning opened a new event file) takes that file back: the run holds what
+    it held, and ``--resume auto`` with the mistake fixed continues it."""
+    good = _folder_data(tmp_path, _image_tree(tmp_path / "imgs", classes=10, per_class=1))  # Fashion-MNIST's 10
+    assert status(tiny(tmp_path, "r", *SHORT, good)) == 0
+    (tmp_path / "fm").mkdir()
+    bad = _folder_data(tmp_path, tmp_path / "fm").replace('"imagefolder"', '"fashion_mnist"')
+    before = _files(tmp_path / "r")
+    assert status(tiny(tmp_path, "r", *SHORT, bad, "--resume=auto")) == 1
+    assert f"missing train-images-idx3-ubyte[.gz] under {tmp_path / 'fm'}" in error_line(capsys)
+    assert _files(tmp_path / "r") == before
+    assert status(tiny(tmp_path, "r", "--trainer.max_epochs=2", good, "--resume=auto")) == 0
+    assert len(list((tmp_path / "r").glob("events.out.tfevents.*"))) == 2

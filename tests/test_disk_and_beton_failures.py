@@ -164,3 +164,19 @@ def test_fit_on_a_truncated_beton_names_the_file(beton, tmp_path, capsys):
     assert status == 2 and len(line) == 1 and "Traceback" not in err, err
     assert f"{trunc} is not a readable .beton file" in line[0]
     assert not (tmp_path / "runs").exists()
+
+
+def test_fit_on_a_damaged_beton_leaves_no_run_behind(beton, tmp_path, capsys):
+    """A ``.beton`` whose data fails its checksum at setup (after Lightning opened the event file): one line naming the
+    file, and no run directory left that would refuse the retry as "already holds a run"."""
+    bad = _copy(beton, tmp_path)
+    with open(bad, "r+b") as fh:  # zero 64 KiB inside the data region; header and allocation table intact
+        fh.seek(bad.stat().st_size // 2)
+        fh.write(bytes(65536))
+    storage = {"train_beton": str(bad), "val_beton": str(beton), "beton_check": "full"}
+    status = cli_main(_fit_args(tmp_path, {"storage": storage}))
+    err = capsys.readouterr().err
+    line = [ln for ln in err.splitlines() if ln.startswith("impulsevit fit: error: ")]
+    assert status == 1 and len(line) == 1 and "Traceback" not in err, err
+    assert f"{bad}: bytes" in line[0] and "differ from the checksum in its manifest" in line[0]
+    assert not (tmp_path / "runs").exists()

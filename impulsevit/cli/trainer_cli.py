@@ -25,7 +25,7 @@ from impulsevit.cli.parser import ImpulseArgumentParser
 from impulsevit.cli.run_policy import resume_checkpoint, run_dir_of, start_new_run
 from impulsevit.data.base import BaseImageDataModule
 from impulsevit.errors import ConfigError, UserError
-from impulsevit.rundir import RunDirLock, check_name, launch_rank
+from impulsevit.rundir import RunDirLock, check_name, check_runs_dir, launch_rank, run_files
 from impulsevit.strategies import check_strategy, default_precision
 
 log = logging.getLogger("impulsevit")
@@ -51,11 +51,26 @@ class ImpulseCLI(LightningCLI):
         kwargs.setdefault("seed_everything_default", 0)
         kwargs.setdefault("parser_kwargs", {"prog": "impulsevit"})
         self.run_lock: RunDirLock | None = None
+        failed = True
         try:
             self._start(args, run, kwargs)
+            failed = False
         finally:
             if self.run_lock is not None:
-                self.run_lock.release()
+                # a start that failed before its first training step takes back the run files it created (config,
+                # event file, empty checkpoints/), so the retry is not refused as "already holds a run"
+                self.run_lock.release(discard=failed and not self._trained())
+
+    def _trained(self) -> bool:
+        """Whether this process got past setup and the sanity check (so its files hold training work to keep)."""
+        from lightning.pytorch.trainer.states import RunningStage
+
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return False
+        if any(p.suffix == ".ckpt" for p in set(run_files(self.run_dir)) - self.run_lock.existing):
+            return True  # a checkpoint was written (e.g. on SIGTERM during the sanity check): keep the run
+        return trainer.state.stage not in (None, RunningStage.SANITY_CHECKING)
 
     def _start(self, args: list[str] | None, run: bool, kwargs: dict[str, Any]) -> None:
         from impulsevit.module import ImageClassifier
@@ -128,6 +143,7 @@ class ImpulseCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         if self.subcommand is not None:
             check_name(self.run_name)
+            check_runs_dir(self._get(self.config, "runs_dir"))
         importlib.import_module("impulsevit.strategies")  # registers `fsdp2` / `ddp_bf16` with Lightning
         importlib.import_module("impulsevit.models")  # registers impulsevit's architectures with timm
 
@@ -167,10 +183,15 @@ class ImpulseCLI(LightningCLI):
         except UserError:
             raise
         except (ValueError, TypeError, FileNotFoundError, KeyError) as e:
+            chain: list[BaseException] = []
             cause: BaseException | None = e
-            while cause is not None and not isinstance(cause, UserError):
+            while cause is not None and cause not in chain:
+                chain.append(cause)
                 cause = cause.__cause__ or cause.__context__
-            raise (cause if cause is not None else ConfigError(one_line(e))) from e
+            user = next((c for c in chain if isinstance(c, UserError)), None)
+            # jsonargparse wraps the class's own error in its "Does not validate against any of the Union subtypes
+            # ... Given value: Namespace(...)" report: the innermost error is the one that names the problem
+            raise (user if user is not None else ConfigError(one_line(chain[-1]))) from e
 
     def after_instantiate_classes(self) -> None:
         """Everything that can be checked before work starts, in this order: the data's class count, the image size
