@@ -44,6 +44,7 @@ __all__ = [
     "can_stop_now",
     "checkpoint_candidates",
     "checkpoint_dir",
+    "dangling_links",
     "get_rng_state",
     "rank_seed",
     "set_rng_state",
@@ -176,13 +177,20 @@ def checkpoint_candidates(run_dir: str | os.PathLike, extra_dirs: tuple[str | os
     found: set[Path] = set()
     for d in (run_dir / "checkpoints", *map(Path, extra_dirs)):
         if d.is_dir():
-            found.update(d.glob("*.ckpt"))
+            found.update(p for p in d.glob("*.ckpt") if p.exists())  # not a broken link (see dangling_links)
     if run_dir.is_dir():
         found.update(run_dir.glob("hpc_ckpt_*.ckpt"))
     # last_good.ckpt (NonFiniteLossGuard) is a mid-step snapshot taken before a NaN/inf loss: resuming it as-is would
     # usually hit the same loss again, so `--resume auto` never picks it; resume it explicitly with `--resume PATH`.
     found = {p for p in found if not _TMP_RE.search(p.name) and p.name != "last_good.ckpt"}
     return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name), reverse=True)
+
+
+def dangling_links(run_dir: str | os.PathLike, extra_dirs: tuple[str | os.PathLike, ...] = ()) -> list[Path]:
+    """The ``*.ckpt`` names among :func:`checkpoint_candidates`' folders that are links to nothing (a ``best.ckpt``
+    whose target was deleted); :func:`checkpoint_candidates` passes over them."""
+    dirs = {d.resolve() for d in (Path(run_dir) / "checkpoints", *map(Path, extra_dirs)) if d.is_dir()}
+    return sorted(p for d in dirs for p in d.glob("*.ckpt") if p.is_symlink() and not p.exists())
 
 
 def latest_checkpoint(run_dir: str | os.PathLike, extra_dirs: tuple[str | os.PathLike, ...] = ()) -> Path | None:

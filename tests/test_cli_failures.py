@@ -359,3 +359,24 @@ def test_a_failed_resume_adds_nothing_to_the_run(tmp_path, capsys):
     assert _files(tmp_path / "r") == before
     assert status(tiny(tmp_path, "r", "--trainer.max_epochs=2", good, "--resume=auto")) == 0
     assert len(list((tmp_path / "r").glob("events.out.tfevents.*"))) == 2
+
+
+def test_a_dangling_best_ckpt_link_is_named_not_a_traceback(tmp_path, capsys):
+    """A ``best.ckpt`` link whose target was deleted: ``--resume auto`` passes over it with one line and continues from
+    ``last.ckpt``; given to ``--resume`` it is one error line naming the link and its target."""
+    assert main(fit(tmp_path, "dl", "--trainer.limit_train_batches=0.5")) == 0
+    link = tmp_path / "dl" / "checkpoints" / "best.ckpt"
+    link.symlink_to("epoch=9-step=99.ckpt")
+    seen = _Lines()
+    logging.getLogger("impulsevit").addHandler(seen)
+    try:
+        assert main(fit(tmp_path, "dl", "--trainer.limit_train_batches=0.5", "--trainer.max_epochs=2",
+                        "--resume=auto")) == 0
+    finally:
+        logging.getLogger("impulsevit").removeHandler(seen)
+    assert seen.lines.count(f"impulsevit: --resume auto: skipped {link}: a broken link (to epoch=9-step=99.ckpt)") == 1
+    capsys.readouterr()
+    assert main(fit(tmp_path, "dl", f"--resume={link}", sub="test")) == 2
+    assert f"--resume '{link}': a broken link (to epoch=9-step=99.ckpt, which does not exist)" in \
+        error_line(capsys, "test")
+    assert link.is_symlink()  # not ours to remove
