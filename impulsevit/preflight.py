@@ -167,3 +167,27 @@ def check_resume(path: str | os.PathLike, model: nn.Module, hparams: dict[str, A
     where = ("; the model settings differ: " + "; ".join(f"model.{d}" for d in diff)) if diff else ""
     raise ConfigError(f"--resume {path} does not fit the model: {', '.join(parts)}{where} — resume with the "
                       f"checkpoint's settings, or start a new run (another --name)")
+
+
+def check_resume_loader(path: str | os.PathLike, datamodule: Any) -> None:
+    """Raise :class:`ConfigError` when ``fit`` resumes a checkpoint taken mid-epoch whose training-loader state was
+    saved with another per-device batch size than ``datamodule.batch_size`` (the interrupted epoch's order cannot be
+    continued; found here before any work, not when the loader is built). Other differences (sample count, seed) are
+    checked when the loader is built (:meth:`~impulsevit.data.sampling.LoaderState.check`). A folder (distributed
+    checkpoint) or a checkpoint without a loader state passes."""
+    path = Path(path)
+    if path.is_dir() or not hasattr(datamodule, "batch_size"):
+        return
+    try:
+        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception:  # noqa: BLE001 - an unreadable file is check_resume's to report
+        return
+    state = (ckpt.get(type(datamodule).__qualname__) or {}).get("train_loader") if isinstance(ckpt, dict) else None
+    if not isinstance(state, dict) or not state.get("batches"):
+        return
+    then, now = state.get("batch_size"), int(datamodule.batch_size)
+    if then is not None and int(then) != now:
+        raise ConfigError(f"--resume {path}: the checkpoint was taken {state['batches']} batches into epoch "
+                          f"{state.get('epoch')} with data.batch_size {then}, this run has {now}; the interrupted "
+                          f"epoch cannot continue in the same order: resume with data.init_args.batch_size={then}, or "
+                          f"from a checkpoint taken at an epoch boundary")

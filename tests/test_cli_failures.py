@@ -380,3 +380,15 @@ def test_a_dangling_best_ckpt_link_is_named_not_a_traceback(tmp_path, capsys):
     assert f"--resume '{link}': a broken link (to epoch=9-step=99.ckpt, which does not exist)" in \
         error_line(capsys, "test")
     assert link.is_symlink()  # not ours to remove
+
+
+def test_a_changed_batch_size_on_a_mid_epoch_resume_is_one_line_before_work(tmp_path, capsys):
+    stop = '--trainer.callbacks=[{"class_path": "_cli_helpers.StopAfterStep", "init_args": {"step": 1}}]'
+    assert main(fit(tmp_path, "mid", stop)) == 0  # 2 steps an epoch: last.ckpt is 1 batch into epoch 0
+    before = _files(tmp_path / "mid")
+    assert main(fit(tmp_path, "mid", "--resume=auto", "--data.init_args.batch_size=8")) == 2
+    line = error_line(capsys)
+    assert "the checkpoint was taken 1 batches into epoch 0 with data.batch_size 16, this run has 8" in line
+    assert "resume with data.init_args.batch_size=16" in line and str(tmp_path / "mid" / "checkpoints") in line
+    assert _files(tmp_path / "mid") == before
+    assert main(fit(tmp_path, "mid", "--resume=auto")) == 0  # with the checkpoint's batch size it continues

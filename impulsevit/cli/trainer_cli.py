@@ -221,17 +221,21 @@ class ImpulseCLI(LightningCLI):
     def _checkpoint_to_load(self) -> Path | None:
         """The checkpoint ``--resume`` names (made the subcommand's ``ckpt_path``) or the ``--ckpt_path`` given,
         checked against the model; None when neither is given (or ``--resume auto`` found none for ``fit``)."""
-        from impulsevit.preflight import check_resume
+        from impulsevit.preflight import check_resume, check_resume_loader
 
         model, sub_init = self.model, self.config_init[self.subcommand]
         path = self._resume_path()
         if path is not None:
             check_resume(path, model, dict(model.hparams))
+            if self.subcommand == "fit":
+                check_resume_loader(path, self.datamodule)
             log.info("impulsevit: resuming from %s", path)
             sub_init["ckpt_path"] = str(path)
         elif sub_init.get("ckpt_path") is not None:
             path = Path(sub_init["ckpt_path"])
             check_resume(path, model, dict(model.hparams))
+            if self.subcommand == "fit":
+                check_resume_loader(path, self.datamodule)
         return path
 
     def _resume_path(self) -> Path | None:
