@@ -191,3 +191,14 @@ def check_resume_loader(path: str | os.PathLike, datamodule: Any) -> None:
                           f"{state.get('epoch')} with data.batch_size {then}, this run has {now}; the interrupted "
                           f"epoch cannot continue in the same order: resume with data.init_args.batch_size={then}, or "
                           f"from a checkpoint taken at an epoch boundary")
+
+
+def stored_step(path: str | os.PathLike) -> float:
+    """The ``global_step`` a checkpoint file holds (read memory-mapped); ``inf`` when unknown (a distributed
+    checkpoint folder, an unreadable file)."""
+    path = Path(path)
+    try:
+        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=False) if path.is_file() else None
+        return float(ckpt["global_step"]) if isinstance(ckpt, dict) else float("inf")
+    except Exception:  # noqa: BLE001 - unknown means "never take this run's files back"
+        return float("inf")

@@ -7,6 +7,7 @@ import difflib
 import logging
 import os
 import sys
+import threading
 from typing import Any
 
 from impulsevit.cli.argv import prepare_argv
@@ -94,6 +95,8 @@ def run_trainer_command(argv: list[str], sub: str = "fit", debug: bool = False) 
     from impulsevit.cli.parser import ImpulseArgumentParser
 
     ImpulseArgumentParser.full_errors = debug
+    previous_hook = threading.excepthook
+    threading.excepthook = _quiet_disk_errors_in_threads
     try:
         ImpulseCLI(args=argv)
     except SIGTERMException:
@@ -111,5 +114,17 @@ def run_trainer_command(argv: list[str], sub: str = "fit", debug: bool = False) 
         return status
     finally:
         ImpulseArgumentParser.full_errors = False
+        threading.excepthook = previous_hook
     return 0
+
+
+def _quiet_disk_errors_in_threads(args: threading.ExceptHookArgs) -> None:
+    """``threading.excepthook`` during a run: a full / read-only disk in a writer thread (TensorBoard's event writer)
+    prints no traceback — the writer raises it again in the main thread at its next call, where it becomes the one
+    ``cannot write RUN_DIR: no space left on device`` line. Anything else is printed as usual."""
+    from impulsevit.io import disk_oserror
+
+    if args.exc_value is not None and disk_oserror(args.exc_value) is not None:
+        return
+    threading.__excepthook__(args)
 

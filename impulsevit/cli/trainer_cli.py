@@ -25,6 +25,7 @@ from impulsevit.cli.parser import ImpulseArgumentParser
 from impulsevit.cli.run_policy import resume_checkpoint, run_dir_of, start_new_run
 from impulsevit.data.base import BaseImageDataModule
 from impulsevit.errors import ConfigError, UserError
+from impulsevit.io import WriteError, disk_oserror, write_error
 from impulsevit.rundir import RunDirLock, check_name, check_runs_dir, launch_rank, run_files
 from impulsevit.strategies import check_strategy, default_precision
 
@@ -51,10 +52,18 @@ class ImpulseCLI(LightningCLI):
         kwargs.setdefault("seed_everything_default", 0)
         kwargs.setdefault("parser_kwargs", {"prog": "impulsevit"})
         self.run_lock: RunDirLock | None = None
+        self.start_step: float = 0  # the resumed checkpoint's global step (inf: unknown)
         failed = True
         try:
             self._start(args, run, kwargs)
             failed = False
+        except Exception as e:
+            disk = disk_oserror(e)
+            if disk is not None and not disk.filename and not isinstance(e, WriteError) and hasattr(self, "config"):
+                # a full disk under a writer that does not name its file (Lightning's hparams.yaml, TensorBoard's
+                # event writer, whose error Lightning re-raises as "you tried to log 9.60 which is not supported")
+                raise write_error(disk, self.run_dir) from e
+            raise
         finally:
             if self.run_lock is not None:
                 # a start that failed before its first training step takes back the run files it created (config,
@@ -62,15 +71,15 @@ class ImpulseCLI(LightningCLI):
                 self.run_lock.release(discard=failed and not self._trained())
 
     def _trained(self) -> bool:
-        """Whether this process got past setup and the sanity check (so its files hold training work to keep)."""
-        from lightning.pytorch.trainer.states import RunningStage
-
+        """Whether this process trained (an optimizer step past the resumed checkpoint's, or a checkpoint written):
+        then its files hold work to keep. Lightning resets ``trainer.state.stage`` on an exception, so the step is
+        what tells."""
         trainer = getattr(self, "trainer", None)
         if trainer is None:
             return False
         if any(p.suffix == ".ckpt" for p in set(run_files(self.run_dir)) - self.run_lock.existing):
             return True  # a checkpoint was written (e.g. on SIGTERM during the sanity check): keep the run
-        return trainer.state.stage not in (None, RunningStage.SANITY_CHECKING)
+        return trainer.global_step > self.start_step
 
     def _start(self, args: list[str] | None, run: bool, kwargs: dict[str, Any]) -> None:
         from impulsevit.module import ImageClassifier
@@ -221,7 +230,7 @@ class ImpulseCLI(LightningCLI):
     def _checkpoint_to_load(self) -> Path | None:
         """The checkpoint ``--resume`` names (made the subcommand's ``ckpt_path``) or the ``--ckpt_path`` given,
         checked against the model; None when neither is given (or ``--resume auto`` found none for ``fit``)."""
-        from impulsevit.preflight import check_resume, check_resume_loader
+        from impulsevit.preflight import check_resume, check_resume_loader, stored_step
 
         model, sub_init = self.model, self.config_init[self.subcommand]
         path = self._resume_path()
@@ -229,6 +238,7 @@ class ImpulseCLI(LightningCLI):
             check_resume(path, model, dict(model.hparams))
             if self.subcommand == "fit":
                 check_resume_loader(path, self.datamodule)
+                self.start_step = stored_step(path)
             log.info("impulsevit: resuming from %s", path)
             sub_init["ckpt_path"] = str(path)
         elif sub_init.get("ckpt_path") is not None:
@@ -236,6 +246,7 @@ class ImpulseCLI(LightningCLI):
             check_resume(path, model, dict(model.hparams))
             if self.subcommand == "fit":
                 check_resume_loader(path, self.datamodule)
+                self.start_step = stored_step(path)
         return path
 
     def _resume_path(self) -> Path | None:
