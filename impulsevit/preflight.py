@@ -202,3 +202,23 @@ def stored_step(path: str | os.PathLike) -> float:
         return float(ckpt["global_step"]) if isinstance(ckpt, dict) else float("inf")
     except Exception:  # noqa: BLE001 - unknown means "never take this run's files back"
         return float("inf")
+
+
+def finished_run(path: str | os.PathLike, max_epochs: int | None, max_steps: int) -> str | None:
+    """Why the checkpoint at ``path`` ends a run that ``max_epochs`` / ``max_steps`` would not continue (``"2 of
+    max_epochs 2 epochs done"``), or None when training would go on (or it cannot tell: a folder, an unreadable
+    file). An epoch counts as done once its training batches were processed (Lightning's ``epoch_progress``)."""
+    path = Path(path)
+    try:
+        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=False) if path.is_file() else None
+        done = int(ckpt["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"]) if ckpt else None
+        step = int(ckpt["global_step"]) if ckpt else None
+    except Exception:  # noqa: BLE001 - unknown: let Lightning decide
+        return None
+    if done is None or step is None:
+        return None
+    if max_steps is not None and max_steps > 0 and step >= max_steps:
+        return f"step {step} of max_steps {max_steps} done"
+    if max_epochs is not None and max_epochs >= 0 and done >= max_epochs:
+        return f"{done} of max_epochs {max_epochs} epochs done"
+    return None

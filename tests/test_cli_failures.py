@@ -112,7 +112,7 @@ def test_second_writer_is_stopped_and_stale_or_same_job_locks_are_taken_over(tmp
     # a stale lock (same host, pid gone) is taken over
     monkeypatch.delenv("SLURM_JOB_ID")
     (run / LOCK_NAME).write_text(json.dumps({**lock, "job": None}))
-    assert main(fit(tmp_path, "busy", "--resume=auto")) == 0
+    assert main(fit(tmp_path, "busy", "--resume=auto", "--trainer.max_epochs=2")) == 0  # (not finished: trains)
     assert not (run / LOCK_NAME).exists()
 
 
@@ -392,3 +392,21 @@ def test_a_changed_batch_size_on_a_mid_epoch_resume_is_one_line_before_work(tmp_
     assert "resume with data.init_args.batch_size=16" in line and str(tmp_path / "mid" / "checkpoints") in line
     assert _files(tmp_path / "mid") == before
     assert main(fit(tmp_path, "mid", "--resume=auto")) == 0  # with the checkpoint's batch size it continues
+
+
+def test_resume_auto_on_a_finished_run_says_so_and_does_no_work(tmp_path):
+    assert main(fit(tmp_path, "done")) == 0
+    before = _files(tmp_path / "done")
+    seen = _Lines()
+    logging.getLogger("impulsevit").addHandler(seen)
+    try:
+        assert main(fit(tmp_path, "done", "--resume=auto")) == 0
+    finally:
+        logging.getLogger("impulsevit").removeHandler(seen)
+    assert [ln for ln in seen.lines if "is finished" in ln] == [
+        f"impulsevit: {tmp_path / 'done'} is finished (1 of max_epochs 1 epochs done; "
+        f"{tmp_path / 'done' / 'checkpoints' / 'last.ckpt'}): nothing to resume; raise --trainer.max_epochs to train "
+        f"on, or evaluate it: impulsevit test ... --resume auto"]
+    assert _files(tmp_path / "done") == before  # no sanity check, no new event file, config untouched
+    assert main(fit(tmp_path, "done", "--resume=auto", "--trainer.max_epochs=2")) == 0  # a longer plan trains on
+    assert len(list((tmp_path / "done").glob("events.out.tfevents.*"))) == 2

@@ -26,6 +26,7 @@ from impulsevit.cli.run_policy import resume_checkpoint, run_dir_of, start_new_r
 from impulsevit.data.base import BaseImageDataModule
 from impulsevit.errors import ConfigError, UserError
 from impulsevit.io import WriteError, disk_oserror, write_error
+from impulsevit.preflight import finished_run
 from impulsevit.rundir import RunDirLock, check_name, check_runs_dir, launch_rank, run_files
 from impulsevit.strategies import check_strategy, default_precision
 
@@ -53,6 +54,7 @@ class ImpulseCLI(LightningCLI):
         kwargs.setdefault("parser_kwargs", {"prog": "impulsevit"})
         self.run_lock: RunDirLock | None = None
         self.start_step: float = 0  # the resumed checkpoint's global step (inf: unknown)
+        self.finished: str | None = None  # `fit --resume auto` found a finished run: why it is finished
         failed = True
         try:
             self._start(args, run, kwargs)
@@ -213,8 +215,19 @@ class ImpulseCLI(LightningCLI):
         path = self._checkpoint_to_load()
         if path is None:
             self._check_start_without_checkpoint()
+        if self.subcommand == "fit" and path is not None and self._get(self.config, "resume") == "auto":
+            self.finished = finished_run(path, self.trainer.max_epochs, self.trainer.max_steps)
+            if self.finished is not None:
+                log.info("impulsevit: %s is finished (%s; %s): nothing to resume; raise --trainer.max_epochs to "
+                         "train on, or evaluate it: impulsevit test ... --resume auto", self.run_dir, self.finished,
+                         path)
+                return
         if self.subcommand == "fit" and launch_rank() == 0:
             self._own_run_dir(resuming=self._get(self.config, "resume") is not None or path is not None)
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        if self.finished is None:  # a finished run under `fit --resume auto`: no sanity check, no new event file
+            super()._run_subcommand(subcommand)
 
     def _check_data_fits_model(self) -> None:
         from impulsevit.module import check_image_size
@@ -239,7 +252,7 @@ class ImpulseCLI(LightningCLI):
             if self.subcommand == "fit":
                 check_resume_loader(path, self.datamodule)
                 self.start_step = stored_step(path)
-            log.info("impulsevit: resuming from %s", path)
+            log.info("impulsevit: %s %s", "resuming from" if self.subcommand == "fit" else "evaluating", path)
             sub_init["ckpt_path"] = str(path)
         elif sub_init.get("ckpt_path") is not None:
             path = Path(sub_init["ckpt_path"])
