@@ -391,7 +391,7 @@ class RunCheckpoint(ModelCheckpoint):
         if self._last_step == trainer.global_step:
             return
         path = str(Path(self.dirpath or checkpoint_dir(trainer)) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=self.save_weights_only)  # given: no "was not set" line each time
         self.last_model_path, self._last_step = path, trainer.global_step
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any, **kwargs: Any) -> None:

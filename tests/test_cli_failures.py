@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from _cli_helpers import TINY, tiny
+from _cli_helpers import TINY, scalars, tiny
 
 from impulsevit.cli import main
 from impulsevit.rundir import LOCK_NAME
@@ -410,3 +410,32 @@ def test_resume_auto_on_a_finished_run_says_so_and_does_no_work(tmp_path):
     assert _files(tmp_path / "done") == before  # no sanity check, no new event file, config untouched
     assert main(fit(tmp_path, "done", "--resume=auto", "--trainer.max_epochs=2")) == 0  # a longer plan trains on
     assert len(list((tmp_path / "done").glob("events.out.tfevents.*"))) == 2
+
+
+def test_fit_ends_on_a_summary_without_lightnings_noise(tmp_path, capsys, caplog):
+    """The end-of-run summary (run dir, best / last checkpoint, final val top-1, TensorBoard command); no litlogger tip,
+    no srun hint, no ``_pytree`` deprecation, no "`weights_only` was not set" after each checkpoint."""
+    seen = _Lines()
+    logging.getLogger("impulsevit").addHandler(seen)
+    try:
+        with warnings.catch_warnings(record=True) as record, caplog.at_level(logging.INFO):
+            warnings.simplefilter("always")
+            assert main(fit(tmp_path, "sum", "--trainer.max_epochs=2")) == 0
+    finally:
+        logging.getLogger("impulsevit").removeHandler(seen)
+    run = tmp_path / "sum"
+    text = "\n".join([*(r.getMessage() for r in caplog.records), capsys.readouterr().err,
+                      *(str(w.message) for w in record)])
+    for noise in ("Tip: For seamless cloud", "The `srun` command is available", "LeafSpec",
+                  "`weights_only` was not set"):
+        assert noise not in text, noise
+    summary = next(ln for ln in seen.lines if ln.startswith("impulsevit: run finished"))
+    best = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["callbacks"]
+    score = next(v["best_model_score"] for k, v in best.items() if k.startswith("RunCheckpoint"))
+    assert summary.splitlines() == [
+        f"impulsevit: run finished: {run}",
+        f"  best checkpoint: {next(v['best_model_path'] for k, v in best.items() if k.startswith('RunCheckpoint'))} "
+        f"(val/acc1 {float(score):.4f})",
+        f"  last checkpoint: {run / 'checkpoints' / 'last.ckpt'}",
+        f"  final val/acc1:  {scalars(run, 'val/acc1')[-1][1]:.4f} (after 2 epoch(s), step 4)",
+        f"  TensorBoard:     tensorboard --logdir {tmp_path}"]

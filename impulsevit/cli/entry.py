@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import threading
+import warnings
 from typing import Any
 
 from impulsevit.cli.argv import prepare_argv
@@ -46,6 +47,34 @@ def _setup_logging() -> None:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
+
+
+class _DropMessages(logging.Filter):
+    """Drops the records whose message contains one of ``parts``."""
+
+    def __init__(self, *parts: str) -> None:
+        super().__init__()
+        self.parts = parts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(p in str(record.msg) for p in self.parts)
+
+
+_LIGHTNING_TIPS = _DropMessages("Tip: For seamless cloud")  # litlogger / litmodels adverts, on every run
+
+
+def _quiet_known_noise() -> None:
+    """Silence, by their exact text, what every run printed that tells the user nothing: Lightning's advert tips (a
+    filter on its rank-zero logger), its hint to prepend ``srun`` (runs started outside ``srun`` on a SLURM login
+    node are deliberate here; ``impulsevit submit`` starts the jobs under ``srun``) and the ``_pytree`` deprecation
+    of Lightning's own code. Nothing else is filtered."""
+    tips_log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if _LIGHTNING_TIPS not in tips_log.filters:
+        tips_log.addFilter(_LIGHTNING_TIPS)
+    warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")
+    # Lightning 2.6's own call of a torch API that torch deprecated (lightning/pytorch/utilities/_pytree.py), printed
+    # at every loader / batch transfer setup; not the user's to act on
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,6 +124,7 @@ def run_trainer_command(argv: list[str], sub: str = "fit", debug: bool = False) 
     from impulsevit.cli.parser import ImpulseArgumentParser
 
     ImpulseArgumentParser.full_errors = debug
+    _quiet_known_noise()
     previous_hook = threading.excepthook
     threading.excepthook = _quiet_disk_errors_in_threads
     try:

@@ -228,6 +228,8 @@ class ImpulseCLI(LightningCLI):
     def _run_subcommand(self, subcommand: str) -> None:
         if self.finished is None:  # a finished run under `fit --resume auto`: no sanity check, no new event file
             super()._run_subcommand(subcommand)
+            if subcommand == "fit" and self.trainer.is_global_zero and not self.trainer.interrupted:
+                log.info("%s", fit_summary(self.trainer, self.run_dir))
 
     def _check_data_fits_model(self) -> None:
         from impulsevit.module import check_image_size
@@ -293,6 +295,25 @@ class ImpulseCLI(LightningCLI):
         requeued = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
         if not resuming and not requeued:
             start_new_run(self.run_dir, overwrite=self._get(self.config, "overwrite"))
+
+
+def fit_summary(trainer: Trainer, run_dir: Path) -> str:
+    """The lines ``fit`` ends on: the run directory, the best and last checkpoints, the final val top-1 and the
+    TensorBoard command."""
+    ckpt = trainer.checkpoint_callback
+    metrics = trainer.callback_metrics
+    acc = metrics.get("val/acc1")
+    lines = [f"impulsevit: run finished: {run_dir}"]
+    if isinstance(ckpt, ModelCheckpoint) and ckpt.best_model_path:
+        score = f" ({ckpt.monitor} {float(ckpt.best_model_score):.4f})" if ckpt.best_model_score is not None else ""
+        lines.append(f"  best checkpoint: {ckpt.best_model_path}{score}")
+    if isinstance(ckpt, ModelCheckpoint) and ckpt.last_model_path:
+        lines.append(f"  last checkpoint: {ckpt.last_model_path}")
+    if acc is not None:
+        lines.append(f"  final val/acc1:  {float(acc):.4f} (after {trainer.current_epoch} epoch(s), step "
+                     f"{trainer.global_step})")
+    lines.append(f"  TensorBoard:     tensorboard --logdir {run_dir.parent}")
+    return "\n".join(lines)
 
 
 def _checked_num_classes(num_classes: int | None) -> int | None:
