@@ -46,6 +46,7 @@ __all__ = [
     "checkpoint_candidates",
     "checkpoint_dir",
     "checkpoint_step",
+    "dangling_links",
     "get_rng_state",
     "rank_seed",
     "set_rng_state",
@@ -199,7 +200,7 @@ def checkpoint_candidates(run_dir: str | os.PathLike, extra_dirs: tuple[str | os
     found: set[Path] = set()
     for d in (run_dir / "checkpoints", *map(Path, extra_dirs)):
         if d.is_dir():
-            found.update(d.glob("*.ckpt"))
+            found.update(p for p in d.glob("*.ckpt") if p.exists())  # not a broken link (see dangling_links)
     if run_dir.is_dir():
         found.update(run_dir.glob("hpc_ckpt_*.ckpt"))
     # last_good.ckpt (NonFiniteLossGuard) is a mid-step snapshot taken before a NaN/inf loss: resuming it as-is would
@@ -211,6 +212,13 @@ def checkpoint_candidates(run_dir: str | os.PathLike, extra_dirs: tuple[str | os
         return (float("inf") if step is None else step, p.stat().st_mtime_ns, p.name)
 
     return sorted(found, key=order, reverse=True)
+
+
+def dangling_links(run_dir: str | os.PathLike, extra_dirs: tuple[str | os.PathLike, ...] = ()) -> list[Path]:
+    """The ``*.ckpt`` names among :func:`checkpoint_candidates`' folders that are links to nothing (a ``best.ckpt``
+    whose target was deleted); :func:`checkpoint_candidates` passes over them."""
+    dirs = {d.resolve() for d in (Path(run_dir) / "checkpoints", *map(Path, extra_dirs)) if d.is_dir()}
+    return sorted(p for d in dirs for p in d.glob("*.ckpt") if p.is_symlink() and not p.exists())
 
 
 def latest_checkpoint(run_dir: str | os.PathLike, extra_dirs: tuple[str | os.PathLike, ...] = ()) -> Path | None:
@@ -411,7 +419,7 @@ class RunCheckpoint(ModelCheckpoint):
         if self._last_step == trainer.global_step:
             return
         path = str(Path(self.dirpath or checkpoint_dir(trainer)) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=self.save_weights_only)  # given: no "was not set" line each time
         self.last_model_path, self._last_step = path, trainer.global_step
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any, **kwargs: Any) -> None:

@@ -4,7 +4,7 @@ them as one line and exits with :attr:`UserError.exit_status`, without a traceba
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "RunDirError", "TrainingDiverged", "UserError"]
+__all__ = ["ConfigError", "DataError", "RunDirError", "TrainingDiverged", "UserError"]
 
 
 class UserError(Exception):
@@ -28,3 +28,8 @@ class RunDirError(UserError):
 class TrainingDiverged(UserError, FloatingPointError):
     """Training produced a non-finite loss, gradient or weight (:class:`~impulsevit.callbacks.NonFiniteLossGuard`);
     the message names the step and the last good checkpoint; exit status 1."""
+
+
+class DataError(UserError):
+    """The data cannot be read as configured, found while reading it (a file the dataset needs is missing, a folder
+    holds no images, the files do not match the dataset); the message names the dataset and path. Exit status 1."""

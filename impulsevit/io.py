@@ -38,6 +38,7 @@ __all__ = [
     "atomic_write_text",
     "commit",
     "disk_errors",
+    "disk_oserror",
     "fsync_dir",
     "remove",
     "require_free_space",
@@ -94,15 +95,30 @@ def write_error(exc: OSError, path: str | os.PathLike, needed: int | None = None
 
 @contextlib.contextmanager
 def disk_errors(path: str | os.PathLike, needed: int | None = None) -> Iterator[None]:
-    """Re-raise full-disk / read-only / permission ``OSError``s inside the block as :class:`WriteError` for ``path``."""
+    """Re-raise full-disk / read-only / permission ``OSError``s inside the block as :class:`WriteError` for ``path``
+    — also when a writer wrapped one in its own error (``torch.save`` on a full disk raises a ``RuntimeError``
+    "unexpected pos" with the ``OSError`` as its context)."""
     try:
         yield
     except WriteError:
         raise
-    except OSError as exc:
-        if exc.errno in _DISK_ERRNOS:
-            raise write_error(exc, path, needed) from exc
+    except Exception as exc:  # noqa: BLE001 - only disk errors are translated; everything else is re-raised as is
+        cause = disk_oserror(exc)
+        if cause is not None:
+            raise write_error(cause, path, needed) from exc
         raise
+
+
+def disk_oserror(exc: BaseException) -> OSError | None:
+    """The full-disk / read-only / permission ``OSError`` that ``exc`` is or was raised from (cause or context)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in _DISK_ERRNOS:
+            return e
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def require_free_space(path: str | os.PathLike, needed: int) -> None:

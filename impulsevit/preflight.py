@@ -146,6 +146,9 @@ def check_resume(path: str | os.PathLike, model: nn.Module, hparams: dict[str, A
     """
     path = Path(path)
     if path.is_dir():
+        if not (path / ".metadata").is_file():
+            raise ConfigError(f"--resume {path}: a folder, not a checkpoint (give a .ckpt file, or a distributed "
+                              f"checkpoint folder holding a .metadata file)")
         return  # a distributed (FSDP2) checkpoint folder: its shards are checked by torch.distributed.checkpoint
     try:
         ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
@@ -184,3 +187,58 @@ def check_resume(path: str | os.PathLike, model: nn.Module, hparams: dict[str, A
     where = ("; the model settings differ: " + "; ".join(f"model.{d}" for d in diff)) if diff else ""
     raise ConfigError(f"--resume {path} does not fit the model: {', '.join(parts)}{where} — resume with the "
                       f"checkpoint's settings, or start a new run (another --name)")
+
+
+def check_resume_loader(path: str | os.PathLike, datamodule: Any) -> None:
+    """Raise :class:`ConfigError` when ``fit`` resumes a checkpoint taken mid-epoch whose training-loader state was
+    saved with another per-device batch size than ``datamodule.batch_size`` (the interrupted epoch's order cannot be
+    continued; found here before any work, not when the loader is built). Other differences (sample count, seed) are
+    checked when the loader is built (:meth:`~impulsevit.data.sampling.LoaderState.check`). A folder (distributed
+    checkpoint) or a checkpoint without a loader state passes."""
+    path = Path(path)
+    if path.is_dir() or not hasattr(datamodule, "batch_size"):
+        return
+    try:
+        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception:  # noqa: BLE001 - an unreadable file is check_resume's to report
+        return
+    state = (ckpt.get(type(datamodule).__qualname__) or {}).get("train_loader") if isinstance(ckpt, dict) else None
+    if not isinstance(state, dict) or not state.get("batches"):
+        return
+    then, now = state.get("batch_size"), int(datamodule.batch_size)
+    if then is not None and int(then) != now:
+        raise ConfigError(f"--resume {path}: the checkpoint was taken {state['batches']} batches into epoch "
+                          f"{state.get('epoch')} with data.batch_size {then}, this run has {now}; the interrupted "
+                          f"epoch cannot continue in the same order: resume with data.init_args.batch_size={then}, or "
+                          f"from a checkpoint taken at an epoch boundary")
+
+
+def stored_step(path: str | os.PathLike) -> float:
+    """The ``global_step`` a checkpoint file holds (read memory-mapped); ``inf`` when unknown (a distributed
+    checkpoint folder, an unreadable file)."""
+    path = Path(path)
+    try:
+        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=False) if path.is_file() else None
+        return float(ckpt["global_step"]) if isinstance(ckpt, dict) else float("inf")
+    except Exception:  # noqa: BLE001 - unknown means "never take this run's files back"
+        return float("inf")
+
+
+def finished_run(path: str | os.PathLike, max_epochs: int | None, max_steps: int) -> str | None:
+    """Why the checkpoint at ``path`` ends a run that ``max_epochs`` / ``max_steps`` would not continue (``"2 of
+    max_epochs 2 epochs done"``), or None when training would go on (or it cannot tell: a folder, an unreadable
+    file). An epoch counts as done once its training batches were processed (Lightning's ``epoch_progress``)."""
+    path = Path(path)
+    try:
+        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=False) if path.is_file() else None
+        done = int(ckpt["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"]) if ckpt else None
+        step = int(ckpt["global_step"]) if ckpt else None
+    except Exception:  # noqa: BLE001 - unknown: let Lightning decide
+        return None
+    if done is None or step is None:
+        return None
+    if max_steps is not None and max_steps > 0 and step >= max_steps:
+        return f"step {step} of max_steps {max_steps} done"
+    if max_epochs is not None and max_epochs >= 0 and done >= max_epochs:
+        return f"{done} of max_epochs {max_epochs} epochs done"
+    return None

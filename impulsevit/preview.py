@@ -21,7 +21,8 @@ Outputs, for ``S`` = the recipe's ``image_size``:
   with the normalisation undone (``x · std + mean``), clipped to [0, 1] (random erasing writes normal noise in
   normalised units, which may fall outside); ``stored_hw`` is the (height, width) stored in the ``.beton`` (the
   source size on the torchvision backend).
-- ``DIR/<split>.png``: the same images as a grid (``torchvision.utils.make_grid``, ``ceil(sqrt(N))`` per row).
+- ``DIR/<split>.png``: the same images as a grid (``torchvision.utils.make_grid``, ``ceil(sqrt(N))`` per row), small
+  images enlarged to at least 112 px a tile (nearest neighbour), each with its class name underneath.
 
 ``val`` keeps the split's order (the first ``N`` samples: for an ImageFolder, sorted classes then sorted files);
 ``train`` shows the first ``N`` samples of epoch 0 in the loader's shuffled order.
@@ -38,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["build_datamodule", "collect", "main", "write_preview"]
+__all__ = ["build_datamodule", "class_names", "collect", "main", "render_grid", "write_preview"]
 
 
 def build_datamodule(cli_args: list[str]):  # noqa: ANN201 - any BaseImageDataModule
@@ -206,17 +207,62 @@ def collect(dm: Any, split: str, num: int) -> dict[str, Any]:
     }
 
 
-def write_preview(result: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
-    """Write ``<out>/<split>.pt`` and ``<out>/<split>.png``; returns both paths."""
-    from torchvision.utils import make_grid, save_image
+MIN_TILE = 112  # px: smaller images are enlarged (nearest neighbour, integer factor) to at least this in the PNG
 
+
+def render_grid(images: torch.Tensor, labels: torch.Tensor, classes: list[str] | None = None) -> Any:
+    """The PNG grid as a PIL image: ``images`` float (N, 3, S, S) in [0, 1], ``ceil(sqrt(N))`` per row, each tile
+    enlarged by the integer factor ``ceil(MIN_TILE / S)`` (nearest neighbour: a 28 px image becomes 112 px, its pixels
+    kept square) with its class name (``classes[label]``, else the label number) written under it."""
+    from PIL import Image, ImageDraw, ImageFont
+    from torchvision.utils import make_grid
+
+    scale = max(1, math.ceil(MIN_TILE / max(1, images.shape[-1])))
+    big = images.repeat_interleave(scale, dim=-2).repeat_interleave(scale, dim=-1) if scale > 1 else images
+    nrow = max(1, math.ceil(math.sqrt(len(big))))
+    pad, text_h = 2, 14
+    grid = make_grid(big, nrow=nrow, padding=pad)
+    arr = (grid.clamp(0, 1).mul(255).round().byte().permute(1, 2, 0).numpy())
+    tile_h, tile_w = big.shape[-2] + pad, big.shape[-1] + pad
+    rows = math.ceil(len(big) / nrow)
+    canvas = Image.new("RGB", (arr.shape[1], rows * (tile_h + text_h) + pad), (255, 255, 255))
+    font = ImageFont.load_default()
+    draw = ImageDraw.Draw(canvas)
+    for i, label in enumerate(labels.tolist()):
+        r, c = divmod(i, nrow)
+        tile = Image.fromarray(arr[r * tile_h:(r + 1) * tile_h + pad, c * tile_w:(c + 1) * tile_w + pad])
+        y = r * (tile_h + text_h)
+        canvas.paste(tile, (c * tile_w, y))
+        name = classes[label] if classes is not None and 0 <= label < len(classes) else str(label)
+        draw.text((c * tile_w + pad, y + tile_h + pad - 1), name[: max(1, tile_w // 6)], fill=(0, 0, 0), font=font)
+    return canvas
+
+
+def write_preview(result: dict[str, Any], out: str | Path, classes: list[str] | None = None) -> tuple[Path, Path]:
+    """Write ``<out>/<split>.pt`` and ``<out>/<split>.png`` (:func:`render_grid`, labelled with ``classes``);
+    returns both paths."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     pt, png = out / f"{result['split']}.pt", out / f"{result['split']}.png"
     torch.save(result, pt)
-    images = result["images"]
-    save_image(make_grid(images, nrow=max(1, math.ceil(math.sqrt(len(images)))), padding=2), png)
+    render_grid(result["images"], result["labels"], classes).save(png)
     return pt, png
+
+
+def class_names(dm: Any, split: str) -> list[str] | None:
+    """The class names of the previewed split: the torchvision backend's source, or the ``.beton`` manifest; None
+    when neither holds them (synthetic data)."""
+    sets = getattr(dm, "_sets", {})
+    found = sets.get("train" if split == "train" else "val")
+    if found is not None and getattr(found.source, "classes", None):
+        return list(found.source.classes)
+    if getattr(dm, "backend", None) == "ffcv":
+        from impulsevit.data.manifest import read_manifest
+
+        name = dm.train_split if split == "train" else dm.val_split
+        manifest = read_manifest(dm.beton_path(name), check_size=False) or {}
+        return list(manifest["classes"]) if manifest.get("classes") else None
+    return None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -252,7 +298,7 @@ def main(argv: list[str]) -> int:
     except (ValueError, FileNotFoundError, KeyError) as exc:
         print(f"impulsevit data preview: error: {exc}", file=sys.stderr)
         return 2
-    pt, png = write_preview(result, args.out)
+    pt, png = write_preview(result, args.out, class_names(dm, args.split))
     print(f"wrote {png} and {pt}: {len(result['labels'])} {args.split} images of {tuple(result['images'].shape[2:])} "
           f"px ({result['backend'] or type(dm).__name__})")
     return 0

@@ -28,7 +28,8 @@ from impulsevit.cluster.events import slurm_job_id
 from impulsevit.errors import ConfigError, RunDirError
 from impulsevit.io import disk_errors, remove, temp_path
 
-__all__ = ["LOCK_NAME", "RunDirLock", "check_name", "clear_run", "existing_run", "launch_rank"]
+__all__ = ["LOCK_NAME", "RunDirLock", "check_name", "check_runs_dir", "clear_run", "existing_run", "launch_rank",
+           "run_files"]
 
 LOCK_NAME = ".lock"
 _EVAL_DIRS = ("validate", "test", "predict")
@@ -52,6 +53,18 @@ def check_name(name: str) -> str:
     return name
 
 
+def check_runs_dir(runs_dir: str | os.PathLike) -> None:
+    """:class:`ConfigError` when ``runs_dir`` (or a folder above it) exists as something other than a folder."""
+    path = Path(runs_dir)
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            if not p.is_dir():
+                what = "a broken link" if not p.exists() else "a file"
+                raise ConfigError(f"--runs_dir {runs_dir}: {p} is {what}, not a folder; choose a folder for the run "
+                                  f"directories")
+            return
+
+
 def launch_rank() -> int:
     """This process's rank as its launcher sets it (``RANK`` / ``SLURM_PROCID`` / ``LOCAL_RANK``; 0 when unset): the
     run directory is owned by rank 0 only."""
@@ -73,15 +86,18 @@ class RunDirLock:
     """``<run_dir>/.lock`` held by this process while it writes the run (see the module docstring).
 
     Call :meth:`acquire` before the first write and :meth:`release` at the end (also after a failure). ``release``
-    removes the run directory again when this lock created it and nothing else was written (a run that failed before
-    any work leaves nothing behind).
+    removes the run directory again when this lock created it and nothing else was written; ``release(discard=True)``
+    (a start that failed before its first training step) first removes the run files (:func:`run_files`) that were
+    not there at :meth:`acquire` — so a failed start leaves nothing that refuses the retry, and nothing it did not
+    create is touched.
     """
 
     def __init__(self, run_dir: str | os.PathLike) -> None:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / LOCK_NAME
         self.held = False
-        self.created_dir = False
+        self.created_dirs: list[Path] = []
+        self.existing: set[Path] = set()
 
     def owner(self) -> dict:
         return {"host": socket.gethostname(), "pid": os.getpid(), "job": slurm_job_id(),
@@ -139,13 +155,15 @@ class RunDirLock:
     def acquire(self) -> None:
         """Take the lock; raises :class:`RunDirError` naming the owner when another live process holds it."""
         with disk_errors(self.run_dir):
-            self.created_dir = not self.run_dir.exists()
+            missing = [p for p in (self.run_dir, *self.run_dir.parents) if not p.exists()]
+            self.created_dirs = sorted(missing, key=lambda p: -len(p.parts))  # the run dir and new parents
             self.run_dir.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.owner())
         for _ in range(3):
             with disk_errors(self.path):
                 if self._create(text):
                     self.held = True
+                    self.existing = set(run_files(self.run_dir))
                     return
             other = self._read_other()
             if other == {}:
@@ -166,18 +184,24 @@ class RunDirLock:
                 self.path.unlink()
         raise RunDirError(f"could not take the lock {self.path} (another process keeps re-creating it)")
 
-    def release(self) -> None:
+    def release(self, discard: bool = False) -> None:
+        """Remove the lock (and, with ``discard``, the run files this holder created; see the class)."""
         if not self.held:
             return
         self.held = False
+        if discard:
+            for p in sorted(set(run_files(self.run_dir)) - self.existing, key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError):  # deepest first; a folder goes only when empty
+                    p.rmdir() if p.is_dir() and not p.is_symlink() else p.unlink()
         with contextlib.suppress(OSError):
             if json.loads(self.path.read_text()).get("pid") == os.getpid():
                 self.path.unlink()
-        if self.created_dir:
+        if self.created_dirs:
             with contextlib.suppress(OSError):
                 for d in sorted((p for p in self.run_dir.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
                     d.rmdir()  # only empty folders go; anything written keeps the run directory
-                self.run_dir.rmdir()
+                for d in self.created_dirs:  # the run directory, then the parents this lock created (--runs_dir)
+                    d.rmdir()
 
 
 def existing_run(run_dir: str | os.PathLike) -> list[str]:
@@ -196,11 +220,24 @@ def existing_run(run_dir: str | os.PathLike) -> list[str]:
     return found
 
 
-def clear_run(run_dir: str | os.PathLike) -> None:
-    """Remove a previous run's files for ``--overwrite``: config, hparams, event files, checkpoints and the
-    evaluation sub-folders; other files (``submit.sbatch``, ``slurm/``, the lock) stay."""
+def run_files(run_dir: str | os.PathLike) -> list[Path]:
+    """The files and folders ``fit`` writes in ``run_dir`` (what :func:`existing_run` looks for): ``config.yaml``,
+    ``hparams.yaml``, event files, ``checkpoints/`` and ``attention/`` and everything in them, Lightning's
+    ``hpc_ckpt_*.ckpt``."""
     run_dir = Path(run_dir)
-    for p in [run_dir / "config.yaml", run_dir / "hparams.yaml", run_dir / "checkpoints",
+    found = [p for p in (run_dir / "config.yaml", run_dir / "hparams.yaml") if p.exists()]
+    found += [*run_dir.glob("events.out.tfevents.*"), *run_dir.glob("hpc_ckpt_*.ckpt")]
+    for folder in (run_dir / "checkpoints", run_dir / "attention"):
+        if folder.is_dir():
+            found += [folder, *folder.rglob("*")]
+    return found
+
+
+def clear_run(run_dir: str | os.PathLike) -> None:
+    """Remove a previous run's files for ``--overwrite``: config, hparams, event files, checkpoints, the attention
+    records and the evaluation sub-folders; other files (``submit.sbatch``, ``slurm/``, the lock) stay."""
+    run_dir = Path(run_dir)
+    for p in [run_dir / "config.yaml", run_dir / "hparams.yaml", run_dir / "checkpoints", run_dir / "attention",
               *run_dir.glob("events.out.tfevents.*"), *run_dir.glob("hpc_ckpt_*.ckpt"),
               *(run_dir / d for d in _EVAL_DIRS)]:
         remove(p)

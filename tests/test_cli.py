@@ -204,3 +204,70 @@ def test_callbacks_named_in_the_config_are_not_doubled_by_the_defaults(tmp_path)
     assert sum(isinstance(cb, RNGStateCheckpoint) for cb in cli.trainer.callbacks) == 1
     plain = run_cli(*tiny(tmp_path, "plain", "--trainer.max_epochs=1"))
     assert sum(isinstance(cb, SlurmRequeue) for cb in plain.trainer.callbacks) == 1  # the default is still there
+
+
+# ------------------------------------------------------------------------------ `null` on the command line is None
+def _optional_keys(cls: type, prefix: str) -> tuple[list[str], list[str]]:
+    """``(leaves, blocks)``: the dotted keys typed ``X | None`` that ``cls`` accepts, its dataclass blocks' fields
+    included (``data.init_args.augment.auto_augment``); ``blocks`` are the optional dataclass-typed ones themselves."""
+    import dataclasses
+    import typing
+
+    from impulsevit.cli.parser import _class_keys, _unwrap_optional
+
+    leaves, blocks = [], []
+    hints = typing.get_type_hints(cls if dataclasses.is_dataclass(cls) else cls.__init__)
+    for name in _class_keys(cls):
+        hint = hints.get(name)
+        inner = _unwrap_optional(hint)
+        optional = inner is not hint
+        if dataclasses.is_dataclass(inner):
+            sub_leaves, sub_blocks = _optional_keys(inner, f"{prefix}{name}.")
+            leaves, blocks = leaves + sub_leaves, blocks + sub_blocks + ([prefix + name] if optional else [])
+        elif optional:
+            leaves.append(prefix + name)
+    return leaves, blocks
+
+
+def _recipe_per_data_class() -> dict[str, str]:
+    found: dict[str, str] = {}
+    for path in RECIPES:
+        found.setdefault(yaml.safe_load(path.read_text())["data"]["class_path"], path.stem)
+    return found
+
+
+def _at(cfg: dict, key: str) -> object:
+    for part in key.split("."):
+        cfg = cfg[part]
+    return cfg
+
+
+@pytest.mark.parametrize("class_path", sorted(_recipe_per_data_class()))
+def test_null_on_the_command_line_is_none_for_every_optional_key(capsys, class_path):
+    """Every ``X | None`` key of the recipes' data classes (their ``augment`` / ``storage`` blocks included) and of the
+    model, given as ``--key=null`` or ``--key null``, parses to None (jsonargparse passed a nested one on as the text
+    ``'None'``, or failed on ``float | None``)."""
+    from impulsevit.module import ImageClassifier
+    from impulsevit.preview import build_datamodule
+
+    recipe = _recipe_per_data_class()[class_path]
+    data_cls = __import__("importlib").import_module(class_path.rpartition(".")[0])
+    data_leaves, data_blocks = _optional_keys(getattr(data_cls, class_path.rpartition(".")[2]), "data.init_args.")
+    model_leaves, model_blocks = _optional_keys(ImageClassifier, "model.")
+    model_leaves.remove("model.num_classes")  # linked from data.num_classes, not a command-line key
+    assert model_leaves and model_blocks
+    if class_path == "impulsevit.data.ImageDataModule":
+        assert {"data.init_args.augment.auto_augment", "data.init_args.mean", "data.init_args.root",
+                "data.init_args.storage.train_beton"} <= set(data_leaves)
+    for keys in (data_leaves + model_leaves, data_blocks + model_blocks):
+        args = [tok for i, k in enumerate(keys) for tok in ([f"--{k}=null"] if i % 2 else [f"--{k}", "null"])]
+        with pytest.raises(SystemExit) as exit_info:
+            main(["fit", "--recipe", recipe, *args, "--print_config"])
+        assert exit_info.value.code == 0, capsys.readouterr().err
+        cfg = yaml.safe_load(capsys.readouterr().out)
+        assert {k: _at(cfg, k) for k in keys} == dict.fromkeys(keys), [k for k in keys if _at(cfg, k) is not None]
+    if class_path == "impulsevit.data.ImageDataModule":  # and the datamodule gets it: RandAugment off on ffcv too
+        dm = build_datamodule(["--recipe", "deit_tiny_in1k", "--data.init_args.dataset=digits",
+                               "--data.init_args.root=null", "--data.init_args.augment.auto_augment=null",
+                               "--data.init_args.augment.color_jitter", "null"])
+        assert dm.augment.auto_augment is None and dm.augment.color_jitter is None and dm.augment.re_prob == 0.25

@@ -119,7 +119,8 @@ def test_dotted_override_reaches_the_block_and_a_misspelled_one_is_named(capsys)
     capsys.readouterr()
     with pytest.raises(SystemExit):
         build_datamodule([*base, "--data.init_args.augment.re_prb=0.1"])
-    assert "unknown key 'augment.re_prb'; did you mean 'augment.re_prob'?" in capsys.readouterr().err
+    assert "unknown key 'data.init_args.augment.re_prb'; did you mean 'data.init_args.augment.re_prob'?" in \
+        capsys.readouterr().err
 
 
 def test_fit_prints_a_bad_block_value_as_one_line(tmp_path, capsys):

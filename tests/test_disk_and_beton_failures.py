@@ -240,3 +240,37 @@ def test_first_use_of_a_beton_checks_every_chunk_then_later_uses_are_sampled(bet
     record = verified_path(good).read_text()
     setup(good, good)
     assert verified_path(good).read_text() == record
+
+
+def test_fit_on_a_damaged_beton_leaves_no_run_behind(beton, tmp_path, capsys):
+    """A ``.beton`` whose data fails its checksum at setup (after Lightning opened the event file): one line naming the
+    file, and no run directory left that would refuse the retry as "already holds a run"."""
+    bad = _copy(beton, tmp_path)
+    with open(bad, "r+b") as fh:  # zero 64 KiB inside the data region; header and allocation table intact
+        fh.seek(bad.stat().st_size // 2)
+        fh.write(bytes(65536))
+    storage = {"train_beton": str(bad), "val_beton": str(beton), "beton_check": "full"}
+    status = cli_main(_fit_args(tmp_path, {"storage": storage}))
+    err = capsys.readouterr().err
+    line = [ln for ln in err.splitlines() if ln.startswith("impulsevit fit: error: ")]
+    assert status == 1 and len(line) == 1 and "Traceback" not in err, err
+    assert f"{bad}: bytes" in line[0] and "differ from the checksum in its manifest" in line[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_full_disk_under_the_tensorboard_writer_is_one_line_and_keeps_the_run(tmp_path, capsys):
+    """TensorBoard's event writer (a thread) hitting a full disk: one line naming the run directory (was a thread
+    traceback, then Lightning's "you tried to log 9.60 which is not supported" after ~150 lines); the run's files stay
+    (it trained)."""
+    from _cli_helpers import TINY
+
+    with small_tmpfs(tmp_path / "small", "1m") as mnt:
+        (mnt / "filler").write_bytes(bytes(1024 * 1024 - 20 * 1024))  # 20 KiB left: config, hparams, some events
+        run = mnt / "runs" / "r"
+        status = cli_main(["fit", "--recipe", str(TINY), f"--runs_dir={mnt / 'runs'}", "--name=r",
+                           "--trainer.max_epochs=100", "--checkpoint.save_last=false", "--checkpoint.save_top_k=0"])
+        err = capsys.readouterr().err
+        line = [ln for ln in err.splitlines() if ln.startswith("impulsevit fit: error: ")]
+        assert status == 1 and len(line) == 1 and "Traceback" not in err and "you tried to log" not in err, err
+        assert f"cannot write {run}: no space left on device" in line[0]
+        assert (run / "config.yaml").is_file() and list(run.glob("events.out.tfevents.*"))

@@ -67,3 +67,20 @@ def test_paper_numbers_are_top1_of_registered_methods(recipe):
     assert all(0 < v <= 100 for v in numbers.values()), f"{recipe.name}: {numbers} are not percentages"
     method = yaml.safe_load(recipe.read_text())["model"].get("init", {}).get("method", "impulse")
     assert method in ii.methods(), f"{recipe.name}: model.init.method {method!r} is not registered"
+
+
+def test_the_quickstart_header_and_the_readme_give_the_same_measurement():
+    """The recipe header's measured wall time and accuracies are the README's "Quick start" numbers (one measurement
+    quoted twice, not two)."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    header = "\n".join(ln for ln in (root / "recipes" / "quickstart.yaml").read_text().splitlines()
+                       if ln.startswith("#"))
+    readme = (root / "README.md").read_text()
+    quick = readme[readme.index("**Quick start**"):].split("\n\n")[0]
+    walls = re.findall(r"(\d+ min \d+ s)", header)
+    accs = [f"{float(a) * 100:.1f} %" for a in re.findall(r"0\.(?:\d{3})", header)]
+    assert walls and accs
+    assert all(w in quick for w in walls), (walls, quick)
+    assert all(a in quick for a in accs), (accs, quick)

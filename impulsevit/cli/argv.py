@@ -3,14 +3,16 @@ valid YAML), a default ``--name``."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from impulsevit.cli.subcommands import ALL_SUBCOMMANDS, TRAINER_SUBCOMMANDS
 from impulsevit.errors import ConfigError
 from impulsevit.recipes import resolve_recipe
 
 _CONFIG_FLAGS = ("--recipe", "--config", "-c")
-_NO_VALUE_FLAGS = ("-h", "--help", "--print_config")
+_NO_VALUE_FLAGS = ("-h", "--help", "--print_config", "--overwrite", "--untrained")
 
 
 def _option_name(token: str) -> str | None:
@@ -46,7 +48,12 @@ def prepare_argv(argv: list[str]) -> list[str]:
     out: list[str] = [argv[0]]
     first_recipe: Path | None = None
     gives_name = False
-    tokens = iter(argv[1:])
+    rest: list[str | None] = list(argv[1:])
+    for i in range(len(rest) - 1):  # `--a.init_args.b.c null` as `--a.init_args.b.c=null` (see null_nested)
+        tok = rest[i]
+        if tok is not None and ".init_args." in (_option_name(tok) or "") and "=" not in tok and rest[i + 1] in _NULLS:
+            rest[i], rest[i + 1] = f"{tok}={rest[i + 1]}", None
+    tokens = iter([null_nested(tok) for tok in rest if tok is not None])
     for tok in tokens:
         flag = _option_name(tok)
         value = None
@@ -66,6 +73,29 @@ def prepare_argv(argv: list[str]) -> list[str]:
     return out
 
 
+_NULLS = ("null", "Null", "NULL", "~", "None")
+
+
+def null_nested(token: str) -> str:
+    """``--data.init_args.augment.auto_augment=null`` as ``--data.init_args.augment={"auto_augment": null}``:
+    a null for a key nested below a class's argument (a dataclass block inside ``init_args``) becomes None.
+
+    jsonargparse (4.x) hands such a value down one level as text, so a null arrives as the string ``'None'``
+    (``str | None``) or fails to parse (``float | None``); one level up, as a mapping, it is a real None and the
+    block's other values (from the recipe) are kept. Other tokens are returned unchanged."""
+    if not token.startswith("--") or "=" not in token:
+        return token
+    key, value = token[2:].split("=", 1)
+    head, sep, rest = key.partition(".init_args.")
+    if not sep or "." not in rest or value.strip() not in _NULLS:
+        return token
+    block, *inner = rest.split(".")
+    nested: Any = None
+    for part in reversed(inner):
+        nested = {part: nested}
+    return f"--{head}.init_args.{block}={json.dumps(nested)}"
+
+
 def _subcommand_first(argv: list[str]) -> list[str]:
     """``argv`` with a subcommand given after options moved to the front (not when asking for help)."""
     if argv and argv[0] not in ALL_SUBCOMMANDS and not (set(argv) & {"-h", "--help"}):
@@ -80,12 +110,12 @@ class RecipeSyntaxError(ConfigError):
 
 
 def check_recipe_syntax(path: Path) -> None:
-    """Raise :class:`RecipeSyntaxError` naming ``path`` when it is not valid YAML (jsonargparse would report the
-    error against ``<unicode string>``)."""
+    """Raise :class:`RecipeSyntaxError` naming ``path`` when it is not valid YAML, or not a mapping (an empty file:
+    jsonargparse would report ``Unexpected config:`` or the error against ``<unicode string>``, without the file)."""
     import yaml
 
     try:
-        yaml.safe_load(Path(path).read_text())
+        loaded = yaml.safe_load(Path(path).read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
@@ -93,3 +123,6 @@ def check_recipe_syntax(path: Path) -> None:
         raise RecipeSyntaxError(f"{path}{where}: invalid YAML: {what}") from None
     except OSError as e:
         raise RecipeSyntaxError(f"cannot read recipe {path}: {e.strerror or e}") from None
+    if not isinstance(loaded, dict):
+        what = "is empty" if loaded is None else f"holds a {type(loaded).__name__}, not a mapping"
+        raise RecipeSyntaxError(f"recipe {path} {what} (expected keys such as trainer:, model:, data:)")

@@ -7,6 +7,8 @@ import difflib
 import logging
 import os
 import sys
+import threading
+import warnings
 from typing import Any
 
 from impulsevit.cli.argv import prepare_argv
@@ -45,6 +47,34 @@ def _setup_logging() -> None:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
+
+
+class _DropMessages(logging.Filter):
+    """Drops the records whose message contains one of ``parts``."""
+
+    def __init__(self, *parts: str) -> None:
+        super().__init__()
+        self.parts = parts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(p in str(record.msg) for p in self.parts)
+
+
+_LIGHTNING_TIPS = _DropMessages("Tip: For seamless cloud")  # litlogger / litmodels adverts, on every run
+
+
+def _quiet_known_noise() -> None:
+    """Silence, by their exact text, what every run printed that tells the user nothing: Lightning's advert tips (a
+    filter on its rank-zero logger), its hint to prepend ``srun`` (runs started outside ``srun`` on a SLURM login
+    node are deliberate here; ``impulsevit submit`` starts the jobs under ``srun``) and the ``_pytree`` deprecation
+    of Lightning's own code. Nothing else is filtered."""
+    tips_log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if _LIGHTNING_TIPS not in tips_log.filters:
+        tips_log.addFilter(_LIGHTNING_TIPS)
+    warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")
+    # Lightning 2.6's own call of a torch API that torch deprecated (lightning/pytorch/utilities/_pytree.py), printed
+    # at every loader / batch transfer setup; not the user's to act on
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,6 +125,12 @@ def run_trainer_command(argv: list[str], sub: str = "fit", debug: bool = False) 
     mapped to 143 here."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+    from impulsevit.cli.parser import ImpulseArgumentParser
+
+    ImpulseArgumentParser.full_errors = debug
+    _quiet_known_noise()
+    previous_hook = threading.excepthook
+    threading.excepthook = _quiet_disk_errors_in_threads
     try:
         ImpulseCLI(args=argv)
     except SIGTERMException:
@@ -110,5 +146,19 @@ def run_trainer_command(argv: list[str], sub: str = "fit", debug: bool = False) 
         message, status = found
         print(f"impulsevit {sub}: error: {message}", file=sys.stderr)
         return status
+    finally:
+        ImpulseArgumentParser.full_errors = False
+        threading.excepthook = previous_hook
     return 0
+
+
+def _quiet_disk_errors_in_threads(args: threading.ExceptHookArgs) -> None:
+    """``threading.excepthook`` during a run: a full / read-only disk in a writer thread (TensorBoard's event writer)
+    prints no traceback — the writer raises it again in the main thread at its next call, where it becomes the one
+    ``cannot write RUN_DIR: no space left on device`` line. Anything else is printed as usual."""
+    from impulsevit.io import disk_oserror
+
+    if args.exc_value is not None and disk_oserror(args.exc_value) is not None:
+        return
+    threading.__excepthook__(args)
 

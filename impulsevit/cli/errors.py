@@ -16,8 +16,10 @@ def one_line(e: BaseException) -> str:
 def user_error(exc: BaseException) -> tuple[str, int] | None:
     """``(one-line message, exit status)`` when ``exc`` (or an exception it was raised from) is one a user fixes: an
     :class:`~impulsevit.errors.UserError`, a full / read-only / forbidden disk (:class:`~impulsevit.io.WriteError`, or
-    an ``OSError`` with such an errno from elsewhere), a damaged ``.beton``. Else None: a bug, shown with its
-    traceback."""
+    an ``OSError`` with such an errno from elsewhere), a damaged ``.beton``, a conversion that found no usable images
+    (:class:`~impulsevit.data.convert.ConversionError`, after the bad inputs were listed). Else None: a bug, shown
+    with its traceback."""
+    from impulsevit.data.convert import ConversionError
     from impulsevit.data.integrity import BetonError
     from impulsevit.io import _DISK_ERRNOS, WriteError, write_error
 
@@ -27,7 +29,7 @@ def user_error(exc: BaseException) -> tuple[str, int] | None:
         seen.add(id(e))
         if isinstance(e, UserError):
             return one_line(e), e.exit_status
-        if isinstance(e, WriteError | BetonError):
+        if isinstance(e, WriteError | BetonError | ConversionError):
             return one_line(e), 1
         if isinstance(e, OSError) and e.errno in _DISK_ERRNOS and e.filename:
             return str(write_error(e, e.filename)), 1

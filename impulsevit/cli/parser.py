@@ -7,7 +7,9 @@ import dataclasses
 import difflib
 import importlib
 import inspect
+import os
 import re
+import sys
 import types
 import typing
 from typing import Any
@@ -40,7 +42,7 @@ def _import_object(path: str) -> Any:
 
 # the wording of jsonargparse's errors about keys it does not know
 _REJECTED = re.compile(r"does not accept option '([^']+)'")
-_UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
+_UNRECOGNIZED = re.compile(r"^(?:error: )?unrecognized arguments: (.*)", re.M)  # this parser's own, not a nested one
 # nested class / dataclass values: 'Parser key "model.init": ... class_path 'X': ... Option 'metod' is not accepted'
 _REJECTED_NESTED = re.compile(r"Parser key \"([^\"]+)\":.*?class_path '([^']+)'.*?Option '([^']+)' is not accepted",
                               re.S)
@@ -104,6 +106,8 @@ def _class_value_hints(message: str) -> list[tuple[str, str | None]]:
             valid = class_keys_deep(cls)
         except (ImportError, AttributeError, ValueError, TypeError, NameError):
             continue
+        if given[-1] in valid:
+            continue  # a known key with a bad value (reported by :func:`bad_value`)
         key, best = given[-1], _suggest(given[-1], valid)
         head = owner if dataclasses.is_dataclass(cls) else f"{owner}.init_args"  # a dataclass value has no init_args
         hints.append((f"{head}.{key}", f"{head}.{best}" if best else None))
@@ -127,10 +131,83 @@ def _closest_key(key: str, valid: set[str]) -> str | None:
     return ".".join([*parts[:depth], best[0], *parts[depth + 1:]])
 
 
+_PARSER_KEY = re.compile(r'Parser key "([^"]+)":')
+_GIVEN = re.compile(r"(?:Given|Got) value: (.*)")
+_SUBTYPES = re.compile(r"Subtypes: \[(.*)\]")
+_EXPECTED = re.compile(r"Expected a (<class '[^']+'>|typing\.Literal\[[^\]]*\])")
+
+
+def _type_name(text: str) -> str:
+    """``<class 'int'>`` -> ``int``, ``<class 'NoneType'>`` -> ``None``, ``typing.Literal['a', 'b']`` -> ``'a'/'b'``."""
+    text = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", text.strip())
+    text = re.sub(r"typing\.Literal\[(.*?)\]", lambda m: "/".join(v.strip() for v in m.group(1).split(",")), text)
+    return "None" if text == "NoneType" else text.replace("typing.", "")
+
+
+def _split_types(text: str) -> list[str]:
+    """The comma-separated items of jsonargparse's ``Subtypes: [...]`` (commas inside brackets kept)."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += 1 if ch in "[(" else -1 if ch in "])" else 0
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [*out, cur] if cur.strip() else out
+
+
+def bad_value(message: str) -> str | None:
+    """``key 'a.b.c': value 'x' is not valid (expected int | None)`` for a jsonargparse error about a value of the
+    wrong type, with the full dotted key (nested class and dataclass values included: ``data.init_args.image_size``);
+    None when ``message`` is not about a value."""
+    keys = list(_PARSER_KEY.finditer(message))
+    if not keys:
+        return None
+    parts = []
+    for i, m in enumerate(keys):
+        if i and isinstance(cls := _owner_class(message[keys[i - 1].end():m.start()]), type) and \
+                not dataclasses.is_dataclass(cls):
+            parts.append("init_args")
+        parts.append(m.group(1))
+    inner = message[keys[-1].end():]
+    given = _GIVEN.search(inner)
+    subtypes = _SUBTYPES.search(inner)
+    expected = [_type_name(t) for t in _split_types(subtypes.group(1))] if subtypes else \
+        [_type_name(t) for t in _EXPECTED.findall(inner)[:1]]
+    what = f"value {given.group(1).strip()!r}" if given else "the value"
+    return f"key '{'.'.join(parts)}': {what} is not valid" + (f" (expected {' | '.join(expected)})" if expected else "")
+
+
+def _owner_class(block: str) -> type | None:
+    m = _CLASS_PATH.search(block)
+    if m is None:
+        return None
+    try:
+        return _import_object(m.group(1))
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def one_line_error(message: str, hints: list[str]) -> str:
+    """jsonargparse's (multi-line) parse error as one line: the unknown keys with their suggestions, else the key whose
+    value is wrong with what was expected, else the message's first line."""
+    if hints:
+        return "; ".join(dict.fromkeys(hints))
+    found = bad_value(message)
+    if found is not None:
+        return found
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    return lines[0] if lines else "invalid arguments"
+
+
 class ImpulseArgumentParser(LightningArgumentParser):
-    """LightningCLI's parser whose errors about unknown keys also name the closest valid key."""
+    """LightningCLI's parser whose errors about unknown keys also name the closest valid key, printed as one line
+    (``impulsevit fit: error: ...`` and where to find the valid keys; not the whole usage)."""
 
     model_class: type | None = None  # set by ImpulseCLI, used to list the fields of dataclass-typed model arguments
+    full_errors: bool = False  # True under ``--debug``: jsonargparse's whole report and the usage
+    error_prog: str | None = None  # ``impulsevit fit``: how the one-line error names the command
 
     def _valid_keys(self) -> set[str]:
         keys: set[str] = set()
@@ -152,17 +229,33 @@ class ImpulseArgumentParser(LightningArgumentParser):
     def _closest(self, key: str) -> str | None:
         return _closest_key(key, self._valid_keys())
 
-    def _hint(self, message: str) -> str:
-        """``message`` plus an ``unknown key 'K'; did you mean 'V'?`` line for each key it rejects."""
+    def _hint_lines(self, message: str) -> list[str]:
+        """An ``unknown key 'K'; did you mean 'V'?`` line for each key ``message`` rejects."""
         hints = [(key, self._closest(key)) for key in _rejected_keys(message)]
         by_class = _class_value_hints(message)
         hints += by_class or [_nested_hint(*found) for found in _REJECTED_NESTED.findall(message)]
-        lines = [f"unknown key '{key}'" + (f"; did you mean '{best}'?" if best else "") for key, best in hints]
+        return [f"unknown key '{key}'" + (f"; did you mean '{best}'?" if best else "") for key, best in hints]
+
+    def _hint(self, message: str) -> str:
+        """``message`` plus the lines of :meth:`_hint_lines`."""
+        lines = self._hint_lines(message)
         return message if not lines else message.rstrip() + "\n" + "\n".join(lines)
 
     def error(self, message: str, ex: Exception | None = None) -> typing.NoReturn:
+        """Nested parsers raise (jsonargparse collects their messages); the outermost prints one line and exits 2.
+        Under ``--debug`` / ``IMPULSEVIT_DEBUG=1`` jsonargparse's full report is printed instead."""
+        full = self.full_errors or os.environ.get("IMPULSEVIT_DEBUG", "") not in ("", "0")
+        if not self.exit_on_error or full:
+            try:
+                message = self._hint(message)
+            except Exception:  # noqa: BLE001 - a failing suggestion must never hide the original error
+                pass
+            super().error(message, ex)
         try:
-            message = self._hint(message)
-        except Exception:  # noqa: BLE001 - a failing suggestion must never hide the original error
-            pass
-        super().error(message, ex)
+            line = one_line_error(message, self._hint_lines(message))
+        except Exception:  # noqa: BLE001 - a failing summary must never hide the original error
+            line = " ".join(message.split())
+        parser = getattr(ex, "subcommand_parser", None) or self
+        prog = self.error_prog or parser.prog.replace(" [options]", "")
+        sys.stderr.write(f"{prog}: error: {line} (valid keys: {prog} --help)\n")
+        self.exit(2)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from lightning.pytorch import Trainer
 
-from impulsevit.checkpointing import resume_candidate
+from impulsevit.checkpointing import dangling_links, resume_candidate
 from impulsevit.errors import ConfigError, RunDirError
 from impulsevit.rundir import clear_run, existing_run
 
@@ -32,9 +32,13 @@ def resume_checkpoint(resume: str, run_dir: Path, sub: str, trainer: Trainer,
     """
     if resume != "auto":
         path = Path(resume)
+        if path.is_symlink() and not path.exists():
+            raise ConfigError(f"--resume {resume!r}: a broken link (to {os.readlink(path)}, which does not exist)")
         if not path.exists():
             raise ConfigError(f"--resume {resume!r}: no such checkpoint")
         return path
+    for link in dangling_links(run_dir, extra_dirs):
+        log.warning("impulsevit: --resume auto: skipped %s: a broken link (to %s)", link, os.readlink(link))
     limits = {"fast_dev_run": bool(trainer.fast_dev_run), "limit_train_batches": trainer.limit_train_batches,
               "limit_val_batches": trainer.limit_val_batches}
     path, skipped = resume_candidate(run_dir, extra_dirs=extra_dirs, limits=limits)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from jsonargparse import ActionConfigFile
+from jsonargparse import ActionConfigFile, ActionYesNo
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -25,7 +25,9 @@ from impulsevit.cli.parser import ImpulseArgumentParser
 from impulsevit.cli.run_policy import resume_checkpoint, run_dir_of, start_new_run
 from impulsevit.data.base import BaseImageDataModule
 from impulsevit.errors import ConfigError, UserError
-from impulsevit.rundir import RunDirLock, check_name, launch_rank
+from impulsevit.io import WriteError, disk_oserror, write_error
+from impulsevit.preflight import finished_run
+from impulsevit.rundir import RunDirLock, check_name, check_runs_dir, launch_rank, run_files
 from impulsevit.strategies import check_strategy, default_precision
 
 log = logging.getLogger("impulsevit")
@@ -51,11 +53,35 @@ class ImpulseCLI(LightningCLI):
         kwargs.setdefault("seed_everything_default", 0)
         kwargs.setdefault("parser_kwargs", {"prog": "impulsevit"})
         self.run_lock: RunDirLock | None = None
+        self.start_step: float = 0  # the resumed checkpoint's global step (inf: unknown)
+        self.finished: str | None = None  # `fit --resume auto` found a finished run: why it is finished
+        failed = True
         try:
             self._start(args, run, kwargs)
+            failed = False
+        except Exception as e:
+            disk = disk_oserror(e)
+            if disk is not None and not disk.filename and not isinstance(e, WriteError) and hasattr(self, "config"):
+                # a full disk under a writer that does not name its file (Lightning's hparams.yaml, TensorBoard's
+                # event writer, whose error Lightning re-raises as "you tried to log 9.60 which is not supported")
+                raise write_error(disk, self.run_dir) from e
+            raise
         finally:
             if self.run_lock is not None:
-                self.run_lock.release()
+                # a start that failed before its first training step takes back the run files it created (config,
+                # event file, empty checkpoints/), so the retry is not refused as "already holds a run"
+                self.run_lock.release(discard=failed and not self._trained())
+
+    def _trained(self) -> bool:
+        """Whether this process trained (an optimizer step past the resumed checkpoint's, or a checkpoint written):
+        then its files hold work to keep. Lightning resets ``trainer.state.stage`` on an exception, so the step is
+        what tells."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return False
+        if any(p.suffix == ".ckpt" for p in set(run_files(self.run_dir)) - self.run_lock.existing):
+            return True  # a checkpoint was written (e.g. on SIGTERM during the sanity check): keep the run
+        return trainer.global_step > self.start_step
 
     def _start(self, args: list[str] | None, run: bool, kwargs: dict[str, Any]) -> None:
         from impulsevit.module import ImageClassifier
@@ -90,10 +116,14 @@ class ImpulseCLI(LightningCLI):
         parser.add_argument("--resume", type=str | None, default=None,
                             help="'auto': newest complete checkpoint of the run directory (fresh start if none); "
                                  "or a checkpoint path.")
-        parser.add_argument("--overwrite", type=bool, default=False,
+        # bare flags (``--overwrite``), as the error messages suggest them; ``--overwrite=true`` / ``--no_overwrite``
+        # work too
+        parser.add_argument("--overwrite", action=ActionYesNo(yes_prefix="", no_prefix="no_"), nargs="?",
+                            default=False,
                             help="fit: start over in an existing run directory, deleting its config, event files and "
                                  "checkpoints (default: refuse and suggest --resume auto or another --name)")
-        parser.add_argument("--untrained", type=bool, default=False,
+        parser.add_argument("--untrained", action=ActionYesNo(yes_prefix="", no_prefix="no_"), nargs="?",
+                            default=False,
                             help="validate/test/predict: evaluate the model as built, without a checkpoint")
         parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.monitor": "val/acc1", "checkpoint.mode": "max", "checkpoint.save_last": True})
@@ -112,6 +142,10 @@ class ImpulseCLI(LightningCLI):
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """LightningCLI's parsing without its warning about ``args`` next to a non-empty ``sys.argv``: ``main`` passes
         the command line it has rewritten (:func:`prepare_argv`) and keeps ``sys.argv`` for DDP's re-launch."""
+        subcommands = getattr(parser._subcommands_action, "choices", None) or {}
+        if isinstance(parser, ImpulseArgumentParser) and isinstance(args, list | tuple) and args and \
+                args[0] in subcommands:
+            parser.error_prog = f"{parser.prog} {args[0]}"  # the one-line error names the subcommand
         if isinstance(args, dict):
             self.config = parser.parse_object(args)
         else:
@@ -120,6 +154,7 @@ class ImpulseCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         if self.subcommand is not None:
             check_name(self.run_name)
+            check_runs_dir(self._get(self.config, "runs_dir"))
         importlib.import_module("impulsevit.strategies")  # registers `fsdp2` / `ddp_bf16` with Lightning
         importlib.import_module("impulsevit.models")  # registers impulsevit's architectures with timm
 
@@ -159,10 +194,15 @@ class ImpulseCLI(LightningCLI):
         except UserError:
             raise
         except (ValueError, TypeError, FileNotFoundError, KeyError) as e:
+            chain: list[BaseException] = []
             cause: BaseException | None = e
-            while cause is not None and not isinstance(cause, UserError):
+            while cause is not None and cause not in chain:
+                chain.append(cause)
                 cause = cause.__cause__ or cause.__context__
-            raise (cause if cause is not None else ConfigError(one_line(e))) from e
+            user = next((c for c in chain if isinstance(c, UserError)), None)
+            # jsonargparse wraps the class's own error in its "Does not validate against any of the Union subtypes
+            # ... Given value: Namespace(...)" report: the innermost error is the one that names the problem
+            raise (user if user is not None else ConfigError(one_line(chain[-1]))) from e
 
     def after_instantiate_classes(self) -> None:
         """Everything that can be checked before work starts, in this order: the data's class count, the image size
@@ -175,8 +215,21 @@ class ImpulseCLI(LightningCLI):
         path = self._checkpoint_to_load()
         if path is None:
             self._check_start_without_checkpoint()
+        if self.subcommand == "fit" and path is not None and self._get(self.config, "resume") == "auto":
+            self.finished = finished_run(path, self.trainer.max_epochs, self.trainer.max_steps)
+            if self.finished is not None:
+                log.info("impulsevit: %s is finished (%s; %s): nothing to resume; raise --trainer.max_epochs to "
+                         "train on, or evaluate it: impulsevit test ... --resume auto", self.run_dir, self.finished,
+                         path)
+                return
         if self.subcommand == "fit" and launch_rank() == 0:
             self._own_run_dir(resuming=self._get(self.config, "resume") is not None or path is not None)
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        if self.finished is None:  # a finished run under `fit --resume auto`: no sanity check, no new event file
+            super()._run_subcommand(subcommand)
+            if subcommand == "fit" and self.trainer.is_global_zero and not self.trainer.interrupted:
+                log.info("%s", fit_summary(self.trainer, self.run_dir))
 
     def _check_data_fits_model(self) -> None:
         from impulsevit.module import check_image_size
@@ -192,17 +245,23 @@ class ImpulseCLI(LightningCLI):
     def _checkpoint_to_load(self) -> Path | None:
         """The checkpoint ``--resume`` names (made the subcommand's ``ckpt_path``) or the ``--ckpt_path`` given,
         checked against the model; None when neither is given (or ``--resume auto`` found none for ``fit``)."""
-        from impulsevit.preflight import check_resume
+        from impulsevit.preflight import check_resume, check_resume_loader, stored_step
 
         model, sub_init = self.model, self.config_init[self.subcommand]
         path = self._resume_path()
         if path is not None:
             check_resume(path, model, dict(model.hparams))
-            log.info("impulsevit: resuming from %s", path)
+            if self.subcommand == "fit":
+                check_resume_loader(path, self.datamodule)
+                self.start_step = stored_step(path)
+            log.info("impulsevit: %s %s", "resuming from" if self.subcommand == "fit" else "evaluating", path)
             sub_init["ckpt_path"] = str(path)
         elif sub_init.get("ckpt_path") is not None:
             path = Path(sub_init["ckpt_path"])
             check_resume(path, model, dict(model.hparams))
+            if self.subcommand == "fit":
+                check_resume_loader(path, self.datamodule)
+                self.start_step = stored_step(path)
         return path
 
     def _resume_path(self) -> Path | None:
@@ -236,6 +295,25 @@ class ImpulseCLI(LightningCLI):
         requeued = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
         if not resuming and not requeued:
             start_new_run(self.run_dir, overwrite=self._get(self.config, "overwrite"))
+
+
+def fit_summary(trainer: Trainer, run_dir: Path) -> str:
+    """The lines ``fit`` ends on: the run directory, the best and last checkpoints, the final val top-1 and the
+    TensorBoard command."""
+    ckpt = trainer.checkpoint_callback
+    metrics = trainer.callback_metrics
+    acc = metrics.get("val/acc1")
+    lines = [f"impulsevit: run finished: {run_dir}"]
+    if isinstance(ckpt, ModelCheckpoint) and ckpt.best_model_path:
+        score = f" ({ckpt.monitor} {float(ckpt.best_model_score):.4f})" if ckpt.best_model_score is not None else ""
+        lines.append(f"  best checkpoint: {ckpt.best_model_path}{score}")
+    if isinstance(ckpt, ModelCheckpoint) and ckpt.last_model_path:
+        lines.append(f"  last checkpoint: {ckpt.last_model_path}")
+    if acc is not None:
+        lines.append(f"  final val/acc1:  {float(acc):.4f} (after {trainer.current_epoch} epoch(s), step "
+                     f"{trainer.global_step})")
+    lines.append(f"  TensorBoard:     tensorboard --logdir {run_dir.parent}")
+    return "\n".join(lines)
 
 
 def _checked_num_classes(num_classes: int | None) -> int | None:

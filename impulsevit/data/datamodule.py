@@ -61,7 +61,7 @@ from impulsevit.data.presets import PRESETS, default_preset
 from impulsevit.data.registry import DatasetInfo, Verify, get_dataset
 from impulsevit.data.sampling import EpochSampler, ResumableDataLoader, SampleKey, sample_seed
 from impulsevit.data.sources import ImageSource, image_folder_source
-from impulsevit.errors import ConfigError
+from impulsevit.errors import ConfigError, DataError
 
 __all__ = ["ImageDataModule", "SourceDataset", "default_cache_dir", "seeded_global_rngs"]
 
@@ -116,6 +116,23 @@ class SourceDataset(Dataset):
             with seeded_global_rngs(sample_seed(self.seed, key.epoch, key.position)):
                 return self.transform(img), int(self.source.labels[i])
         return self.transform(img), int(self.source.labels[i])
+
+
+def _image_folder_classes(root: Path, train: str, val: str) -> int:
+    """The class count of an ImageFolder tree ``root/{train,val}/<class>/<image>`` (``val`` may be ``test``).
+
+    Raises:
+        ConfigError: a split folder is missing or ``train`` has no class sub-folders (the message gives the layout).
+    """
+    layout = f"expected {root}/{train}/<class>/<image> and {root}/{val}/<class>/<image>"
+    train_dir = root / train
+    if not train_dir.is_dir():
+        raise ConfigError(f"ImageFolder root {root} has no {train}/ folder ({layout})")
+    if not (root / val).is_dir() and not (val == "val" and (root / "test").is_dir()):
+        raise ConfigError(f"ImageFolder root {root} has no {val}/ folder ({layout})")
+    if not any(d.is_dir() and not d.name.startswith(".") for d in train_dir.iterdir()):
+        raise ConfigError(f"ImageFolder {train_dir} has no class sub-folders ({layout})")
+    return len(image_folder_source(train_dir).classes)
 
 
 class ImageDataModule(BaseImageDataModule):
@@ -186,6 +203,11 @@ class ImageDataModule(BaseImageDataModule):
                               f"bilinear); use backend='torchvision' for other filters")
         if not 0 < crop_pct <= 1:
             raise ConfigError(f"data.crop_pct must be in (0, 1], got {crop_pct}")
+        if root is not None and not download and store.train_beton is None and not Path(root).is_dir():
+            what = "is a file, not a folder" if Path(root).exists() else "does not exist"
+            raise ConfigError(f"data.root {root} {what} (dataset {info.name!r}"
+                              + (f"; expected {root}/train/<class>/<image> and {root}/val/<class>/<image>)"
+                                 if info.name == "imagefolder" else ")"))
         num_classes = info.num_classes
         if store.train_beton is not None:
             if backend != "ffcv":
@@ -194,8 +216,7 @@ class ImageDataModule(BaseImageDataModule):
         elif info.name == "imagefolder":
             if root is None:
                 raise ConfigError("dataset='imagefolder' needs root (a folder with train/<class>/ and val/<class>/)")
-            train_dir = Path(root) / (train_split or "train")
-            num_classes = len(image_folder_source(train_dir if train_dir.is_dir() else root).classes)
+            num_classes = _image_folder_classes(Path(root), train_split or "train", val_split or "val")
         elif info.releases and root is not None:  # ImageNet-21K: winter21 or fall11, one class folder per wnid
             from impulsevit.data.formats import imagenet21k_base
 
@@ -224,8 +245,16 @@ class ImageDataModule(BaseImageDataModule):
 
     # ------------------------------------------------------------------ sources and cached files
     def load_source(self, split: str) -> ImageSource:
-        """The (subset of the) split as an :class:`ImageSource`."""
-        source = self.info.load(self.root, split, verify=self.verify)
+        """The (subset of the) split as an :class:`ImageSource`.
+
+        Raises:
+            DataError: the split cannot be read from ``root`` (missing files, no images, other counts than the
+                published dataset); the message names the dataset, split and path.
+        """
+        try:
+            source = self.info.load(self.root, split, verify=self.verify)
+        except (FileNotFoundError, NotADirectoryError, ValueError) as e:
+            raise DataError(f"dataset {self.info.name!r}, split {split!r}: {e}") from e
         k = self.train_subset if split == self.train_split else self.val_subset
         sub = subset_indices(len(source), k)
         return source.subset(sub) if sub is not None else source

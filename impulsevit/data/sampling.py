@@ -148,15 +148,17 @@ class LoaderState:
         return cls(**{k: v for k, v in state.items() if k in names})
 
     def check(self, *, batch_size: int, num_samples: int, seed: int, repeats: int) -> None:
-        """Raise ``ValueError`` naming the setting when the state belongs to a different data order (a state at
-        the start of an epoch fits any order)."""
+        """Raise :class:`~impulsevit.errors.ConfigError` (a ``ValueError``) naming the setting when the state belongs
+        to a different data order (a state at the start of an epoch fits any order)."""
+        from impulsevit.errors import ConfigError
+
         if self.batches == 0:
             return
         for key, now in (("batch_size", batch_size), ("num_samples", num_samples), ("seed", seed),
                          ("repeats", repeats)):
             then = getattr(self, key)
             if int(then) != int(now):
-                raise ValueError(
+                raise ConfigError(
                     f"cannot resume the training loader: the checkpoint's loader state has {key} {then}, this run "
                     f"has {now}; the interrupted epoch's order would not be the same (resume with the same data "
                     f"settings, or from a checkpoint taken at an epoch boundary with --resume PATH)")
