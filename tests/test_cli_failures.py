@@ -488,20 +488,22 @@ def test_resume_auto_on_a_finished_run_says_so_and_does_no_work(tmp_path):
 
 def test_fit_ends_on_a_summary_without_lightnings_noise(tmp_path, capsys, caplog):
     """The end-of-run summary (run dir, best / last checkpoint, final val top-1, TensorBoard command); no litlogger tip,
-    no srun hint, no ``_pytree`` deprecation, no "`weights_only` was not set" after each checkpoint."""
+    no srun hint, no ``_pytree`` deprecation, no "`weights_only` was not set" after each checkpoint, no notice that
+    the console callbacks replace Lightning's defaults, no "0 Total Flops"."""
     seen = _Lines()
     logging.getLogger("impulsevit").addHandler(seen)
     try:
         with warnings.catch_warnings(record=True) as record, caplog.at_level(logging.INFO):
             warnings.simplefilter("always")
-            assert main(fit(tmp_path, "sum", "--trainer.max_epochs=2")) == 0
+            assert main(fit(tmp_path, "sum", "--trainer.max_epochs=2", "--trainer.enable_progress_bar=true",
+                            "--trainer.enable_model_summary=true")) == 0
     finally:
         logging.getLogger("impulsevit").removeHandler(seen)
     run = tmp_path / "sum"
     text = "\n".join([*(r.getMessage() for r in caplog.records), capsys.readouterr().err,
                       *(str(w.message) for w in record)])
     for noise in ("Tip: For seamless cloud", "The `srun` command is available", "LeafSpec",
-                  "`weights_only` was not set"):
+                  "`weights_only` was not set", "will override existing callbacks", "0         Total Flops"):
         assert noise not in text, noise
     summary = next(ln for ln in seen.lines if ln.startswith("impulsevit: run finished"))
     best = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["callbacks"]

@@ -169,7 +169,7 @@ class NonFiniteLossGuard(L.Callback):
                 path.parent.mkdir(parents=True, exist_ok=True)
                 remove(tmp)
             trainer.strategy.barrier("nan_guard_prepare")
-            trainer.save_checkpoint(str(tmp))
+            trainer.save_checkpoint(str(tmp), weights_only=False)  # given: no "was not set" line
             trainer.strategy.barrier("nan_guard_saved")
             if trainer.global_rank == 0:
                 commit(tmp, path, replace_dir=is_distributed_checkpoint(path))

@@ -158,7 +158,8 @@ class SlurmRequeue(Callback):
             path.parent.mkdir(parents=True, exist_ok=True)
             remove(tmp)
         trainer.strategy.barrier("preemption-save-start")
-        trainer.save_checkpoint(tmp)  # collective: every rank takes part (rank 0 writes files, all write DCP shards)
+        # collective: every rank takes part (rank 0 writes files, all write DCP shards)
+        trainer.save_checkpoint(tmp, weights_only=False)
         trainer.strategy.barrier("preemption-save-written")
         if trainer.is_global_zero:
             commit(tmp, path, replace_dir=is_distributed_checkpoint(path))

@@ -13,9 +13,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import LearningRateMonitor, ThroughputMonitor
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary, ThroughputMonitor, TQDMProgressBar
 
 from impulsevit.callbacks.attention_evolution import AttentionEvolution
+from impulsevit.callbacks.console import FlopsModelSummary, ResumeProgressBar
 from impulsevit.callbacks.initializer import Initializer
 from impulsevit.callbacks.nan_guard import NonFiniteLossGuard
 from impulsevit.callbacks.preemption import SlurmRequeue
@@ -79,4 +80,11 @@ def standard_callbacks(
         out.append(LearningRateMonitor(logging_interval="step"))
     if attention_every_n_epochs is not None and missing(AttentionEvolution):
         out.append(AttentionEvolution(every_n_epochs=attention_every_n_epochs))
+    # Lightning's default summary and bar (exactly those types) are replaced by the console ones, which Lightning then
+    # uses instead (a callback returned by configure_callbacks replaces the trainer's of a parent type)
+    for c in existing:
+        if type(c) is ModelSummary:
+            out.append(FlopsModelSummary())  # Lightning's default: max_depth 1
+        elif type(c) is TQDMProgressBar:
+            out.append(ResumeProgressBar(refresh_rate=c.refresh_rate, process_position=c.process_position))
     return out

@@ -34,7 +34,8 @@ from torch import nn
 
 from impulsevit.lightning_private import is_log_step
 
-__all__ = ["DENSE_PEAK_FLOPS", "ThroughputLogger", "compute_dtype", "device_peak_flops", "peak_flops", "training_flops"]
+__all__ = ["DENSE_PEAK_FLOPS", "ThroughputLogger", "backbone_flops", "compute_dtype", "device_peak_flops", "peak_flops",
+           "training_flops"]
 
 # Dense peak FLOP/s per dtype ("tf32" = fp32 matmuls on tensor cores). NVIDIA H200 datasheet (SXM / NVL).
 DENSE_PEAK_FLOPS: dict[str, dict[Any, float]] = {
@@ -60,6 +61,26 @@ def training_flops(model: nn.Module, images: torch.Tensor) -> int:
     Use a meta-device model and meta images: nothing is computed or allocated.
     """
     return int(measure_flops(model, lambda: model(images), loss_fn=torch.Tensor.sum))
+
+
+def backbone_flops(trainer: L.Trainer, pl_module: L.LightningModule, batch: int, backward: bool) -> int | None:
+    """FLOPs of ``pl_module.build_backbone()`` on a ``(batch, 3, S, S)`` batch (``S`` = the datamodule's
+    ``image_size``), forward only or forward + backward, counted on a meta-device copy (nothing computed or
+    allocated). ``None`` when the module or datamodule does not say how to build it, or an op has no meta kernel /
+    FLOP formula."""
+    build = getattr(pl_module, "build_backbone", None)
+    size = getattr(trainer.datamodule, "image_size", None)
+    if build is None or size is None:
+        return None
+    try:
+        with torch.device("meta"):
+            model = build()
+            images = torch.empty(int(batch), 3, int(size), int(size))
+        if backward:
+            return training_flops(model, images)
+        return int(measure_flops(model, lambda: model(images)))
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError):
+        return None
 
 
 _PRECISION_DTYPES: dict[str, torch.dtype] = {
@@ -128,18 +149,8 @@ class ThroughputLogger(L.Callback):
 
     @staticmethod
     def _measure(trainer: L.Trainer, pl_module: L.LightningModule) -> int | None:
-        build = getattr(pl_module, "build_backbone", None)
-        dm = trainer.datamodule
-        size, batch = getattr(dm, "image_size", None), getattr(dm, "batch_size", None)
-        if build is None or size is None or batch is None:
-            return None
-        try:
-            with torch.device("meta"):
-                model = build()
-                images = torch.empty(int(batch), 3, int(size), int(size))
-            return training_flops(model, images)
-        except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError):
-            return None  # an op without a meta kernel / FLOP formula: log throughput without FLOPs
+        batch = getattr(trainer.datamodule, "batch_size", None)
+        return None if batch is None else backbone_flops(trainer, pl_module, int(batch), backward=True)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.meter is not None:

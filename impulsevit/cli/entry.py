@@ -63,14 +63,33 @@ class _DropMessages(logging.Filter):
 _LIGHTNING_TIPS = _DropMessages("Tip: For seamless cloud")  # litlogger / litmodels adverts, on every run
 
 
+class _DropConsoleOverride(logging.Filter):
+    """Drops Lightning's notice that ``configure_callbacks`` replaces trainer callbacks when the replaced ones are
+    only its default model summary and progress bar (``impulsevit.callbacks.console`` swaps them on every run)."""
+
+    _PREFIX = "will override existing callbacks passed to Trainer: "
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        if self._PREFIX not in msg:
+            return True
+        names = {n.strip() for n in msg.split(self._PREFIX, 1)[1].split(",")}
+        return not names <= {"ModelSummary", "TQDMProgressBar"}
+
+
+_CONSOLE_OVERRIDE = _DropConsoleOverride()
+
+
 def _quiet_known_noise() -> None:
-    """Silence, by their exact text, what every run printed that tells the user nothing: Lightning's advert tips (a
-    filter on its rank-zero logger), its hint to prepend ``srun`` (runs started outside ``srun`` on a SLURM login
+    """Silence, by their exact text, what every run printed that tells the user nothing: Lightning's advert tips and
+    its notice that the console callbacks replace its default summary and progress bar (filters on its rank-zero
+    logger), its hint to prepend ``srun`` (runs started outside ``srun`` on a SLURM login
     node are deliberate here; ``impulsevit submit`` starts the jobs under ``srun``) and the ``_pytree`` deprecation
     of Lightning's own code. Nothing else is filtered."""
     tips_log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if _LIGHTNING_TIPS not in tips_log.filters:
-        tips_log.addFilter(_LIGHTNING_TIPS)
+    for noise in (_LIGHTNING_TIPS, _CONSOLE_OVERRIDE):
+        if noise not in tips_log.filters:
+            tips_log.addFilter(noise)
     warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")
     # Lightning 2.6's own call of a torch API that torch deprecated (lightning/pytorch/utilities/_pytree.py), printed
     # at every loader / batch transfer setup; not the user's to act on
