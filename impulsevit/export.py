@@ -2,7 +2,8 @@
 
 A Lightning checkpoint of ``ImageClassifier`` (single file or FSDP2 distributed-checkpoint folder) becomes:
 
-- ``--format folder`` (default): a timm model folder, written by timm's own ``save_for_hf``: ``config.json``
+- ``--format folder`` (the default for any other ``OUT``): a timm model folder, written by timm's own
+  ``save_for_hf``: ``config.json``
   (``architecture``, ``num_classes``, ``label_names`` = the dataset's class names, ``model_args`` = the backbone's
   kwargs as built, ``pretrained_cfg`` with the run's evaluation transform: ``input_size``, ``mean``, ``std``,
   ``interpolation``, ``crop_pct``), ``model.safetensors`` and ``README.md``, a model card rendered by timm's
@@ -13,7 +14,8 @@ A Lightning checkpoint of ``ImageClassifier`` (single file or FSDP2 distributed-
   ``import impulsevit.models`` first). ``OUT`` must not exist or be empty; a folder written by an earlier export is
   replaced only with ``--overwrite``; anything else is refused, untouched. The folder is written next to ``OUT`` under a
   temp name and renamed into place (:mod:`impulsevit.io`): an interrupted export leaves no half folder.
-- ``--format state-dict``: the backbone's plain ``state_dict`` (``torch.save``, atomic), loaded with
+- ``--format state-dict`` (the default when ``OUT`` ends in ``.pth`` or ``.pt``): the backbone's plain ``state_dict``
+  (``torch.save``, atomic), loaded with
   ``timm.create_model(backbone, num_classes=C, checkpoint_path=OUT, **backbone_kwargs)`` (the line is printed).
 - ``--push-to-hub ORG/NAME`` (folder format): after the local folder, timm's ``push_to_hf_hub`` uploads the same
   weights, config and card (``huggingface_hub``; token from ``HF_TOKEN`` or ``hf auth login``, endpoint from
@@ -474,14 +476,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("ckpt", help="Lightning checkpoint file or FSDP2 checkpoint folder")
     parser.add_argument("out", help="output folder (folder format) or .pth file (state-dict format)")
     parser.add_argument("--ema", action="store_true", help="export the EMA weights instead of the raw ones")
-    parser.add_argument("--format", choices=("folder", "state-dict"), default="folder",
+    parser.add_argument("--format", choices=("folder", "state-dict"), default=None,
                         help="folder: timm model folder (config.json, model.safetensors, README.md); state-dict: "
-                             "a plain .pth (default: folder)")
+                             "a plain .pth (default: state-dict when OUT ends in .pth or .pt, else folder)")
     parser.add_argument("--overwrite", action="store_true", help="replace a folder an earlier export wrote")
     parser.add_argument("--push-to-hub", metavar="ORG/NAME", default=None,
                         help="also upload the model to the Hugging Face Hub (timm's push_to_hf_hub)")
     parser.add_argument("--private", action="store_true", help="with --push-to-hub: create a private repo")
     args = parser.parse_args(argv)
+    if args.format is None:  # `export CKPT vit.pth` means a file, as it always did; anything else a folder
+        args.format = "state-dict" if Path(args.out).suffix in (".pth", ".pt") else "folder"
     from impulsevit.io import WriteError
 
     try:

@@ -345,7 +345,8 @@ def test_state_dict_export_loads_in_timm_with_the_same_outputs(trained, tmp_path
     with pytest.raises(RuntimeError):  # a timm model of another shape refuses the file (strict load)
         _timm_model(out, num_classes=7)
     ema = tmp_path / "ema.pth"
-    assert main(["export", str(ckpt), str(ema), "--ema", "--format", "state-dict"]) == 0
+    assert main(["export", str(ckpt), str(ema), "--ema"]) == 0  # an OUT ending in .pth means --format state-dict
+    assert ema.is_file()
     sd = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
     exported = torch.load(ema, map_location="cpu", weights_only=True)
     assert all(torch.equal(exported[k], sd[f"ema.module.{k}"]) for k in exported)

@@ -198,7 +198,8 @@ class ImpulseCLI(LightningCLI):
             cause: BaseException | None = e
             while cause is not None and cause not in chain:
                 chain.append(cause)
-                cause = cause.__cause__ or cause.__context__
+                # an error raised `from None` is the one that names the problem: its hidden context is not followed
+                cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
             user = next((c for c in chain if isinstance(c, UserError)), None)
             # jsonargparse wraps the class's own error in its "Does not validate against any of the Union subtypes
             # ... Given value: Namespace(...)" report: the innermost error is the one that names the problem

@@ -61,7 +61,7 @@ from impulsevit.data.presets import PRESETS, default_preset
 from impulsevit.data.registry import DatasetInfo, Verify, get_dataset
 from impulsevit.data.sampling import EpochSampler, ResumableDataLoader, SampleKey, sample_seed
 from impulsevit.data.sources import ImageSource, image_folder_source
-from impulsevit.errors import ConfigError, DataError
+from impulsevit.errors import ConfigError, DataError, UserError
 
 __all__ = ["ImageDataModule", "SourceDataset", "default_cache_dir", "seeded_global_rngs"]
 
@@ -249,12 +249,14 @@ class ImageDataModule(BaseImageDataModule):
 
         Raises:
             DataError: the split cannot be read from ``root`` (missing files, no images, other counts than the
-                published dataset); the message names the dataset, split and path.
+                published dataset); the message names the dataset, split and path. ConfigError: the split does not
+                fit the configuration (e.g. a class folder the training split lacks), with the same prefix.
         """
         try:
             source = self.info.load(self.root, split, verify=self.verify)
         except (FileNotFoundError, NotADirectoryError, ValueError) as e:
-            raise DataError(f"dataset {self.info.name!r}, split {split!r}: {e}") from e
+            kind = type(e) if isinstance(e, UserError) else DataError  # a ConfigError keeps its exit status (2)
+            raise kind(f"dataset {self.info.name!r}, split {split!r}: {e}") from e
         k = self.train_subset if split == self.train_split else self.val_subset
         sub = subset_indices(len(source), k)
         return source.subset(sub) if sub is not None else source
