@@ -198,8 +198,10 @@ def checkpoint_candidates(run_dir: str | os.PathLike, extra_dirs: tuple[str | os
     skipped). Temp files and ``last_good.ckpt`` are excluded; completeness is not checked here."""
     run_dir = Path(run_dir)
     found: set[Path] = set()
+    folders: set[Path] = set()
     for d in (run_dir / "checkpoints", *map(Path, extra_dirs)):
-        if d.is_dir():
+        if d.is_dir() and d.resolve() not in folders:  # one folder named twice (relative, absolute) is read once
+            folders.add(d.resolve())
             found.update(p for p in d.glob("*.ckpt") if p.exists())  # not a broken link (see dangling_links)
     if run_dir.is_dir():
         found.update(run_dir.glob("hpc_ckpt_*.ckpt"))

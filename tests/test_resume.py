@@ -116,7 +116,7 @@ def test_resume_auto_prefers_a_newer_slurm_hpc_checkpoint(tmp_path):
     assert resumed.trainer.ckpt_path == str(hpc) and resumed.trainer.global_step == 8
 
 
-def test_resume_auto_picks_the_highest_step_whatever_the_modification_times(tmp_path):
+def test_resume_auto_picks_the_highest_step_whatever_the_modification_times(tmp_path, monkeypatch):
     """A copied run (cp, rsync, a restore from backup) where an older ``preempted.ckpt`` is the newest file: ``--resume
     auto`` continues from the checkpoint with the highest stored step, not the newest one by mtime."""
     stop2 = '--trainer.callbacks=[{"class_path": "_cli_helpers.StopAfterStep", "init_args": {"step": 2}}]'
@@ -131,6 +131,10 @@ def test_resume_auto_picks_the_highest_step_whatever_the_modification_times(tmp_
         os.utime(ckdir / name, (now - 100 + i, now - 100 + i))  # epoch file oldest, then last.ckpt, preempted newest
     assert latest_checkpoint(run) == ckdir / "last.ckpt"
     assert checkpoint_candidates(run)[-1] == ckdir / "preempted.ckpt"
+    # the checkpoint folder named twice (as `test` does: the run's relative path and the absolute one) is listed once
+    monkeypatch.chdir(tmp_path)
+    assert len(checkpoint_candidates("copied", extra_dirs=(ckdir,))) == len(steps)
+    monkeypatch.undo()
     resumed = run_cli(*tiny(tmp_path, "copied", "--resume=auto"))
     assert resumed.trainer.ckpt_path == str(ckdir / "last.ckpt") and resumed.trainer.global_step == 8
 
