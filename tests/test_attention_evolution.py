@@ -134,3 +134,23 @@ def test_resume_keeps_references_and_skips_the_init_point(two_runs, tmp_path):
     assert sorted(recs) == [0, 4, 8]
     assert (tmp_path / "c" / "attention" / "step_00000000.json").read_text() == first
     assert recs[8]["sources"] == ref[8]["sources"]
+
+
+def test_without_a_logger_nothing_is_written(tmp_path):
+    """A plain ``Trainer(logger=False)`` has no run directory: the callback records (returns) but writes no file into
+    the default root (the working directory by default)."""
+    import lightning as L
+
+    from impulsevit.callbacks import AttentionEvolution
+    from impulsevit.data.synthetic import SyntheticDataModule
+    from impulsevit.module import ImageClassifier
+
+    model = ImageClassifier("vit_tiny_patch16_224", {"img_size": 16, "patch_size": 4, "embed_dim": 32, "depth": 1,
+                                                     "num_heads": 2}, num_classes=4)
+    data = SyntheticDataModule(num_classes=4, image_size=16, num_train=16, num_val=8, batch_size=8)
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=tmp_path, accelerator="cpu")
+    trainer.fit(model, data)
+    evo = next(c for c in trainer.callbacks if isinstance(c, AttentionEvolution))
+    assert evo.references  # it measured (init and the epoch)
+    assert not (tmp_path / "attention").exists() and not list(tmp_path.rglob("step_*.json"))

@@ -11,9 +11,9 @@ checkpoint so a resumed run measures against the same one.
 
 Written from global rank 0: TensorBoard scalars ``attention_evolution/<source>/<metric>/layer_<i>`` (means over
 heads), one image grid per layer and logging point (``attention_evolution/images/layer_<i>``), and the raw per-head
-numbers as one JSON file per logging point, ``<run dir>/attention/step_<step>.json`` (atomic; a resumed run rewrites
-a point it reaches again with the same numbers). Every rank computes (FSDP2 gathers its shards collectively); the
-work happens at validation epoch ends, never inside a training step.
+numbers as one JSON file per logging point, ``<run dir>/attention/step_<step>.json`` (with a logger; atomic; a
+resumed run rewrites a point it reaches again with the same numbers). Every rank computes (FSDP2 gathers its shards
+collectively); the work happens at validation epoch ends, never inside a training step.
 
 Families: whatever ``impulsevit.init.attention_maps`` handles with images (ViT / DeiT: real attention; Swin: one
 window as the grid) and without (Mixer: the token-mixing kernel as an attention matrix, images ignored). For a model it
@@ -162,7 +162,9 @@ class AttentionEvolution(L.Callback):
                                          "kind": getattr(maps, "source", source),
                                          "layers": [[h.to_dict() for h in layer] for layer in heads],
                                          "means": layer_means(heads)}
-        log_dir = trainer.log_dir  # collective (broadcast from rank 0): every rank calls it
+        # collective (broadcast from rank 0): every rank calls it; without a logger there is no run directory, and
+        # nothing is written (Lightning's log_dir would be the default root, usually the working directory)
+        log_dir = trainer.log_dir if trainer.loggers else None
         if trainer.is_global_zero:
             self._write(trainer, record, maps_of.get("images"), log_dir)
         return record
