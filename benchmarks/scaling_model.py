@@ -4,7 +4,7 @@ which resource bounds each recipe on A100 and H100 nodes. Nothing is measured he
 docs/benchmarks.md ("Scaling model") and can be changed on the command line.
 
     python benchmarks/scaling_model.py [--per-core 990] [--a100-cores 128] [--h100-cores 112]
-        [--in21k-tb 1.1] [--staging-gb-s 1.25 3 12.5]
+        [--in21k-tb 1.1] [--staging-gb-s 1.25 3 12.5] [--gpu-figure h100:vit_base_patch16_224=IMG_S ...]
 
 Prints three tables (recipes, all-reduce by model and link, IN-21K staging) and, as the last line, ``ratio: X`` =
 CPU cores per node that the worst recipe's GPUs need ÷ the cores an H100 node has (above 1: even every core of the
@@ -32,7 +32,19 @@ def parse() -> argparse.Namespace:
     p.add_argument("--in21k-tb", type=float, default=1.1, help="size of the IN-21K train .beton, TB")
     p.add_argument("--staging-gb-s", type=float, nargs="+", default=[1.25, 3.0, 12.5],
                    help="copy bandwidths per node for the staging table, GB/s")
-    return p.parse_args()
+    p.add_argument("--gpu-figure", action="append", default=[], metavar="GPU:MODEL=IMG_S",
+                   help="a measured training img/s per GPU (e.g. from benchmarks/gpu_check.sh: "
+                        "h100:vit_base_patch16_224=2950) replacing that GPU's cited figure; repeatable")
+    args = p.parse_args()
+    args.anchors = {}
+    for spec in args.gpu_figure:
+        gpu, _, rest = spec.partition(":")
+        model, _, rate = rest.partition("=")
+        if gpu not in GPUS or model not in scaling.BACKBONE_TRUNK or not rate.replace(".", "", 1).isdigit():
+            p.error(f"--gpu-figure {spec!r}: expected GPU:MODEL=IMG_S with GPU in {GPUS} and MODEL in "
+                    f"{sorted(scaling.BACKBONE_TRUNK)}")
+        args.anchors[gpu] = (model, float(rate))
+    return args
 
 
 def layouts() -> list[scaling.RecipeLayout]:
@@ -57,7 +69,8 @@ def main() -> None:
         if layout.dataset == "imagenet21k":
             in21k = layout
         for gpu in GPUS:
-            b = scaling.bound(layout, gpu, classes, node_cores=cores[gpu], per_core=args.per_core)
+            b = scaling.bound(layout, gpu, classes, node_cores=cores[gpu], per_core=args.per_core,
+                              anchors=args.anchors)
             if b is None:
                 no_figure += [] if layout.name in no_figure else [layout.name]
                 continue
@@ -93,7 +106,7 @@ def main() -> None:
     if in21k is not None:
         classes, total = get_dataset("imagenet21k").releases["winter21_whole"]
         images = total - 50 * classes  # the registry holds out 50 images per class as the val split
-        rates = {g: scaling.gpu_images_per_s(in21k.backbone, g) for g in GPUS}
+        rates = {g: scaling.gpu_images_per_s(in21k.backbone, g, args.anchors) for g in GPUS}
         print(f"for comparison, one epoch of {in21k.name} ({images / 1e6:.1f} M images) on its {in21k.gpus} GPUs: "
               + ", ".join(f"{g.upper()} {images / (r * in21k.gpus) / 60:.0f} min" for g, r in rates.items() if r))
     print(f"\nworst recipe on H100 nodes: {worst[1]} needs {worst[0]:.2f}x the node's cores")

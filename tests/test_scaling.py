@@ -42,6 +42,10 @@ def test_params_and_gpu_figures():
     assert scaling.gpu_images_per_s("vit_small_patch16_224", "h100") == pytest.approx(7716.0)
     assert scaling.gpu_images_per_s("vit_tiny_patch16_224", "a100") == pytest.approx(1030.0 * 2293.54 / 390.86)
     assert scaling.gpu_images_per_s("vit_tiny_patch16_224", "v100") is None
+    # a measured figure (gpu_check.sh) replaces the cited one of its GPU only
+    measured = {"h100": ("vit_base_patch16_224", 2000.0)}
+    assert scaling.gpu_images_per_s("vit_tiny_patch16_224", "h100", measured) == pytest.approx(2000 * 2293.54 / 390.86)
+    assert scaling.gpu_images_per_s("vit_base_patch16_224", "a100", measured) == pytest.approx(1030.0)
 
 
 def test_bound_of_a_layout_by_hand():

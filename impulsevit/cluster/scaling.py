@@ -64,13 +64,15 @@ LINK_GB_S: dict[str, float] = {"nvlink-a100": 300.0, "nvlink-h100": 450.0, "pcie
 InfiniBand HDR (200 Gb/s) and NDR (400 Gb/s) with one adapter per GPU. NVLink and PCIe connect GPUs of one node."""
 
 
-def gpu_images_per_s(backbone: str, gpu: str) -> float | None:
+def gpu_images_per_s(backbone: str, gpu: str, anchors: dict[str, tuple[str, float]] | None = None) -> float | None:
     """Training img/s of one ``gpu`` (``"a100"``, ``"h100"``) for ``backbone`` at 224 px in 16-bit mixed precision:
     the GPU's measured anchor figure scaled by timm's relative speed of the two models; ``None`` for a model or GPU
-    without a figure."""
-    if gpu not in _ANCHORS or backbone not in _TIMM_RTX3090_TRAIN_IMG_S:
+    without a figure. ``anchors`` (``{gpu: (backbone, img/s)}``, e.g. from ``benchmarks/gpu_check.sh``) replaces the
+    cited figures of the GPUs it names."""
+    table = {**_ANCHORS, **(anchors or {})}
+    if gpu not in table or backbone not in _TIMM_RTX3090_TRAIN_IMG_S or table[gpu][0] not in _TIMM_RTX3090_TRAIN_IMG_S:
         return None
-    anchor, rate = _ANCHORS[gpu]
+    anchor, rate = table[gpu]
     return rate * _TIMM_RTX3090_TRAIN_IMG_S[backbone] / _TIMM_RTX3090_TRAIN_IMG_S[anchor]
 
 
@@ -196,11 +198,13 @@ def recipe_link(layout: RecipeLayout, gpu: str) -> str:
 
 
 def bound(layout: RecipeLayout, gpu: str, num_classes: int, node_cores: int | None = None,
-          per_core: float = LOADER_IMG_S_PER_CORE, link: str | None = None) -> Bound | None:
+          per_core: float = LOADER_IMG_S_PER_CORE, link: str | None = None,
+          anchors: dict[str, tuple[str, float]] | None = None) -> Bound | None:
     """Which resource bounds ``layout`` on ``gpu`` nodes with ``node_cores`` cores (default :data:`NODE_CORES`),
-    loader workers at ``per_core`` img/s, the gradient all-reduce over ``link`` (default :func:`recipe_link`);
-    ``None`` when the model, the GPU or the image size (only 224 px) has no figure."""
-    rate = gpu_images_per_s(layout.backbone, gpu)
+    loader workers at ``per_core`` img/s, the gradient all-reduce over ``link`` (default :func:`recipe_link`), GPU
+    figures from :func:`gpu_images_per_s` (``anchors``); ``None`` when the model, the GPU or the image size (only
+    224 px) has no figure."""
+    rate = gpu_images_per_s(layout.backbone, gpu, anchors)
     params = num_params(layout.backbone, num_classes)
     if rate is None or params is None or layout.image_size != 224 or layout.batch_per_gpu <= 0:
         return None
