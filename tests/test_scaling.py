@@ -73,7 +73,16 @@ def test_recipe_layouts_read_from_the_recipes():
     changed = scaling.read_recipe_layout(RECIPES / "deit_base_in1k.yaml",
                                          ["--model.backbone=vit_tiny_patch16_224", "--data.init_args.batch_size=32"])
     assert changed.backbone == "vit_tiny_patch16_224" and changed.batch_per_gpu == 32
+    assert changed.grad_bytes == 2 and scaling.read_recipe_layout(
+        RECIPES / "deit_base_in1k.yaml", ["--trainer.strategy=fsdp2"]).grad_bytes == 4  # fsdp2 reduces in fp32
     assert scaling.read_recipe_layout(RECIPES / "tiny_synthetic.yaml") is None  # a CPU recipe
+
+
+def test_a_recipe_without_plain_gpu_counts_has_no_layout_and_no_warning(tmp_path):
+    recipe = tmp_path / "auto.yaml"
+    recipe.write_text((RECIPES / "deit_tiny_in1k.yaml").read_text().replace("devices: 8", "devices: auto"))
+    assert scaling.read_recipe_layout(recipe) is None
+    assert _warning(tmp_path, "--recipe", str(recipe), "--constraint", "h100", "--cpus-per-task", "1") is None
 
 
 def test_gpu_from_constraint():

@@ -123,31 +123,48 @@ class RecipeLayout:
     gpus_per_node: int
     batch_per_gpu: int
     dataset: str | None
-    grad_bytes: int  # 2: bf16 gradient all-reduce (ddp_bf16, fsdp2), 4: fp32
+    grad_bytes: int  # 2: bf16 gradient all-reduce (ddp_bf16); 4: fp32 (ddp, fsdp2's reduce-scatter)
 
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
 
 
+def _whole(value: Any) -> int | None:
+    """``value`` as a positive int (``8``, ``"8"``), else ``None`` (``"auto"``, a device list, nothing)."""
+    text = str(value).strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def _grad_bytes(strategy: Any) -> int:
+    """Bytes per gradient value in the reduction: 2 for ``ddp_bf16`` (bf16 all-reduce); 4 otherwise (``ddp``, and
+    ``fsdp2``, whose reduce-scatter runs in fp32 and moves the same bytes as an all-reduce with its all-gather)."""
+    return 2 if str(strategy) == "ddp_bf16" else 4
+
+
 def recipe_layout(name: str, config: dict[str, Any]) -> RecipeLayout | None:
-    """The :class:`RecipeLayout` of a parsed recipe ``config`` (the YAML mapping); ``None`` for a CPU recipe."""
-    trainer = config.get("trainer") or {}
+    """The :class:`RecipeLayout` of a parsed recipe ``config`` (the YAML mapping); ``None`` for a CPU recipe, or when
+    the GPU count or per-GPU batch is not a plain number (``devices: auto``)."""
+    trainer = config.get("trainer") if isinstance(config.get("trainer"), dict) else {}
     if trainer.get("accelerator") not in ("gpu", "cuda"):
         return None
-    model, data = config.get("model") or {}, config.get("data") or {}
-    args = data.get("init_args", data) if isinstance(data, dict) else {}
-    strategy = str(trainer.get("strategy", "ddp"))
-    return RecipeLayout(name=name, backbone=str(model.get("backbone", "")), image_size=int(args.get("image_size", 224)),
-                        nodes=int(trainer.get("num_nodes", 1)), gpus_per_node=int(trainer.get("devices", 1)),
-                        batch_per_gpu=int(args.get("batch_size", 0)), dataset=args.get("dataset"),
-                        grad_bytes=2 if strategy in ("ddp_bf16", "fsdp2") else 4)
+    model = config.get("model") if isinstance(config.get("model"), dict) else {}
+    data = config.get("data") if isinstance(config.get("data"), dict) else {}
+    args = data.get("init_args", data)
+    args = args if isinstance(args, dict) else {}
+    nodes, devices = _whole(trainer.get("num_nodes", 1)), _whole(trainer.get("devices", 1))
+    batch, size = _whole(args.get("batch_size")), _whole(args.get("image_size", 224))
+    if None in (nodes, devices, batch, size):
+        return None
+    return RecipeLayout(name=name, backbone=str(model.get("backbone", "")), image_size=size, nodes=nodes,
+                        gpus_per_node=devices, batch_per_gpu=batch, dataset=args.get("dataset"),
+                        grad_bytes=_grad_bytes(trainer.get("strategy", "ddp")))
 
 
 def read_recipe_layout(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> RecipeLayout | None:
     """:func:`recipe_layout` of the recipe file ``path`` after the fit ``overrides`` that change the model's speed
-    (``--model.backbone=``, ``--data.init_args.image_size=`` / ``batch_size=``); ``None`` for a CPU recipe or an
-    unreadable file."""
+    (``--model.backbone=``, ``--data.init_args.image_size=`` / ``batch_size=``, ``--trainer.strategy=``); ``None`` for
+    a CPU recipe or an unreadable file."""
     import yaml
 
     try:
@@ -168,6 +185,8 @@ def read_recipe_layout(path: str | Path, overrides: tuple[str, ...] | list[str] 
             changes["image_size"] = int(value)
         elif key in ("--data.init_args.batch_size", "--data.batch_size") and value.strip().isdigit():
             changes["batch_per_gpu"] = int(value)
+        elif key == "--trainer.strategy" and value:
+            changes["grad_bytes"] = _grad_bytes(value)
     return RecipeLayout(**{**layout.__dict__, **changes})
 
 
