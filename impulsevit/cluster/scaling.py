@@ -56,7 +56,8 @@ GPU_SOURCES: dict[str, str] = {
 }
 
 NODE_CORES: dict[str, int] = {"a100": 128, "h100": 112}
-"""CPU cores of an 8-GPU node: DGX A100 (2 x 64-core EPYC 7742), DGX H100 (2 x 56-core Xeon 8480C)."""
+"""CPU cores of an 8-GPU node: A100 (2 x 64-core EPYC, as MLPerf's Inspur NF5488A5), H100 (2 x 56-core Xeon
+Platinum 8480C, the DGX H100 / H200 class); sources in docs/benchmarks.md."""
 
 LINK_GB_S: dict[str, float] = {"nvlink-a100": 300.0, "nvlink-h100": 450.0, "pcie4": 32.0, "ib-hdr": 25.0,
                                "ib-ndr": 50.0}
