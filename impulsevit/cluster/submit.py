@@ -11,6 +11,9 @@ from ``~/.config/impulsevit/slurm.yaml`` (:mod:`impulsevit.cluster.slurm_config`
 ``--dry-run`` prints the script and writes/submits nothing. When the recipe's FFCV ``.beton`` files are missing, a
 conversion job (one node, all its cores, ``impulsevit convert``; :mod:`impulsevit.cluster.convert_job`) is submitted
 first and the training job waits for it with ``--dependency=afterok:<id>`` (``--no-convert-job`` turns this off).
+A GPU job whose CPUs per task are fewer than the recipe's GPUs consume (:mod:`impulsevit.cluster.scaling`: the
+GPU's training img/s over the loader's img/s per core, + 2; GPU type from ``--constraint``, else A100) gets a one-line
+warning naming the recipe, the request and the need; it is still submitted.
 Without ``sbatch`` on PATH the script is still written and the error names it, so it can be submitted by hand. Exit
 codes: 0 submitted (or dry run), 1 ``sbatch`` missing or failed, 2 bad arguments.
 """
@@ -27,7 +30,8 @@ from pathlib import Path
 from impulsevit import recipes
 from impulsevit.cluster.convert_job import conversion_commands, convert_script_path, render_convert_sbatch
 from impulsevit.cluster.events import events_path, job_state
-from impulsevit.cluster.sbatch import FitJob, SlurmOptions, fit_command, recipe_data_workers, render_sbatch
+from impulsevit.cluster.sbatch import FitJob, SlurmOptions, fit_command, recipe_data_workers, render_sbatch, task_cpus
+from impulsevit.cluster.scaling import cpu_request_warning, gpu_from_constraint, read_recipe_layout
 from impulsevit.cluster.slurm_config import config_path, load_defaults
 from impulsevit.io import atomic_write_text
 
@@ -136,6 +140,17 @@ def check_fit_config(job: FitJob, opts: SlurmOptions) -> None:
         return
 
 
+def cpu_warning(job: FitJob, opts: SlurmOptions) -> str | None:
+    """A one-line warning when a GPU job's CPUs per task (flag, site default, or the recipe's workers + 2) are below
+    what the recipe's GPUs consume (:mod:`impulsevit.cluster.scaling`; the GPU type from ``--constraint``, A100
+    otherwise); ``None`` when enough, for CPU jobs, and for models without a throughput figure."""
+    cpus = task_cpus(job, opts)[0]
+    layout = read_recipe_layout(job.recipe, job.fit_overrides) if opts.gpus_per_node > 0 else None
+    if layout is None or cpus is None:
+        return None
+    return cpu_request_warning(layout, gpu_from_constraint(opts.constraint), cpus)
+
+
 def main(argv: list[str]) -> int:
     """Entry point of ``impulsevit submit``; returns the process exit code."""
     try:
@@ -153,6 +168,8 @@ def main(argv: list[str]) -> int:
     except (ValueError, FileNotFoundError, KeyError) as e:
         print(f"impulsevit submit: error: {e}", file=sys.stderr)
         return 2
+    if (warning := cpu_warning(job, opts)) is not None:
+        print(f"impulsevit submit: warning: {warning}", file=sys.stderr)
     if args.dry_run:
         if convert_script is not None:
             sys.stdout.write(convert_script + "# ---- then, with --dependency=afterok:<conversion job id>:\n")
