@@ -17,13 +17,13 @@ from impulsevit import __version__
 TRAINER_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 # subcommand -> (module, function(argv) -> exit status): provided by other parts of the package, imported on use
 EXTERNAL_SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "convert": ("impulsevit.data.convert_cli", "main"),
+    "convert": ("impulsevit.data.storage.convert_cli", "main"),
     "submit": ("impulsevit.cluster.submit", "main"),
     "study": ("impulsevit.study", "main"),
     "demo": ("impulsevit.init.demo", "main"),
     "init": ("impulsevit.init.plugins", "main"),
     "data": ("impulsevit.preview", "main"),
-    "download": ("impulsevit.data.download", "main"),
+    "download": ("impulsevit.data.sources.download", "main"),
 }
 LOCAL_SUBCOMMANDS = ("recipes", "export")
 ALL_SUBCOMMANDS = (*TRAINER_SUBCOMMANDS, *LOCAL_SUBCOMMANDS, *EXTERNAL_SUBCOMMANDS)

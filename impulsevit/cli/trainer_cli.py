@@ -23,7 +23,7 @@ from impulsevit.cli.config_saver import RunConfigSaver
 from impulsevit.cli.errors import one_line
 from impulsevit.cli.parser import ImpulseArgumentParser
 from impulsevit.cli.run_policy import resume_checkpoint, run_dir_of, start_new_run
-from impulsevit.data.base import BaseImageDataModule
+from impulsevit.data.loading.base import BaseImageDataModule
 from impulsevit.errors import ConfigError, UserError
 from impulsevit.io import WriteError, disk_oserror, write_error
 from impulsevit.preflight import finished_run
