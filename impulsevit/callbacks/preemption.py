@@ -37,7 +37,7 @@ What it does:
   Ctrl-C interrupts at once (Lightning's ``KeyboardInterrupt`` handling, no checkpoint).
 
 The checkpoint carries the loaders' position (:mod:`impulsevit.data.loading.sampling`) and every rank's RNG state
-(:class:`~impulsevit.checkpointing.RNGStateCheckpoint`), so ``--resume auto`` continues bit-exactly.
+(:class:`~impulsevit.callbacks.rng_state.RNGStateCheckpoint`), so ``--resume auto`` continues bit-exactly.
 - ``on_train_start``: on a resumed run, reports the checkpoint and the restored global step.
 
 Every action is printed (rank 0, stderr) and appended to the run's ``slurm/events.log``

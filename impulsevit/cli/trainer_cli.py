@@ -18,7 +18,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from impulsevit import __version__
-from impulsevit.checkpointing import AtomicCheckpointIO, RunCheckpoint
+from impulsevit.callbacks.run_checkpoint import RunCheckpoint
+from impulsevit.checkpointing import AtomicCheckpointIO
 from impulsevit.cli.config_saver import RunConfigSaver
 from impulsevit.cli.errors import one_line
 from impulsevit.cli.parser import ImpulseArgumentParser
@@ -37,7 +38,8 @@ class ImpulseCLI(LightningCLI):
     """LightningCLI for :class:`impulsevit.module.ImageClassifier` and any :class:`BaseImageDataModule` subclass.
 
     See :mod:`impulsevit.cli` for the command line. Extra keys (all subcommands): ``name``, ``runs_dir``, ``resume``
-    and the ``checkpoint`` group (:class:`~impulsevit.checkpointing.RunCheckpoint`, a Lightning ``ModelCheckpoint``;
+    and the ``checkpoint`` group (:class:`~impulsevit.callbacks.run_checkpoint.RunCheckpoint`, a Lightning
+    ``ModelCheckpoint``;
     defaults ``monitor: val/acc1``, ``mode: max``, ``save_last: true``, ``dirpath: <run_dir>/checkpoints``). Trainer
     defaults added when the recipe does not set them: ``default_root_dir=<run_dir>``,
     ``TensorBoardLogger(save_dir=runs_dir, name=name, version="")``, the
