@@ -47,7 +47,8 @@ def build_datamodule(cli_args: list[str]):  # noqa: ANN201 - any BaseImageDataMo
     ``data`` is instantiated. Raises ``SystemExit(2)`` with the parser's message on bad keys or values."""
     from lightning.pytorch.cli import instantiate_class
 
-    from impulsevit.cli import ImpulseCLI, prepare_argv
+    from impulsevit.cli.argv import prepare_argv
+    from impulsevit.cli.trainer_cli import ImpulseCLI
 
     class _DataOnlyCLI(ImpulseCLI):
         def instantiate_classes(self) -> None:  # the data section only: no model, no trainer, no accelerator
