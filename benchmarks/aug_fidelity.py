@@ -9,7 +9,7 @@ source) so that only what follows differs:
   forced, ``Normalize``, ``RandomErasing``), one image at a time; reference.
 - ``timm-timm``: the same with another seed: the noise floor of every distance.
 - ``ffcv``: what the ffcv backend runs after decoding, ``ImageDataModule(backend="ffcv").device_augment()`` on uint8
-  batches (:class:`impulsevit.data.augment.DeviceAugment`).
+  batches (:class:`impulsevit.data.augment.device.DeviceAugment`).
 - ``torchvision``: ``ImageDataModule(backend="torchvision")``'s worker transform (timm's, PIL) then its
   ``device_augment()`` (normalise + erasing on the batch).
 
@@ -126,7 +126,7 @@ def timm_pipeline(n: int, size: int, jitter: bool, seed: int, src: np.ndarray) -
     the magnitudes of the applied ops that take one."""
     from timm.data.transforms_factory import transforms_imagenet_train
 
-    from impulsevit.data.augment import fix_timm_posterize
+    from impulsevit.data.augment.device import fix_timm_posterize
 
     cfg = _augment_cfg(jitter)
     tf = transforms_imagenet_train(size, scale=cfg["scale"], ratio=cfg["ratio"], hflip=0.0, interpolation="bicubic",
@@ -145,7 +145,7 @@ def timm_pipeline(n: int, size: int, jitter: bool, seed: int, src: np.ndarray) -
 
 
 def _op_names() -> list[str]:
-    from impulsevit.data.augment import BatchRandAugment
+    from impulsevit.data.augment.device import BatchRandAugment
 
     return BatchRandAugment(POLICY).names
 
@@ -157,7 +157,7 @@ def _denorm(x: torch.Tensor) -> np.ndarray:
 
 
 def _datamodule(backend: str, jitter: bool, seed: int, size: int):  # noqa: ANN202
-    from impulsevit.data.datamodule import ImageDataModule
+    from impulsevit.data.loading.datamodule import ImageDataModule
 
     # the dataset only names the class count here: the images come from ``photos()``, the settings from the arguments
     return ImageDataModule(dataset="fashion_mnist", backend=backend, image_size=size, interpolation="bicubic",

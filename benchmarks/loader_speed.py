@@ -1,15 +1,16 @@
 """Loader speed: FFCV (impulsevit's default backend) vs torchvision ImageFolder + DataLoader, side by side.
 
 Generates a few thousand JPEGs (ImageNet-like sizes, ~450 × 340, 10 classes) in a temp folder, converts them with
-``impulsevit.data.convert`` for each preset (reporting images/s and ``.beton`` size), then times training epochs of
+``impulsevit.data.storage.convert`` for each preset (reporting images/s and ``.beton`` size), then times training epochs
+of
 each loader at 64 and 224 px with the same workers, batch size and augmentation: RandomResizedCrop (scale 0.08–1) +
 horizontal flip, bicubic (PIL's filter on both sides, as the recipes) → uint8 ``(B, 3, S, S)``
-batch → ``impulsevit.data.augment.normalize`` to float32 in the main thread
+batch → ``impulsevit.data.augment.device.normalize`` to float32 in the main thread
 (what the datamodule does on a CPU trainer). Every decoded image is a fresh decode and crop: nothing is cached across
 epochs except the files themselves (the OS page cache, for both sides).
 
 Contenders per size: ``torchvision`` decodes the original JPEGs (PIL, ``num_workers`` processes); ``ffcv:<preset>``
-reads that preset's ``.beton`` through :func:`impulsevit.data.ffcv_loader.build_ffcv_loader` (``num_workers``
+reads that preset's ``.beton`` through :func:`impulsevit.data.loading.ffcv_loader.build_ffcv_loader` (``num_workers``
 threads). For context only, ``torchvision@256`` decodes the same JPEGs pre-resized to max side 256 (quality 90): the
 share of FFCV's gain that comes from storing smaller images rather than from the loader.
 
@@ -42,10 +43,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from impulsevit.data.augment import normalize
-from impulsevit.data.convert import PRESETS, convert_split
-from impulsevit.data.ffcv_loader import build_ffcv_loader
-from impulsevit.data.sources import image_folder_source
+from impulsevit.data.augment.device import normalize
+from impulsevit.data.loading.ffcv_loader import build_ffcv_loader
+from impulsevit.data.sources.image_source import image_folder_source
+from impulsevit.data.storage.convert import PRESETS, convert_split
 from impulsevit.memory import reuse_large_allocations
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

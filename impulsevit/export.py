@@ -140,7 +140,7 @@ def data_config(ckpt: dict[str, Any]) -> dict[str, Any]:
         return {k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items()}
     dm = ckpt.get("datamodule_hyper_parameters") or {}
     if "dataset" in dm and "image_size" in dm:
-        from impulsevit.data.registry import get_dataset
+        from impulsevit.data.sources.registry import get_dataset
 
         info = get_dataset(dm["dataset"])
         size = int(dm["image_size"])

@@ -193,7 +193,8 @@ def check_resume_loader(path: str | os.PathLike, datamodule: Any) -> None:
     """Raise :class:`ConfigError` when ``fit`` resumes a checkpoint taken mid-epoch whose training-loader state was
     saved with another per-device batch size than ``datamodule.batch_size`` (the interrupted epoch's order cannot be
     continued; found here before any work, not when the loader is built). Other differences (sample count, seed) are
-    checked when the loader is built (:meth:`~impulsevit.data.sampling.LoaderState.check`). A folder (distributed
+    checked when the loader is built (:meth:`~impulsevit.data.loading.sampling.LoaderState.check`). A folder
+    (distributed
     checkpoint) or a checkpoint without a loader state passes."""
     path = Path(path)
     if path.is_dir() or not hasattr(datamodule, "batch_size"):

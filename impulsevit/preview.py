@@ -47,7 +47,8 @@ def build_datamodule(cli_args: list[str]):  # noqa: ANN201 - any BaseImageDataMo
     ``data`` is instantiated. Raises ``SystemExit(2)`` with the parser's message on bad keys or values."""
     from lightning.pytorch.cli import instantiate_class
 
-    from impulsevit.cli import ImpulseCLI, prepare_argv
+    from impulsevit.cli.argv import prepare_argv
+    from impulsevit.cli.trainer_cli import ImpulseCLI
 
     class _DataOnlyCLI(ImpulseCLI):
         def instantiate_classes(self) -> None:  # the data section only: no model, no trainer, no accelerator
@@ -99,9 +100,9 @@ def _beton_sources(dm: Any, split: str, beton: Path) -> tuple[Any, np.ndarray | 
     """(source or None, beton position → source index, stored (h, w) per beton sample) of an FFCV split."""
     from ffcv.reader import Reader
 
-    from impulsevit.data.convert import subset_indices
-    from impulsevit.data.manifest import read_manifest
-    from impulsevit.data.registry import get_dataset
+    from impulsevit.data.sources.registry import get_dataset
+    from impulsevit.data.storage.convert import subset_indices
+    from impulsevit.data.storage.manifest import read_manifest
 
     reader = Reader(str(beton))
     names = list(reader.handlers)
@@ -130,7 +131,7 @@ def _beton_sources(dm: Any, split: str, beton: Path) -> tuple[Any, np.ndarray | 
 
 def collect(dm: Any, split: str, num: int) -> dict[str, Any]:
     """The first ``num`` samples of ``split`` (``train`` or ``val``) as the model receives them; see the module
-    docstring for the keys. ``dm`` is an un-set-up :class:`~impulsevit.data.datamodule.ImageDataModule` (or any
+    docstring for the keys. ``dm`` is an un-set-up :class:`~impulsevit.data.loading.datamodule.ImageDataModule` (or any
     datamodule with the same hooks); its ``batch_size`` is set to ``num``."""
     if split not in ("train", "val"):
         raise ValueError(f"--split must be 'train' or 'val', got {split!r}")
@@ -257,7 +258,7 @@ def class_names(dm: Any, split: str) -> list[str] | None:
     if found is not None and getattr(found.source, "classes", None):
         return list(found.source.classes)
     if getattr(dm, "backend", None) == "ffcv":
-        from impulsevit.data.manifest import read_manifest
+        from impulsevit.data.storage.manifest import read_manifest
 
         name = dm.train_split if split == "train" else dm.val_split
         manifest = read_manifest(dm.beton_path(name), check_size=False) or {}

@@ -27,7 +27,7 @@ import torch
 
 from impulsevit import ImageClassifier
 from impulsevit.callbacks import Initializer
-from impulsevit.data.synthetic import SyntheticDataModule
+from impulsevit.data.loading.synthetic import SyntheticDataModule
 from impulsevit.init import initialize, read_full, register
 from impulsevit.init.api import InitResult
 from impulsevit.init.vit import is_vit

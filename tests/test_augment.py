@@ -13,7 +13,7 @@ from PIL import Image
 from scipy.stats import ks_2samp
 from timm.data.auto_augment import _HPARAMS_DEFAULT, LEVEL_TO_ARG, NAME_TO_OP
 
-from impulsevit.data.augment import (
+from impulsevit.data.augment.device import (
     _GEOMETRIC,
     BatchColorJitter,
     BatchRandAugment,
@@ -181,7 +181,7 @@ def test_unsupported_policies_are_rejected():
 def test_random_erasing_matches_timm_in_distribution(count):
     from timm.data.random_erasing import RandomErasing
 
-    from impulsevit.data.augment import BatchRandomErasing
+    from impulsevit.data.augment.device import BatchRandomErasing
 
     n, size = 600, 24
     x = torch.full((n, 3, size, size), 7.0)
@@ -215,7 +215,7 @@ def test_draws_are_a_function_of_seed_epoch_step_rank():
 def test_datamodule_gives_randaugment_the_recipes_interpolation(interpolation):
     """timm's train transform resamples RandAugment's geometric ops with the recipe's interpolation; the ffcv
     backend's device RandAugment gets the same."""
-    from impulsevit.data.datamodule import ImageDataModule
+    from impulsevit.data.loading.datamodule import ImageDataModule
 
     dm = ImageDataModule(dataset="fashion_mnist", backend="ffcv", interpolation=interpolation,
                          augment={"auto_augment": "rand-m9-mstd0.5-inc1"})

@@ -195,7 +195,7 @@ def test_every_recipe_fast_dev_run(tmp_path, recipe_path):
 def test_callbacks_named_in_the_config_are_not_doubled_by_the_defaults(tmp_path):
     """An sbatch script (or recipe) naming SlurmRequeue / RNGStateCheckpoint gets one of each: the configured one."""
     from impulsevit.callbacks.preemption import SlurmRequeue
-    from impulsevit.checkpointing import RNGStateCheckpoint
+    from impulsevit.callbacks.rng_state import RNGStateCheckpoint
 
     cli = run_cli(*tiny(tmp_path, "dedupe", "--trainer.max_epochs=1",
                         "--trainer.callbacks+=impulsevit.callbacks.preemption.SlurmRequeue",

@@ -210,7 +210,7 @@ def test_a_validation_class_missing_from_training_is_an_error_naming_it(tmp_path
     with train's classes). Now one line names the folder, through `fit` and through `convert`."""
     from test_data_registry import save_jpeg
 
-    from impulsevit.data.convert_cli import main as convert_main
+    from impulsevit.data.storage.convert_cli import main as convert_main
 
     for split, names in (("train", ["cat", "dog"]), ("val", ["bird", "cat", "dog"])):
         for name in names:

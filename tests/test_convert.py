@@ -15,8 +15,8 @@ pytest.importorskip("ffcv")
 
 from test_data_registry import make_cifar, save_jpeg  # noqa: E402
 
-from impulsevit.data.convert import PRESETS, manifest_path  # noqa: E402
-from impulsevit.data.convert_cli import main  # noqa: E402
+from impulsevit.data.storage.convert import PRESETS, manifest_path  # noqa: E402
+from impulsevit.data.storage.convert_cli import main  # noqa: E402
 
 pytestmark = pytest.mark.ffcv
 
@@ -160,8 +160,8 @@ def test_small_images_stored_raw_and_conversion_is_deterministic(tmp_path):
     pytest.importorskip("ffcv")
     from PIL import Image
 
-    from impulsevit.data.convert import PRESETS, convert_split
-    from impulsevit.data.sources import image_folder_source
+    from impulsevit.data.sources.image_source import image_folder_source
+    from impulsevit.data.storage.convert import PRESETS, convert_split
 
     rng = np.random.default_rng(0)
     for name, side in (("small", 32), ("large", 120)):
@@ -190,8 +190,8 @@ def test_small_images_stored_raw_and_conversion_is_deterministic(tmp_path):
 def test_output_that_is_a_directory_is_refused_and_kept(tmp_path, capsys):
     """`convert SRC X.beton` where X.beton is a folder: one line naming it, exit 2, the folder and its files intact;
     the library call (no CLI check) is refused at the commit, after the work, and also keeps the folder."""
-    from impulsevit.data.convert import convert_split
-    from impulsevit.data.registry import get_dataset
+    from impulsevit.data.sources.registry import get_dataset
+    from impulsevit.data.storage.convert import convert_split
     from impulsevit.io import WriteError
 
     src, out = tmp_path / "src", tmp_path / "X.beton"

@@ -12,15 +12,16 @@ import pytest
 from _cli_helpers import subprocess_env
 from test_convert import make_tree
 
-from impulsevit.data.convert import read_manifest
-from impulsevit.data.locking import file_lock
+from impulsevit.data.storage.convert import read_manifest
+from impulsevit.data.storage.locking import file_lock
 
 
 @pytest.mark.slow
 def test_two_converter_processes_of_one_file_convert_once(tmp_path):
     make_tree(tmp_path / "src", per_class=2, size=(24, 32))
     out = tmp_path / "cache" / "train.beton"
-    cmd = [sys.executable, "-m", "impulsevit.data.convert_cli", str(tmp_path / "src"), str(out), "--split", "train",
+    cmd = [sys.executable, "-m", "impulsevit.data.storage.convert_cli", str(tmp_path / "src"), str(out),
+           "--split", "train",
            "--workers", "1", "--no-progress"]
     env = {**subprocess_env(), "PYTHONUNBUFFERED": "1"}
     logs = [tmp_path / f"conv{i}.log" for i in range(2)]

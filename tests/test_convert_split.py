@@ -1,6 +1,9 @@
-"""The conversion library and its command line are separate modules: ``impulsevit.data.convert`` (what the datamodule
-imports) loads without argparse or Lightning, ``impulsevit.data.convert_cli`` is the ``impulsevit convert`` front end
-(also behind the old ``python -m impulsevit.data.convert``); and the scan's worker pool gives what the in-process scan
+"""The conversion library and its command line are separate modules: ``impulsevit.data.storage.convert`` (what the
+datamodule
+imports) loads without argparse or Lightning, ``impulsevit.data.storage.convert_cli`` is the ``impulsevit convert``
+front end
+(also ``python -m impulsevit.data.storage.convert_cli``; the library does not import it back); and the scan's worker
+pool gives what the in-process scan
 gives, without leaving the source in a module global of the parent."""
 
 from __future__ import annotations
@@ -13,24 +16,24 @@ import numpy as np
 from _cli_helpers import subprocess_env
 from test_data_registry import save_jpeg
 
-from impulsevit.data import convert
-from impulsevit.data.sources import image_folder_source
+from impulsevit.data.sources.image_source import image_folder_source
+from impulsevit.data.storage import convert
 
 
 def test_the_library_imports_no_command_line_machinery():
     """In a fresh interpreter: the library pulls in neither argparse nor the front end nor Lightning; the front end
     does not pull in Lightning either."""
-    code = ("import sys, impulsevit.data.convert as c; "
-            "bad = [m for m in ('argparse', 'impulsevit.data.convert_cli', 'lightning') if m in sys.modules]; "
-            "assert not bad, bad; import impulsevit.data.convert_cli; "
+    code = ("import sys, impulsevit.data.storage.convert as c; "
+            "bad = [m for m in ('argparse', 'impulsevit.data.storage.convert_cli', 'lightning') if m in sys.modules]; "
+            "assert not bad, bad; import impulsevit.data.storage.convert_cli; "
             "assert 'argparse' in sys.modules and 'lightning' not in sys.modules; print(sorted(c.PRESETS))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env())
     assert out.returncode == 0, out.stderr
     assert "short256" in out.stdout
 
 
-def test_both_module_entry_points_run_the_command(tmp_path):
-    for module in ("impulsevit.data.convert_cli", "impulsevit.data.convert"):
+def test_the_module_entry_point_runs_the_command(tmp_path):
+    for module in ("impulsevit.data.storage.convert_cli",):
         out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True,
                              env=subprocess_env())
         assert out.returncode == 0, out.stderr

@@ -1,4 +1,5 @@
-"""``ImageDataModule``'s typed blocks ``augment`` / ``storage`` (impulsevit/data/config.py): range checks naming the
+"""``ImageDataModule``'s typed blocks ``augment`` / ``storage`` (impulsevit/data/loading/config.py): range checks naming
+the
 key, mappings / dataclasses / None accepted, plain dicts in the hyperparameters, the recipes' keys, and the CLI path
 (dotted overrides reach the datamodule, a misspelled nested key is named with its fix, a bad value is one line)."""
 
@@ -13,8 +14,8 @@ import pytest
 import torch
 import yaml
 
-from impulsevit.data.config import AugmentConfig, StorageConfig
-from impulsevit.data.datamodule import ImageDataModule
+from impulsevit.data.loading.config import AugmentConfig, StorageConfig
+from impulsevit.data.loading.datamodule import ImageDataModule
 from impulsevit.errors import ConfigError
 
 RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))

@@ -24,7 +24,7 @@ import torch
 import torchvision.datasets
 from PIL import Image
 
-from impulsevit.data import download as dl
+from impulsevit.data.sources import download as dl
 from impulsevit.preview import main as preview_main
 
 N_TRAIN, N_TEST = 10, 5
@@ -97,7 +97,7 @@ def test_download_cli_fetches_cifar10_into_the_readers_layout(tmp_path, local_ci
     assert dl.main(["cifar10", str(root), "--verify", "warn"]) == 0
     out = capsys.readouterr().out
     assert "train 10, test 5 images" in out and f"--data.init_args.root={root.resolve()}" in out
-    from impulsevit.data.registry import get_dataset
+    from impulsevit.data.sources.registry import get_dataset
 
     with pytest.warns(UserWarning, match="expected 10000"):
         source = get_dataset("cifar10").load(root, "test", verify="warn")
@@ -128,7 +128,7 @@ def test_imagenet_cannot_download_and_says_what_to_obtain(tmp_path, name, needle
 
 
 def test_every_downloadable_dataset_has_a_torchvision_class():
-    from impulsevit.data.registry import get_dataset
+    from impulsevit.data.sources.registry import get_dataset
 
     for name, (cls, _) in dl.DOWNLOADABLE.items():
         assert hasattr(torchvision.datasets, cls) and get_dataset(name).name == name
@@ -219,10 +219,10 @@ def test_preview_ffcv_backend_reports_stored_sizes(tmp_path, photo_folder):
     for i, path in enumerate(val["paths"]):
         with Image.open(path) as im:
             assert val["source_hw"][i].tolist() == [im.height, im.width]
-    from impulsevit.data.convert import read_manifest
+    from impulsevit.data.storage.convert import read_manifest
 
     beton = next((tmp_path / "ffcv").glob("imagefolder-val-*.beton"))
-    from impulsevit.data.convert import Preset
+    from impulsevit.data.storage.convert import Preset
 
     preset = Preset(**read_manifest(beton)["preset"])
     resized = 0
@@ -245,7 +245,7 @@ def test_preview_quickstart_on_every_backend_and_split(tmp_path, backend, split)
     """The quickstart recipe on Debian's real Fashion-MNIST (200 / 100 image subsets): every backend × split writes
     its files and the labels follow the reported indices into the real split (val: in order; train: the epoch's
     shuffled order, which the torchvision backend's sampler yields as index keys)."""
-    from impulsevit.data.registry import get_dataset
+    from impulsevit.data.sources.registry import get_dataset
 
     out = tmp_path / "out"
     result = _preview(out, split, 8, "--recipe", "quickstart", f"--data.init_args.backend={backend}",
@@ -255,7 +255,7 @@ def test_preview_quickstart_on_every_backend_and_split(tmp_path, backend, split)
     assert result["backend"] == backend and result["images"].shape == (8, 3, 28, 28)
     info = get_dataset("fashion_mnist")
     source = info.load(None, info.train_split if split == "train" else info.val_split, verify="off")
-    from impulsevit.data.convert import subset_indices
+    from impulsevit.data.storage.convert import subset_indices
 
     sub = subset_indices(len(source), 200 if split == "train" else 100)
     indices = result["indices"].numpy()

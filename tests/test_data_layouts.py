@@ -17,7 +17,7 @@ import yaml
 from scipy.io import savemat
 from test_data_registry import make_imagenet, save_jpeg
 
-from impulsevit.data.registry import IMAGENET_MEAN, IMAGENET_STD, get_dataset
+from impulsevit.data.sources.registry import IMAGENET_MEAN, IMAGENET_STD, get_dataset
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 

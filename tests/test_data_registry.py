@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from impulsevit.data.formats import read_idx
-from impulsevit.data.registry import DatasetMismatchError, detect_dataset, get_dataset, list_datasets
-from impulsevit.data.sources import image_folder_source
+from impulsevit.data.sources.formats import read_idx
+from impulsevit.data.sources.image_source import image_folder_source
+from impulsevit.data.sources.registry import DatasetMismatchError, detect_dataset, get_dataset, list_datasets
 
 
 def _rng(seed: int = 0) -> np.random.Generator:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from impulsevit.data.sampling import RepeatedAugSampler, repeated_aug_order
+from impulsevit.data.loading.sampling import RepeatedAugSampler, repeated_aug_order
 
 
 @pytest.mark.parametrize("world", [1, 2, 8])

@@ -20,10 +20,10 @@ pytest.importorskip("ffcv")
 from test_convert import make_tree  # noqa: E402
 
 from impulsevit.cli import main as cli_main  # noqa: E402
-from impulsevit.data.convert import PRESETS, convert_split, manifest_path  # noqa: E402
-from impulsevit.data.convert_cli import main  # noqa: E402
-from impulsevit.data.integrity import BetonError, check_header, verify_beton  # noqa: E402
-from impulsevit.data.registry import get_dataset  # noqa: E402
+from impulsevit.data.sources.registry import get_dataset  # noqa: E402
+from impulsevit.data.storage.convert import PRESETS, convert_split, manifest_path  # noqa: E402
+from impulsevit.data.storage.convert_cli import main  # noqa: E402
+from impulsevit.data.storage.integrity import BetonError, check_header, verify_beton  # noqa: E402
 from impulsevit.io import WriteError, atomic_write_text  # noqa: E402
 
 pytestmark = pytest.mark.ffcv
@@ -196,8 +196,8 @@ def test_first_use_of_a_beton_checks_every_chunk_then_later_uses_are_sampled(bet
     import json
     import random
 
-    from impulsevit.data.datamodule import ImageDataModule
-    from impulsevit.data.integrity import file_digests, sampled_detection_probability, verified_path
+    from impulsevit.data.loading.datamodule import ImageDataModule
+    from impulsevit.data.storage.integrity import file_digests, sampled_detection_probability, verified_path
 
     def setup(train: Path, val: Path) -> None:
         dm = ImageDataModule("imagefolder", backend="ffcv", image_size=32, batch_size=2, num_workers=1,

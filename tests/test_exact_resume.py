@@ -170,7 +170,7 @@ def _group(pgid: int) -> set[int]:
 WORKER_SCRIPT = """
 import sys, torch
 from torch.utils.data import DataLoader, TensorDataset
-from impulsevit.data.base import worker_init_fn
+from impulsevit.data.loading.base import worker_init_fn
 loader = DataLoader(TensorDataset(torch.arange(64.0)), batch_size=8, num_workers=1, persistent_workers=True,
                     worker_init_fn=worker_init_fn(0))
 it = iter(loader)

@@ -44,7 +44,7 @@ FAMILIES = {  # tiny_synthetic with another backbone: (backbone, kwargs, needs `
 
 def _fmnist_folder(root: Path) -> Path:
     """``root/{train,val}/<class>/<n>.png``: 48 train and 16 val images of each of four Fashion-MNIST classes."""
-    from impulsevit.data.registry import get_dataset
+    from impulsevit.data.sources.registry import get_dataset
 
     source = get_dataset("fashion_mnist").load(None, "test", verify="off")
     labels = np.asarray(source.labels)
@@ -192,7 +192,7 @@ def test_plain_timm_loads_every_family_from_the_folder_in_a_fresh_process(vit_ru
 def test_the_folders_data_config_builds_the_runs_evaluation_transform(vit_run, tmp_path):
     """``create_transform(**resolve_data_config({}, model=m))`` gives the pixels the run evaluated on: the datamodule's
     eval transform (torchvision backend, uint8) normalised as the datamodule does."""
-    from impulsevit.data.augment import normalize
+    from impulsevit.data.augment.device import normalize
 
     cli, run_dir, _, root = vit_run
     _export(_last(run_dir), tmp_path / "vit")

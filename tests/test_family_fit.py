@@ -21,7 +21,7 @@ from torch import nn
 import impulsevit.models  # noqa: F401  (registers convmixer_cifar with timm)
 from impulsevit import ImageClassifier
 from impulsevit.callbacks import Initializer
-from impulsevit.data.synthetic import SyntheticDataModule
+from impulsevit.data.loading.synthetic import SyntheticDataModule
 from impulsevit.models.convmixer import depthwise_convs
 
 VIT = ("vit_tiny_patch16_224", dict(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=2))

@@ -20,10 +20,10 @@ pytest.importorskip("ffcv")
 
 from test_data_registry import save_jpeg  # noqa: E402
 
-from impulsevit.data.convert import PRESETS, convert_split  # noqa: E402
-from impulsevit.data.datamodule import ImageDataModule  # noqa: E402
-from impulsevit.data.ffcv_loader import build_ffcv_loader  # noqa: E402
-from impulsevit.data.sources import ArraySource  # noqa: E402
+from impulsevit.data.loading.datamodule import ImageDataModule  # noqa: E402
+from impulsevit.data.loading.ffcv_loader import build_ffcv_loader  # noqa: E402
+from impulsevit.data.sources.image_source import ArraySource  # noqa: E402
+from impulsevit.data.storage.convert import PRESETS, convert_split  # noqa: E402
 
 pytestmark = pytest.mark.ffcv
 FASHION = Path("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz")
@@ -120,7 +120,7 @@ LIGHTNING_SCRIPT = textwrap.dedent("""
     import json, os, sys
     import lightning as L
     import torch
-    from impulsevit.data.datamodule import ImageDataModule
+    from impulsevit.data.loading.datamodule import ImageDataModule
 
     class Tiny(L.LightningModule):
         def __init__(self, num_classes):
@@ -142,7 +142,7 @@ LIGHTNING_SCRIPT = textwrap.dedent("""
             return torch.optim.SGD(self.parameters(), lr=0.5)
         def on_train_end(self):  # inside the DDP process group: the plain (RANDOM, distributed=True) order too
             if self.trainer.world_size > 1:
-                from impulsevit.data.ffcv_loader import build_ffcv_loader
+                from impulsevit.data.loading.ffcv_loader import build_ffcv_loader
                 loader = build_ffcv_loader(sys.argv[3], train=True, image_size=8, batch_size=4, num_workers=1)
                 self.plain = [(epoch, [y.tolist() for _, y in loader]) for epoch in (0, 1)]
 
@@ -181,7 +181,7 @@ def _run(tmp_path: Path, *args: str) -> list[dict]:
 
 @pytest.mark.slow
 def test_converted_folder_with_corrupt_files_trains(tmp_path):
-    from impulsevit.data.convert_cli import main
+    from impulsevit.data.storage.convert_cli import main
 
     _make_corrupt_tree(tmp_path / "src")
     assert main([str(tmp_path / "src"), str(tmp_path / "out"), "--workers", "1", "--no-progress"]) == 0

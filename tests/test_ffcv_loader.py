@@ -14,10 +14,10 @@ import torch
 
 pytest.importorskip("ffcv")
 
-from impulsevit.data.augment import normalize  # noqa: E402
-from impulsevit.data.convert import PRESETS, Preset, convert_split  # noqa: E402
-from impulsevit.data.ffcv_loader import build_ffcv_loader  # noqa: E402
-from impulsevit.data.sources import ArraySource  # noqa: E402
+from impulsevit.data.augment.device import normalize  # noqa: E402
+from impulsevit.data.loading.ffcv_loader import build_ffcv_loader  # noqa: E402
+from impulsevit.data.sources.image_source import ArraySource  # noqa: E402
+from impulsevit.data.storage.convert import PRESETS, Preset, convert_split  # noqa: E402
 
 pytestmark = pytest.mark.ffcv
 N, S = 96, 24

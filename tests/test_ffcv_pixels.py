@@ -20,11 +20,11 @@ from PIL import Image
 
 pytest.importorskip("ffcv")
 
-from impulsevit.data.convert import PRESETS, convert_split  # noqa: E402
-from impulsevit.data.datamodule import ImageDataModule  # noqa: E402
-from impulsevit.data.ffcv_loader import build_ffcv_loader  # noqa: E402
-from impulsevit.data.resample import BICUBIC, BILINEAR, resample_crop  # noqa: E402
-from impulsevit.data.sources import ArraySource  # noqa: E402
+from impulsevit.data.loading.datamodule import ImageDataModule  # noqa: E402
+from impulsevit.data.loading.ffcv_loader import build_ffcv_loader  # noqa: E402
+from impulsevit.data.loading.resample import BICUBIC, BILINEAR, resample_crop  # noqa: E402
+from impulsevit.data.sources.image_source import ArraySource  # noqa: E402
+from impulsevit.data.storage.convert import PRESETS, convert_split  # noqa: E402
 
 pytestmark = pytest.mark.ffcv
 REPO = Path(__file__).resolve().parents[1]
@@ -238,8 +238,8 @@ def test_short_side_preset_caps_the_shorter_side(tmp_path):
     untouched; the stored pixels are PIL's bicubic resize of the source (raw-stored images exactly)."""
     from ffcv.reader import Reader
 
-    from impulsevit.data.convert import manifest_path
-    from impulsevit.data.convert_cli import main
+    from impulsevit.data.storage.convert import manifest_path
+    from impulsevit.data.storage.convert_cli import main
 
     rng = np.random.default_rng(2)
     shapes = [(300, 520), (700, 400), (200, 100)]

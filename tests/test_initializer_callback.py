@@ -14,7 +14,7 @@ import impulsevit.init as ii
 from impulsevit import ImageClassifier
 from impulsevit.callbacks import Initializer
 from impulsevit.callbacks.initializer import generator_digest, tensor_digests
-from impulsevit.data.synthetic import SyntheticDataModule
+from impulsevit.data.loading.synthetic import SyntheticDataModule
 from impulsevit.init.api import InitResult
 from impulsevit.init.vit import is_vit
 

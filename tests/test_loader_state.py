@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from impulsevit.data import ImageDataModule
-from impulsevit.data.sampling import EpochSampler, LoaderState, epoch_sequence, resumed_shard, shard_order
+from impulsevit.data.loading.sampling import EpochSampler, LoaderState, epoch_sequence, resumed_shard, shard_order
 
 
 # ------------------------------------------------------------------------------------------------- pure functions

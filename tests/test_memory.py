@@ -101,7 +101,7 @@ def test_only_the_trainer_subcommands_apply_it():
 def test_fits_in_memory_compares_file_size_with_available_memory(tmp_path):
     import psutil
 
-    from impulsevit.data.ffcv_loader import fits_in_memory
+    from impulsevit.data.loading.ffcv_loader import fits_in_memory
 
     f = tmp_path / "x.beton"
     f.write_bytes(b"\0" * 4096)

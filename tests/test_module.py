@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from impulsevit import ImageClassifier
 from impulsevit.callbacks import NonFiniteLossGuard
-from impulsevit.data.synthetic import SyntheticDataModule
+from impulsevit.data.loading.synthetic import SyntheticDataModule
 from impulsevit.strategies import FSDP2Strategy, check_strategy, default_precision
 
 VIT = dict(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=2, weight_init="skip")

@@ -16,7 +16,7 @@ import torch
 import yaml
 
 import impulsevit.models  # noqa: F401 - registers convmixer_cifar* with timm
-from impulsevit.data.registry import get_dataset
+from impulsevit.data.sources.registry import get_dataset
 
 RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))
 # ImageNet-1K parameter counts of the reference architectures (timm; DeiT / Swin papers): ViT-B/16 86.6 M, ViT-S/16

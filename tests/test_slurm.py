@@ -23,7 +23,7 @@ from slurm_cluster import slurm_cluster  # noqa: F401  (the module-scoped pytest
 
 from impulsevit.callbacks.preemption import Preempted, SlurmRequeue
 from impulsevit.cluster.events import job_state, read_events
-from impulsevit.data.synthetic import SyntheticDataModule
+from impulsevit.data.loading.synthetic import SyntheticDataModule
 from impulsevit.module import ImageClassifier
 
 # in-process runs happen on a machine with SLURM installed but outside a job: Lightning's hint about srun is noise
@@ -142,7 +142,7 @@ model:
   init: {method: torch, seed: 0}
   log_attention: false
 data:
-  class_path: impulsevit.data.synthetic.SyntheticDataModule
+  class_path: impulsevit.data.loading.synthetic.SyntheticDataModule
   init_args: {num_classes: 4, image_size: 16, num_train: 64, num_val: 16, batch_size: 8}
 """
 STEPS_2_TASKS = 3 * 64 // (8 * 2)  # epochs x batches per rank

@@ -13,7 +13,8 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 
 from impulsevit.callbacks import standard_callbacks
 from impulsevit.callbacks.preemption import SlurmRequeue
-from impulsevit.checkpointing import RunCheckpoint
+from impulsevit.callbacks.rng_state import RNGStateCheckpoint
+from impulsevit.callbacks.run_checkpoint import RunCheckpoint
 from impulsevit.data import SyntheticDataModule
 from impulsevit.lightning_private import hand_back_signal_handlers, is_log_step
 from impulsevit.module import ImageClassifier
@@ -106,3 +107,13 @@ def test_lightning_still_records_the_handlers_it_restores(tmp_path):
     trainer.fit(_model(), _dm())
     assert signal.SIGUSR1 in probe.originals
     assert signal.getsignal(signal.SIGUSR1) == before  # SlurmRequeue's handler did not outlive the fit
+
+
+def test_checkpoint_keys_of_the_checkpoint_callbacks_do_not_name_their_module():
+    """Checkpoints store callback state under ``Callback.state_key``: the class's qualified name (plus, for
+    ``ModelCheckpoint`` subclasses, its monitor / mode / intervals), never its module, so checkpoints written while
+    these callbacks lived in ``impulsevit.checkpointing`` resume with the same keys."""
+    assert RNGStateCheckpoint().state_key == "RNGStateCheckpoint"
+    key = RunCheckpoint(monitor="val/acc1", mode="max", save_last=True).state_key
+    assert key == ("RunCheckpoint{'monitor': 'val/acc1', 'mode': 'max', 'every_n_train_steps': 0, "
+                   "'every_n_epochs': 1, 'train_time_interval': None}")

@@ -20,7 +20,7 @@ from slurm_cluster import slurm_cluster  # noqa: F401  (the module-scoped pytest
 from test_slurm import _cli
 
 from impulsevit.cluster.events import job_state
-from impulsevit.data.convert import read_manifest
+from impulsevit.data.storage.convert import read_manifest
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

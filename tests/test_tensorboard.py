@@ -12,7 +12,7 @@ from tensorboard.util import tensor_util
 
 from impulsevit import ImageClassifier
 from impulsevit.callbacks import AttentionMapLogger, ThroughputLogger
-from impulsevit.data.synthetic import SyntheticDataModule
+from impulsevit.data.loading.synthetic import SyntheticDataModule
 
 
 @pytest.fixture(scope="module")

@@ -36,8 +36,8 @@ What it does:
 - INT (Ctrl-C): the same checkpoint at the next step boundary, then every rank leaves with exit code 130; a second
   Ctrl-C interrupts at once (Lightning's ``KeyboardInterrupt`` handling, no checkpoint).
 
-The checkpoint carries the loaders' position (:mod:`impulsevit.data.sampling`) and every rank's RNG state
-(:class:`~impulsevit.checkpointing.RNGStateCheckpoint`), so ``--resume auto`` continues bit-exactly.
+The checkpoint carries the loaders' position (:mod:`impulsevit.data.loading.sampling`) and every rank's RNG state
+(:class:`~impulsevit.callbacks.rng_state.RNGStateCheckpoint`), so ``--resume auto`` continues bit-exactly.
 - ``on_train_start``: on a resumed run, reports the checkpoint and the restored global step.
 
 Every action is printed (rank 0, stderr) and appended to the run's ``slurm/events.log``

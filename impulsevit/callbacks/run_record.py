@@ -5,7 +5,7 @@ Every checkpoint gets (as this callback's state, ``checkpoint["callbacks"]["RunR
 
 - ``data_config``: the evaluation transform the run used, in timm's terms (``input_size`` ``[3, S, S]``, ``mean`` /
   ``std`` on the 0–1 scale, ``interpolation``, ``crop_pct``, ``crop_mode``), from the datamodule's
-  :meth:`~impulsevit.data.base.BaseImageDataModule.eval_data_config`;
+  :meth:`~impulsevit.data.loading.base.BaseImageDataModule.eval_data_config`;
 - ``class_names``: the dataset's class names, index = label (None when the datamodule does not know them);
 - ``dataset``: a short description of the data (registry name and splits);
 - ``metrics``: the latest validation metrics (``val/*``, ``val_ema/*``) and the training epoch metrics, as floats;

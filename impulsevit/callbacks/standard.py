@@ -2,7 +2,8 @@
 
 ``ImageClassifier.configure_callbacks`` returns it, so a plain ``L.Trainer(...).fit(ImageClassifier(...), dm)`` and
 ``impulsevit fit`` get the same set; the CLI adds only what is about its run directory (the ``checkpoint`` group's
-:class:`~impulsevit.checkpointing.RunCheckpoint`, the resolved-config writer). A kind the trainer already has (the
+:class:`~impulsevit.callbacks.run_checkpoint.RunCheckpoint`, the resolved-config writer). A kind the trainer already has
+(the
 user passed one in ``callbacks=[...]``, a recipe's ``trainer.callbacks``, an sbatch script's) is kept as configured
 and not added again; two instances of a kind that must have one owner is an error, not a silent choice.
 """
@@ -20,9 +21,9 @@ from impulsevit.callbacks.console import FlopsModelSummary, ResumeProgressBar
 from impulsevit.callbacks.initializer import Initializer
 from impulsevit.callbacks.nan_guard import NonFiniteLossGuard
 from impulsevit.callbacks.preemption import SlurmRequeue
+from impulsevit.callbacks.rng_state import RNGStateCheckpoint
 from impulsevit.callbacks.run_record import RunRecord
 from impulsevit.callbacks.throughput import ThroughputLogger
-from impulsevit.checkpointing import RNGStateCheckpoint
 
 __all__ = ["SINGLE_OWNER", "standard_callbacks"]
 

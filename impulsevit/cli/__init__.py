@@ -27,9 +27,10 @@ positional argument after ``predict``) is :mod:`impulsevit.predict`, not Lightni
   ``IMPULSEVIT_DEBUG=1`` shows the traceback. Nothing is written before these checks pass (:mod:`impulsevit.preflight`).
 - Misspelled keys fail with the key and the closest valid one; unknown recipe names list the available recipes.
 - ``data.num_classes`` is linked to ``model.num_classes``; the global batch is read by the module from the trainer.
-- The global RNG states travel in the checkpoints, per rank (:class:`~impulsevit.checkpointing.RNGStateCheckpoint`;
-  ranks are seeded ``seed_everything + global_rank``), and so does the training loaders' position: ``--resume auto``
-  after any graceful stop continues bit-exactly (see the README's resume section).
+- The global RNG states travel in the checkpoints, per rank
+  (:class:`~impulsevit.callbacks.rng_state.RNGStateCheckpoint`; ranks are seeded ``seed_everything + global_rank``),
+  and so does the training loaders' position: ``--resume auto`` after any graceful stop continues bit-exactly (see
+  the README's resume section).
 - Exit status: 0 when finished, 143 after SIGTERM, 130 after SIGINT (each after the stop checkpoint is written), 0
   after a SIGUSR1 that requeued the SLURM job; argument errors exit with 2.
 

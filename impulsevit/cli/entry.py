@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import difflib
+import importlib
 import logging
 import os
 import sys
@@ -13,13 +14,7 @@ from typing import Any
 
 from impulsevit.cli.argv import prepare_argv
 from impulsevit.cli.errors import user_error
-from impulsevit.cli.subcommands import (
-    ALL_SUBCOMMANDS,
-    EXTERNAL_SUBCOMMANDS,
-    TRAINER_SUBCOMMANDS,
-    USAGE,
-    run_external,
-)
+from impulsevit.cli.subcommands import ALL_SUBCOMMANDS, EXTERNAL_SUBCOMMANDS, TRAINER_SUBCOMMANDS, USAGE
 from impulsevit.cli.trainer_cli import ImpulseCLI
 from impulsevit.errors import ConfigError
 from impulsevit.memory import reuse_large_allocations
@@ -38,6 +33,35 @@ class _StderrHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, value: Any) -> None:
         pass
+
+
+PROVIDERS: dict[str, tuple[str, str]] = {
+    "convert": ("impulsevit.data.storage.convert_cli", "main"),
+    "submit": ("impulsevit.cluster.submit", "main"),
+    "study": ("impulsevit.study", "main"),
+    "demo": ("impulsevit.init.demo", "main"),
+    "init": ("impulsevit.init.plugins", "main"),
+    "data": ("impulsevit.preview", "main"),
+    "download": ("impulsevit.data.sources.download", "main"),
+}
+"""Subcommand of :data:`~impulsevit.cli.subcommands.EXTERNAL_SUBCOMMANDS` -> (module, function(argv) -> exit status),
+imported when that subcommand runs. Here, at the top of the command line, not beside the subcommand names: the
+providers (``submit``, ``data preview``) parse the fit configuration with :mod:`impulsevit.cli.trainer_cli` and
+:mod:`impulsevit.cli.argv`, which must not depend back on them."""
+
+
+def run_external(sub: str, rest: list[str]) -> int:
+    """Run a subcommand of :data:`PROVIDERS` with its arguments; its exit status (2 when its module is not part of
+    this installation)."""
+    module, func = PROVIDERS[sub]
+    try:
+        fn = getattr(importlib.import_module(module), func)
+    except ModuleNotFoundError as e:
+        if e.name and module.startswith(e.name):
+            print(f"impulsevit {sub}: not available in this installation ({module} is missing)", file=sys.stderr)
+            return 2
+        raise
+    return int(fn(rest) or 0)
 
 
 def _setup_logging() -> None:

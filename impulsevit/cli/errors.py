@@ -17,10 +17,11 @@ def user_error(exc: BaseException) -> tuple[str, int] | None:
     """``(one-line message, exit status)`` when ``exc`` (or an exception it was raised from) is one a user fixes: an
     :class:`~impulsevit.errors.UserError`, a full / read-only / forbidden disk (:class:`~impulsevit.io.WriteError`, or
     an ``OSError`` with such an errno from elsewhere), a damaged ``.beton``, a conversion that found no usable images
-    (:class:`~impulsevit.data.convert.ConversionError`, after the bad inputs were listed). Else None: a bug, shown
+    (:class:`~impulsevit.data.storage.convert.ConversionError`, after the bad inputs were listed). Else None: a bug,
+    shown
     with its traceback."""
-    from impulsevit.data.convert import ConversionError
-    from impulsevit.data.integrity import BetonError
+    from impulsevit.data.storage.convert import ConversionError
+    from impulsevit.data.storage.integrity import BetonError
     from impulsevit.io import _DISK_ERRNOS, WriteError, write_error
 
     seen: set[int] = set()

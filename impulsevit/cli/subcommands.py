@@ -1,4 +1,5 @@
-"""The subcommands of ``impulsevit``: which there are, where the ones other modules provide live, the usage text.
+"""The subcommands of ``impulsevit``: which there are and the usage text (names only: where the ones other modules
+provide live is :mod:`impulsevit.cli.entry`'s table).
 
 Why a table of its own beside LightningCLI: LightningCLI's subcommands are the ``Trainer`` methods
 (``fit|validate|test|predict``), each parsed from the model / data / trainer signatures. The other subcommands
@@ -9,22 +10,12 @@ parsers would add nothing they use (config files, class paths).
 
 from __future__ import annotations
 
-import importlib
-import sys
-
 from impulsevit import __version__
 
 TRAINER_SUBCOMMANDS = ("fit", "validate", "test", "predict")
-# subcommand -> (module, function(argv) -> exit status): provided by other parts of the package, imported on use
-EXTERNAL_SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "convert": ("impulsevit.data.convert_cli", "main"),
-    "submit": ("impulsevit.cluster.submit", "main"),
-    "study": ("impulsevit.study", "main"),
-    "demo": ("impulsevit.init.demo", "main"),
-    "init": ("impulsevit.init.plugins", "main"),
-    "data": ("impulsevit.preview", "main"),
-    "download": ("impulsevit.data.download", "main"),
-}
+EXTERNAL_SUBCOMMANDS = ("convert", "submit", "study", "demo", "init", "data", "download")
+"""Provided by other parts of the package; which module runs each is :data:`impulsevit.cli.entry.PROVIDERS` (this
+module holds names only, so the parser modules that read them do not depend on the modules providing them)."""
 LOCAL_SUBCOMMANDS = ("recipes", "export")
 ALL_SUBCOMMANDS = (*TRAINER_SUBCOMMANDS, *LOCAL_SUBCOMMANDS, *EXTERNAL_SUBCOMMANDS)
 
@@ -51,16 +42,3 @@ impulsevit {__version__}: Lightning + timm training of vision transformers with 
   download NAME ROOT  fetch a public dataset (cifar10, cifar100, stl10, flowers102, pets, food101, fashion_mnist)
 """
 
-
-def run_external(sub: str, rest: list[str]) -> int:
-    """Run a subcommand of :data:`EXTERNAL_SUBCOMMANDS` with its arguments; its exit status (2 when its module is not
-    part of this installation)."""
-    module, func = EXTERNAL_SUBCOMMANDS[sub]
-    try:
-        fn = getattr(importlib.import_module(module), func)
-    except ModuleNotFoundError as e:
-        if e.name and module.startswith(e.name):
-            print(f"impulsevit {sub}: not available in this installation ({module} is missing)", file=sys.stderr)
-            return 2
-        raise
-    return int(fn(rest) or 0)

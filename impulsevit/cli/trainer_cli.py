@@ -18,12 +18,13 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from impulsevit import __version__
-from impulsevit.checkpointing import AtomicCheckpointIO, RunCheckpoint
+from impulsevit.callbacks.run_checkpoint import RunCheckpoint
+from impulsevit.checkpointing import AtomicCheckpointIO
 from impulsevit.cli.config_saver import RunConfigSaver
 from impulsevit.cli.errors import one_line
 from impulsevit.cli.parser import ImpulseArgumentParser
 from impulsevit.cli.run_policy import resume_checkpoint, run_dir_of, start_new_run
-from impulsevit.data.base import BaseImageDataModule
+from impulsevit.data.loading.base import BaseImageDataModule
 from impulsevit.errors import ConfigError, UserError
 from impulsevit.io import WriteError, disk_oserror, write_error
 from impulsevit.preflight import finished_run
@@ -37,7 +38,8 @@ class ImpulseCLI(LightningCLI):
     """LightningCLI for :class:`impulsevit.module.ImageClassifier` and any :class:`BaseImageDataModule` subclass.
 
     See :mod:`impulsevit.cli` for the command line. Extra keys (all subcommands): ``name``, ``runs_dir``, ``resume``
-    and the ``checkpoint`` group (:class:`~impulsevit.checkpointing.RunCheckpoint`, a Lightning ``ModelCheckpoint``;
+    and the ``checkpoint`` group (:class:`~impulsevit.callbacks.run_checkpoint.RunCheckpoint`, a Lightning
+    ``ModelCheckpoint``;
     defaults ``monitor: val/acc1``, ``mode: max``, ``save_last: true``, ``dirpath: <run_dir>/checkpoints``). Trainer
     defaults added when the recipe does not set them: ``default_root_dir=<run_dir>``,
     ``TensorBoardLogger(save_dir=runs_dir, name=name, version="")``, the

@@ -8,7 +8,7 @@ writes one job on one node with all its cores (``--exclusive``; ``--workers`` = 
 them in order; the training job is then submitted with ``--dependency=afterok:<conversion job id>``, so it starts
 only when every split converted. The conversion job's output goes to ``<run dir>/slurm/convert-<job id>.out``.
 
-Not supported: datamodules other than :class:`~impulsevit.data.datamodule.ImageDataModule` (nothing to convert),
+Not supported: datamodules other than :class:`~impulsevit.data.loading.datamodule.ImageDataModule` (nothing to convert),
 per-task data settings in array jobs (``%a`` in a data override: the data of task 0 is converted).
 """
 

@@ -123,7 +123,8 @@ def check_fit_config(job: FitJob, opts: SlurmOptions) -> None:
         SystemExit: the fit parser's error, already printed to stderr (status 2).
         ValueError: a run-name or other configuration error found before instantiation.
     """
-    from impulsevit.cli import ImpulseCLI, prepare_argv
+    from impulsevit.cli.argv import prepare_argv
+    from impulsevit.cli.trainer_cli import ImpulseCLI
 
     class _Parsed(Exception):
         pass

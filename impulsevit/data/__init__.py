@@ -19,16 +19,16 @@ __all__ = [
 ]
 
 _WHERE = {
-    "AugmentConfig": "impulsevit.data.config",
-    "StorageConfig": "impulsevit.data.config",
-    "BaseImageDataModule": "impulsevit.data.base",
-    "SyntheticDataModule": "impulsevit.data.synthetic",
-    "ImageDataModule": "impulsevit.data.datamodule",
-    "DeviceAugment": "impulsevit.data.augment",
-    "DatasetInfo": "impulsevit.data.registry",
-    "DatasetMismatchError": "impulsevit.data.registry",
-    "get_dataset": "impulsevit.data.registry",
-    "list_datasets": "impulsevit.data.registry",
+    "AugmentConfig": "impulsevit.data.loading.config",
+    "StorageConfig": "impulsevit.data.loading.config",
+    "BaseImageDataModule": "impulsevit.data.loading.base",
+    "SyntheticDataModule": "impulsevit.data.loading.synthetic",
+    "ImageDataModule": "impulsevit.data.loading.datamodule",
+    "DeviceAugment": "impulsevit.data.augment.device",
+    "DatasetInfo": "impulsevit.data.sources.registry",
+    "DatasetMismatchError": "impulsevit.data.sources.registry",
+    "get_dataset": "impulsevit.data.sources.registry",
+    "list_datasets": "impulsevit.data.sources.registry",
 }
 
 

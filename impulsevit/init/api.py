@@ -10,7 +10,9 @@ Families register handlers per method::
     @register("impulse", family="vit", matches=is_vit)
     def _impulse_vit(model, generator, options) -> InitResult: ...
 
-``initialize`` picks the first registered handler of ``method`` whose ``matches(model)`` is true.
+``initialize`` picks the first registered handler of ``method`` whose ``matches(model)`` is true. The registry itself
+(``register``, ``methods``, ``supports``, :class:`InitResult`) lives in :mod:`impulsevit.init.registry`, below both this
+module and :mod:`impulsevit.init.plugins`; it is re-exported here.
 
 Parameters may be FSDP2 ``DTensor`` shards: handlers read with :func:`read_full` (the full tensor, identical on every
 rank) and write with :func:`write_full_` (each rank copies its own shard of the full value). The caller must give every
@@ -21,11 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
+
+from impulsevit.init.plugins import resolve_method
+from impulsevit.init.registry import _REGISTRY, InitResult, _load_builtin, methods, register, supports
 
 __all__ = [
     "InitReport",
@@ -36,17 +41,8 @@ __all__ = [
     "read_full",
     "write_full_",
     "make_generator",
+    "supports",
 ]
-
-
-@dataclasses.dataclass
-class InitResult:
-    """What a handler returns: resolved options, per-layer per-head offsets ``(dy, dx)`` (empty when the method has
-    none) and free-form notes (e.g. "sin-cos pseudo-input: rank truncated to 23")."""
-
-    options: dict[str, Any]
-    offsets: list[list[tuple[int, int]]] = dataclasses.field(default_factory=list)
-    notes: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -90,19 +86,6 @@ class InitReport:
         return dataclasses.asdict(self)
 
 
-Handler = Callable[[nn.Module, torch.Generator, dict[str, Any]], InitResult]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Entry:
-    method: str
-    family: str
-    matches: Callable[[nn.Module], bool]
-    handler: Handler
-
-
-_REGISTRY: list[_Entry] = []
-
 FAMILY_NEEDS: dict[str, str] = {
     "vit": "a top-level `blocks` whose blocks hold timm fused-qkv `attn` (ViT, DeiT, EVA, ...)",
     "swin": "timm SwinTransformer v1 (a `relative_position_bias_table` per block; v2's continuous bias has none)",
@@ -110,25 +93,6 @@ FAMILY_NEEDS: dict[str, str] = {
     "convmixer": "timm ConvMixer",
 }
 """What a model must be for each family adapter to match — quoted when no adapter of a method matches."""
-
-
-def register(method: str, *, family: str, matches: Callable[[nn.Module], bool]) -> Callable[[Handler], Handler]:
-    """Decorator registering ``handler`` for ``method`` on models where ``matches(model)`` is true."""
-
-    def deco(fn: Handler) -> Handler:
-        _REGISTRY.append(_Entry(method, family, matches, fn))
-        return fn
-
-    return deco
-
-
-def methods() -> dict[str, list[str]]:
-    """Registered methods and, for each, the families it supports (in dispatch order)."""
-    _load_builtin()
-    out: dict[str, list[str]] = {}
-    for e in _REGISTRY:
-        out.setdefault(e.method, []).append(e.family)
-    return out
 
 
 def make_generator(seed: int | torch.Generator | None) -> torch.Generator:
@@ -196,8 +160,6 @@ def initialize(
 
 def _initialize_plugin(model: nn.Module, method: str, gen: torch.Generator, options: dict[str, Any]) -> InitReport:
     """Run a plugin (entry point or ``module:function``, see :mod:`impulsevit.init.plugins`) and report it."""
-    from impulsevit.init.plugins import resolve_method
-
     info = resolve_method(method, options)  # raises ValueError for unknown names
     assert info.function is not None
     t0 = time.perf_counter()
@@ -274,24 +236,3 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor) and obj.numel() == 1:
         return obj.item()
     return repr(obj)
-
-
-_LOADED = False
-
-
-def _load_builtin() -> None:
-    """Import the built-in family modules so their ``@register`` calls run (idempotent)."""
-    global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True
-    import importlib
-
-    for name in ("vit", "baselines", "weight_selection", "swin", "mixer", "convmixer"):
-        importlib.import_module(f"impulsevit.init.{name}")
-
-
-def supports(model: nn.Module, method: str) -> bool:
-    """Whether a registered handler of ``method`` applies to ``model`` (its family matches), without running it."""
-    _load_builtin()
-    return any(e.method == method and e.matches(model) for e in _REGISTRY)

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from impulsevit.init import impulse
-from impulsevit.init.api import InitReport, _load_builtin, read_full
+from impulsevit.init.api import InitReport, read_full
+from impulsevit.init.registry import _load_builtin
 from impulsevit.init.vit import VitLayout, is_vit, patch_pseudo_input, vit_layout
 
 __all__ = [

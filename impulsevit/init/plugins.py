@@ -30,6 +30,8 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from impulsevit.init.registry import methods
+
 __all__ = ["ENTRY_POINT_GROUP", "MethodInfo", "resolve_method", "list_methods", "is_import_path", "main"]
 
 ENTRY_POINT_GROUP = "impulsevit.initializers"
@@ -116,8 +118,6 @@ def resolve_method(method: str, options: Mapping[str, Any] | None = None) -> Met
         ValueError: unknown name, import failure, not callable, or a signature that does not accept
             ``(model, generator, **options)`` — one line naming ``method``.
     """
-    from impulsevit.init.api import methods
-
     if not isinstance(method, str) or not method:
         raise ValueError(f"init method must be a non-empty string, got {method!r}")
     builtin = methods()
@@ -149,8 +149,6 @@ def list_methods(extra: Sequence[str] = ()) -> list[tuple[MethodInfo | None, str
         rows ``(info, name, problem)``: ``info`` is ``None`` when the entry could not be resolved and ``problem`` then
         says why (an entry point shadowed by a built-in is listed with ``problem='shadowed by the built-in'``).
     """
-    from impulsevit.init.api import methods
-
     rows: list[tuple[MethodInfo | None, str, str]] = []
     builtin = methods()
     for name in sorted(builtin):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from impulsevit.data.base import BaseImageDataModule, dist_info, worker_init_fn
-from impulsevit.data.sampling import EpochSampler, ResumableDataLoader
+from impulsevit.data.loading.base import BaseImageDataModule, dist_info, worker_init_fn
+from impulsevit.data.loading.sampling import EpochSampler, ResumableDataLoader
 
 __all__ = ["SyntheticDataModule"]
 
@@ -59,7 +59,7 @@ class SyntheticDataModule(BaseImageDataModule):
         # The order is a function of (seed, epoch), and the epoch is set here: on a resumed run Lightning prefetches
         # the first batch before its own set_epoch call, so a resumed epoch sees the same batches as an uninterrupted
         # one. A DistributedSampler (sharded by rank under DDP) is left in place by Lightning.
-        # The loader is stateful (a resumed run continues the interrupted epoch, see impulsevit.data.sampling).
+        # The loader is stateful (a resumed run continues the interrupted epoch, see impulsevit.data.loading.sampling).
         rank, world = dist_info()
         sampler = EpochSampler(self.train_set, num_replicas=world, rank=rank, seed=self.seed,
                                batch_size=self.batch_size, keys=False)

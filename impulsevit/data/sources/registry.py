@@ -1,7 +1,8 @@
 """Dataset registry: what each supported dataset looks like (classes, split sizes, normalisation) and how to read it.
 
 ``get_dataset(name)`` returns a :class:`DatasetInfo`; ``info.load(root, split)`` reads the split from its real on-disk
-format (see :mod:`impulsevit.data.formats`) and checks the class count and image count against the published numbers.
+format (see :mod:`impulsevit.data.sources.formats`) and checks the class count and image count against the published
+numbers.
 With ``verify="error"`` (the default) a mismatch raises :class:`DatasetMismatchError` naming the root, split, what was
 found and what was expected; ``"warn"`` downgrades it to a warning (a deliberately trimmed copy); ``"off"`` skips it.
 
@@ -19,8 +20,8 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
-from impulsevit.data import formats
-from impulsevit.data.sources import ImageSource
+from impulsevit.data.sources import formats
+from impulsevit.data.sources.image_source import ImageSource
 
 __all__ = ["DATASETS", "DatasetInfo", "DatasetMismatchError", "detect_dataset", "get_dataset", "list_datasets"]
 

@@ -1,10 +1,11 @@
-"""The manifest next to every ``.beton`` written by :func:`impulsevit.data.convert.convert_split`.
+"""The manifest next to every ``.beton`` written by :func:`impulsevit.data.storage.convert.convert_split`.
 
 ``X.beton`` gets ``X.manifest.json`` (format :data:`MANIFEST_FORMAT`), written after the ``.beton`` is complete (temp
 file + rename): ``request`` (what was asked for: dataset, root, split, subset), ``num_samples``, ``num_classes``,
-``classes``, ``class_counts``, ``preset`` (the requested :class:`~impulsevit.data.presets.Preset` as a dict),
+``classes``, ``class_counts``, ``preset`` (the requested :class:`~impulsevit.data.storage.presets.Preset` as a dict),
 ``source_checksum`` / ``source_stat`` (content hash and size/mtime fingerprint of the source), ``skipped`` (the bad
-inputs left out), ``bytes`` (the ``.beton``'s size), ``checksum`` (chunk digests, :mod:`impulsevit.data.integrity`),
+inputs left out), ``bytes`` (the ``.beton``'s size), ``checksum`` (chunk digests,
+:mod:`impulsevit.data.storage.integrity`),
 ``expected_bytes``, ``seconds``, ``write_images_per_second`` and ``created``. A ``.beton`` whose manifest is missing,
 of another format or records another size counts as incomplete.
 """
@@ -15,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from impulsevit.data.integrity import check_header
+from impulsevit.data.storage.integrity import check_header
 
 __all__ = ["MANIFEST_FORMAT", "beton_num_classes", "manifest_path", "read_manifest"]
 

@@ -112,9 +112,9 @@ class BaseImageDataModule(L.LightningDataModule):
     # ------------------------------------------------------------------ training-loader state in checkpoints
     def stateful_train_loader(self, loader: Any) -> Any:
         """Register ``loader`` (with ``state_dict`` / ``load_state_dict`` / ``progress``, e.g.
-        :class:`~impulsevit.data.sampling.ResumableDataLoader`) as the training loader: its position follows
+        :class:`~impulsevit.data.loading.sampling.ResumableDataLoader`) as the training loader: its position follows
         Lightning's training progress, and a state loaded from a checkpoint is applied to it. Returns ``loader``."""
-        from impulsevit.data.sampling import trainer_position
+        from impulsevit.data.loading.sampling import trainer_position
 
         loader.progress = lambda: trainer_position(getattr(self, "trainer", None))
         if self._loader_state is not None:

@@ -1,6 +1,6 @@
 """FFCV ``Loader`` construction for training and evaluation, and the thin adapter Lightning iterates.
 
-Pipelines (``.beton`` fields ``image`` and ``label`` as written by :mod:`impulsevit.data.convert`):
+Pipelines (``.beton`` fields ``image`` and ``label`` as written by :mod:`impulsevit.data.storage.convert`):
 
 - train: one decoder stage (:func:`_resample_decoder`) decodes, draws torchvision's RandomResizedCrop box, resamples
   it to S × S with PIL's ``interpolation`` filter (bicubic or bilinear, antialiased when reducing, as timm does) and
@@ -23,13 +23,15 @@ constructor unless placed right after the decoder (FFCV 1.0.2, measured here); k
 4× fewer bytes. The ``Loader`` is built and iterated with torch's thread count saved and restored (FFCV sets it to
 ``num_workers`` on the calling thread).
 
-Ordering (training): one rank's share of :func:`impulsevit.data.sampling.epoch_sequence` — the same seeded orders
+Ordering (training): one rank's share of :func:`impulsevit.data.loading.sampling.epoch_sequence` — the same seeded
+orders
 as the torchvision backend (``DistributedSampler``'s shuffle seeded ``seed + epoch``, or repeated augmentation),
 through a custom ``TraversalOrder`` — or, single-process and not OS-cached, FFCV's page-aware ``QUASI_RANDOM``
 (seeded ``seed * 912300 + epoch``); ``SEQUENTIAL`` for evaluation, ``distributed=True`` when a process group with more
 than one rank exists. Every order is a function of (seed, epoch, rank, world size), not of thread scheduling.
 :class:`FFCVLoader` exposes ``sampler.set_epoch`` so Lightning sets the epoch (also after a resume), and is stateful
-(``state_dict`` / ``load_state_dict``, see :mod:`impulsevit.data.sampling`): a resumed run continues the interrupted
+(``state_dict`` / ``load_state_dict``, see :mod:`impulsevit.data.loading.sampling`): a resumed run continues the
+interrupted
 epoch after the batches it had consumed.
 """
 
@@ -44,8 +46,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from impulsevit.data.base import dist_info
-from impulsevit.data.sampling import LoaderState, epoch_sequence, resumed_shard
+from impulsevit.data.loading.base import dist_info
+from impulsevit.data.loading.sampling import LoaderState, epoch_sequence, resumed_shard
 
 __all__ = ["FFCVLoader", "build_ffcv_loader", "ffcv_available"]
 
@@ -86,7 +88,8 @@ class FFCVLoader:
     without a new ``set_epoch``, the next one advances by one epoch, so plain ``for epoch ...: for batch in loader``
     loops also see a new order each epoch. FFCV starts decoding at the first ``next()``, not at ``iter()``.
 
-    State (training loaders): ``state_dict()`` is a :class:`~impulsevit.data.sampling.LoaderState` dict — the epoch
+    State (training loaders): ``state_dict()`` is a :class:`~impulsevit.data.loading.sampling.LoaderState` dict — the
+    epoch
     and the batches of it consumed on this rank (from ``progress()`` when the datamodule binds Lightning's training
     progress to it, else the batches this loader has yielded); ``load_state_dict()`` makes the next iteration of that
     epoch start right after them (re-sharded when the state was taken on another world size). Evaluation loaders
@@ -181,7 +184,8 @@ def _train_order_factory(kind: str, repeats: int, rank: int, world_size: int):  
     from ffcv.traversal_order.base import TraversalOrder
 
     class TrainOrder(TraversalOrder):
-        """Training order of one rank: :func:`~impulsevit.data.sampling.epoch_sequence` (``random`` / ``repeated``,
+        """Training order of one rank: :func:`~impulsevit.data.loading.sampling.epoch_sequence` (``random`` /
+        ``repeated``,
         the same orders as the torchvision backend) or FFCV's page-aware ``QuasiRandom`` (single process, not
         OS-cached); ``resume`` (a :class:`LoaderState`) makes its epoch yield only the remaining full batches."""
 
@@ -273,7 +277,7 @@ def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scal
                       seed: int = 0, rank: int = 0, repeated_aug: int = 1,
                       epoch_state: np.ndarray | None = None):  # noqa: ANN202 - an ffcv Operation
     """The image decoder of both pipelines: decode (JPEG via FFCV's libjpeg-turbo call, or raw), crop and resample
-    with PIL's filter (:mod:`impulsevit.data.resample`) straight into the ``(S, S, 3)`` batch slot, in FFCV's
+    with PIL's filter (:mod:`impulsevit.data.loading.resample`) straight into the ``(S, S, 3)`` batch slot, in FFCV's
     worker threads.
 
     - train: torchvision's ``RandomResizedCrop(S, scale, ratio, interpolation)`` geometry, then a horizontal flip
@@ -281,7 +285,8 @@ def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scal
     - eval: timm's ``Resize(floor(S / crop_pct))`` + ``CenterCrop(S)`` (only the kept window is computed).
 
     Draws (crop box, flip) are a function of ``(seed, epoch, sample index, occurrence)``: each sample hashes those
-    into its own key (:func:`impulsevit.data.resample.sample_key`); ``occurrence`` counts earlier copies of the same
+    into its own key (:func:`impulsevit.data.loading.resample.sample_key`); ``occurrence`` counts earlier copies of the
+    same
     index in the batch. With ``repeated_aug > 1`` the key also takes ``rank`` and the batch's first index, so the
     copies of an image (on other ranks, or straddling a batch boundary on the same rank) draw differently; then the
     draws depend on the batch layout too. The epoch is read at the start of every batch from ``epoch_state[0]``,
@@ -297,7 +302,7 @@ def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scal
     from ffcv.libffcv import imdecode
     from ffcv.pipeline.compiler import Compiler
 
-    from impulsevit.data import resample as rs
+    from impulsevit.data.loading import resample as rs
 
     if interpolation not in rs.FILTERS:
         raise ValueError(f"interpolation {interpolation!r} is not supported by the FFCV decoder; use one of "
@@ -427,7 +432,7 @@ def build_ffcv_loader(path: str | os.PathLike, *, train: bool, image_size: int, 
     from ffcv.loader import OrderOption
     from ffcv.transforms import Squeeze, ToDevice, ToTensor, ToTorchImage
 
-    from impulsevit.data.integrity import check_header
+    from impulsevit.data.storage.integrity import check_header
 
     if not os.path.isfile(path):
         raise FileNotFoundError(f"FFCV file {path} does not exist (run `impulsevit convert` or the datamodule's "

@@ -8,10 +8,12 @@ smoothing are the module's job (timm ``Mixup``), not the datamodule's.
 Backends:
 
 - ``ffcv``: ``prepare_data`` (rank 0 of each node) converts the requested splits to cached ``.beton`` files
-  (:func:`impulsevit.data.convert.convert_split`, atomic, skipped when up to date) under ``cache_dir``; the loaders
+  (:func:`impulsevit.data.storage.convert.convert_split`, atomic, skipped when up to date) under ``cache_dir``; the
+  loaders
   are built in the dataloader hooks, after the process group exists, with ``distributed=True`` under DDP (see
-  :mod:`impulsevit.data.ffcv_loader`). RandomResizedCrop + flip run in FFCV's decoder; RandAugment, colour jitter
-  and random erasing run on the device (:class:`impulsevit.data.augment.DeviceAugment`).
+  :mod:`impulsevit.data.loading.ffcv_loader`). RandomResizedCrop + flip run in FFCV's decoder; RandAugment, colour
+  jitter
+  and random erasing run on the device (:class:`impulsevit.data.augment.device.DeviceAugment`).
 - ``torchvision``: timm's ``create_transform`` pipeline (RandomResizedCrop, flip, RandAugment or colour jitter,
   bicubic) in ``DataLoader`` workers, random erasing on the device (as timm's prefetcher does). Under DDP the
   datamodule builds a ``DistributedSampler`` itself.
@@ -20,7 +22,8 @@ Neither backend depends on Lightning's ``use_distributed_sampler``: the FFCV loa
 leaves it alone) and the torchvision loader already carries a ``DistributedSampler``; the recipes set the flag to
 False anyway. Repeated augmentation (``augment.repeated_aug > 1``) follows DeiT's RASampler on both backends.
 
-Determinism and resume: the training order of both backends is :func:`impulsevit.data.sampling.epoch_sequence`, a
+Determinism and resume: the training order of both backends is :func:`impulsevit.data.loading.sampling.epoch_sequence`,
+a
 function of (seed, epoch, rank, world size); the torchvision workers' augmentation draws are seeded per sample from
 (seed, epoch, position in the epoch) (:class:`SourceDataset`), independent of the worker count; the FFCV decoder's
 crop/flip draws are a function of (seed, epoch, sample index); the device-side augmentation's draws are seeded from
@@ -28,7 +31,7 @@ crop/flip draws are a function of (seed, epoch, sample index); the device-side a
 rank): the datamodule's ``state_dict`` puts that state in every checkpoint (the position is Lightning's training
 progress at the save), and a resumed run continues the interrupted epoch after the batches it had trained on — no
 sample repeated, none skipped; on a different world size the remaining samples are re-sharded
-(:mod:`impulsevit.data.sampling`).
+(:mod:`impulsevit.data.loading.sampling`).
 
 Not supported: AutoAugment/AugMix on the ffcv backend.
 """
@@ -50,17 +53,17 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from impulsevit.config import as_config
-from impulsevit.data.augment import DeviceAugment, fix_timm_posterize, normalize
-from impulsevit.data.base import BaseImageDataModule, dist_info, worker_init_fn
-from impulsevit.data.config import AugmentConfig, StorageConfig
-from impulsevit.data.convert import convert_split, subset_indices
-from impulsevit.data.ffcv_loader import build_ffcv_loader, ffcv_available
-from impulsevit.data.integrity import verify_beton
-from impulsevit.data.manifest import beton_num_classes, read_manifest
-from impulsevit.data.presets import PRESETS, default_preset
-from impulsevit.data.registry import DatasetInfo, Verify, get_dataset
-from impulsevit.data.sampling import EpochSampler, ResumableDataLoader, SampleKey, sample_seed
-from impulsevit.data.sources import ImageSource, image_folder_source
+from impulsevit.data.augment.device import DeviceAugment, fix_timm_posterize, normalize
+from impulsevit.data.loading.base import BaseImageDataModule, dist_info, worker_init_fn
+from impulsevit.data.loading.config import AugmentConfig, StorageConfig
+from impulsevit.data.loading.ffcv_loader import build_ffcv_loader, ffcv_available
+from impulsevit.data.loading.sampling import EpochSampler, ResumableDataLoader, SampleKey, sample_seed
+from impulsevit.data.sources.image_source import ImageSource, image_folder_source
+from impulsevit.data.sources.registry import DatasetInfo, Verify, get_dataset
+from impulsevit.data.storage.convert import convert_split, subset_indices
+from impulsevit.data.storage.integrity import verify_beton
+from impulsevit.data.storage.manifest import beton_num_classes, read_manifest
+from impulsevit.data.storage.presets import PRESETS, default_preset
 from impulsevit.errors import ConfigError, DataError, UserError
 
 __all__ = ["ImageDataModule", "SourceDataset", "default_cache_dir", "seeded_global_rngs"]
@@ -95,8 +98,9 @@ def seeded_global_rngs(words: np.ndarray) -> Iterator[None]:
 class SourceDataset(Dataset):
     """A torch ``Dataset`` over an :class:`ImageSource`: ``(transform(PIL RGB image), label int)``.
 
-    Indexed by an int, or by a :class:`~impulsevit.data.sampling.SampleKey` (what the training sampler yields): the
-    transform's random draws are then seeded by :func:`~impulsevit.data.sampling.sample_seed` ``(seed, epoch,
+    Indexed by an int, or by a :class:`~impulsevit.data.loading.sampling.SampleKey` (what the training sampler yields):
+    the
+    transform's random draws are then seeded by :func:`~impulsevit.data.loading.sampling.sample_seed` ``(seed, epoch,
     position)``, so they do not depend on the worker process, the number of workers or a resume."""
 
     def __init__(self, source: ImageSource, transform=None, seed: int = 0) -> None:  # noqa: ANN001 - any callable
@@ -155,11 +159,12 @@ class ImageDataModule(BaseImageDataModule):
         verify: registry count check on loading the source (``error`` | ``warn`` | ``off``).
         mean / std: override the registry's normalisation statistics (per channel, 0–1 scale).
         download: fetch the dataset with ``torchvision.datasets`` in ``prepare_data`` when its files are missing
-            (:mod:`impulsevit.data.download`; CIFAR-10/100, STL-10, Flowers-102, Pets, Food-101, Fashion-MNIST);
+            (:mod:`impulsevit.data.sources.download`; CIFAR-10/100, STL-10, Flowers-102, Pets, Food-101, Fashion-MNIST);
             without ``root`` it goes to ``<cache>/datasets/<name>``.
-        augment: train-time augmentation (:class:`~impulsevit.data.config.AugmentConfig`: crop scale / ratio, flip,
+        augment: train-time augmentation (:class:`~impulsevit.data.loading.config.AugmentConfig`: crop scale / ratio,
+        flip,
             RandAugment, colour jitter, random erasing, repeated augmentation); a mapping or None (the defaults).
-        storage: ``.beton`` storage of the ffcv backend (:class:`~impulsevit.data.config.StorageConfig`: preset,
+        storage: ``.beton`` storage of the ffcv backend (:class:`~impulsevit.data.loading.config.StorageConfig`: preset,
             page cache, ready-made ``train_beton`` / ``val_beton``, integrity check, conversion limit); a mapping or
             None (the defaults).
     """
@@ -218,7 +223,7 @@ class ImageDataModule(BaseImageDataModule):
                 raise ConfigError("dataset='imagefolder' needs root (a folder with train/<class>/ and val/<class>/)")
             num_classes = _image_folder_classes(Path(root), train_split or "train", val_split or "val")
         elif info.releases and root is not None:  # ImageNet-21K: winter21 or fall11, one class folder per wnid
-            from impulsevit.data.formats import imagenet21k_base
+            from impulsevit.data.sources.formats import imagenet21k_base
 
             base = imagenet21k_base(root)
             if base.is_dir():
@@ -278,7 +283,7 @@ class ImageDataModule(BaseImageDataModule):
         nodes sharing the cache) wait and reuse it. In a multi-process run a split larger than ``storage.convert_limit``
         without a complete ``.beton`` stops the run at once with the ``impulsevit convert`` command to run."""
         if self.download:
-            from impulsevit.data.download import ensure_dataset
+            from impulsevit.data.sources.download import ensure_dataset
 
             ensure_dataset(self.info, self.root, verify=self.verify)
         if self.backend != "ffcv" or self.betons:

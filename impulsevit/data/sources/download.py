@@ -1,7 +1,7 @@
 """``impulsevit download NAME ROOT``: fetch a public dataset into the layout the registry's readers accept.
 
 The downloads are ``torchvision.datasets``' own (their URLs, mirrors and MD5 checksums; nothing is copied here), and
-the folders they create are the ones :mod:`impulsevit.data.formats` reads:
+the folders they create are the ones :mod:`impulsevit.data.sources.formats` reads:
 
 ==============  =========================================  ====================================
 name            torchvision class                          folder under ROOT
@@ -29,7 +29,7 @@ import os
 import sys
 from pathlib import Path
 
-from impulsevit.data.registry import DatasetInfo, Verify, get_dataset
+from impulsevit.data.sources.registry import DatasetInfo, Verify, get_dataset
 
 __all__ = ["DOWNLOADABLE", "ManualDownloadError", "download", "ensure_dataset", "main"]
 
@@ -96,7 +96,7 @@ def ensure_dataset(info: DatasetInfo, root: str | os.PathLike, verify: Verify = 
     """Download ``info`` into ``root`` unless its marker files are already there; concurrent callers (ranks of
     several nodes sharing ``root``) are serialised by a lock file ``<root>.lock``: one downloads, the others wait and
     find the files."""
-    from impulsevit.data.locking import file_lock
+    from impulsevit.data.storage.locking import file_lock
 
     root = Path(root)
     if _present(info, root):

@@ -1,22 +1,24 @@
 """Image sources → FFCV ``.beton`` files with a manifest (:func:`convert_split`): the conversion library behind
-``impulsevit convert`` (:mod:`impulsevit.data.convert_cli`) and the datamodule's ``prepare_data``. No argparse here.
+``impulsevit convert`` (:mod:`impulsevit.data.storage.convert_cli`) and the datamodule's ``prepare_data``. No argparse
+here.
 
 Steps per split: list the source (problems found while listing: empty class folders, non-image files, broken links);
 decode every image once in parallel workers to find truncated/corrupt/unreadable ones (JPEGs are decoded at 1/8 scale,
 which still reads every byte); report every bad input with its path; ``on_error='fail'`` stops there
 (:class:`ConversionError`), ``'skip'`` leaves them out. The expected output size is estimated from a sample and
 printed; FFCV's writer then writes to ``X.beton.tmp-<host>-<pid>``, which is renamed to ``X.beton`` only when
-complete, then the manifest (:mod:`impulsevit.data.manifest`) is written (also temp + rename). An interrupted run
+complete, then the manifest (:mod:`impulsevit.data.storage.manifest`) is written (also temp + rename). An interrupted
+run
 leaves only a temp file, which the next run removes (when its process is gone); a rerun skips splits whose manifest
 matches the request and the source's current file sizes and mtimes (``force=True`` rebuilds). FFCV cannot append to a
 ``.beton``, so an interrupted split restarts from its beginning. Conversions of one output are serialised across
-processes and nodes by a lock file next to it (:mod:`impulsevit.data.locking`).
+processes and nodes by a lock file next to it (:mod:`impulsevit.data.storage.locking`).
 
-How images are stored is a :class:`~impulsevit.data.presets.Preset`; :data:`PRESETS`, :class:`Preset`,
+How images are stored is a :class:`~impulsevit.data.storage.presets.Preset`; :data:`PRESETS`, :class:`Preset`,
 :func:`default_preset`, :func:`read_manifest`, :func:`manifest_path` and :func:`beton_num_classes` are re-exported
-here from :mod:`impulsevit.data.presets` / :mod:`impulsevit.data.manifest` for existing imports.
+here from :mod:`impulsevit.data.storage.presets` / :mod:`impulsevit.data.storage.manifest` for existing imports.
 
-Not supported: appending to a ``.beton``; sources other than :class:`~impulsevit.data.sources.ImageSource`.
+Not supported: appending to a ``.beton``; sources other than :class:`~impulsevit.data.sources.image_source.ImageSource`.
 """
 
 from __future__ import annotations
@@ -36,10 +38,10 @@ from typing import Literal
 
 import numpy as np
 
-from impulsevit.data.integrity import CHUNK, file_digests
-from impulsevit.data.manifest import MANIFEST_FORMAT, beton_num_classes, manifest_path, read_manifest
-from impulsevit.data.presets import PRESETS, SMALL_IMAGE_SIDE, Preset, default_preset, storage_preset
-from impulsevit.data.sources import ArraySource, FileSource, ImageSource, Problem, check_sample
+from impulsevit.data.sources.image_source import ArraySource, FileSource, ImageSource, Problem, check_sample
+from impulsevit.data.storage.integrity import CHUNK, file_digests
+from impulsevit.data.storage.manifest import MANIFEST_FORMAT, beton_num_classes, manifest_path, read_manifest
+from impulsevit.data.storage.presets import PRESETS, SMALL_IMAGE_SIDE, Preset, default_preset, storage_preset
 from impulsevit.io import atomic_write_json, commit, disk_errors, require_free_space, temp_path, write_error
 
 __all__ = ["PRESETS", "ConversionError", "Preset", "ScanResult", "beton_num_classes", "convert_split",
@@ -307,12 +309,12 @@ def _remove_stale_temps(out: Path, log: Callable[[str], None]) -> None:
 
 def _one_writer(convert: Callable[..., dict]) -> Callable[..., dict]:
     """Serialise conversions of the same output across processes and nodes with the lock file ``<out>.lock``
-    (:func:`impulsevit.data.locking.file_lock`): one converts, the others wait and then find it up to date."""
+    (:func:`impulsevit.data.storage.locking.file_lock`): one converts, the others wait and then find it up to date."""
     import functools
 
     @functools.wraps(convert)
     def locked(source: ImageSource, out: str | os.PathLike, *args, **kwargs) -> dict:  # noqa: ANN002, ANN003
-        from impulsevit.data.locking import file_lock
+        from impulsevit.data.storage.locking import file_lock
 
         out = Path(out)
         with file_lock(out.with_name(out.name + ".lock"), what=f"the conversion of {out}",
@@ -435,8 +437,3 @@ def subset_indices(n: int, k: int | None, seed: int = 0) -> np.ndarray | None:
         raise ValueError(f"subset size must be positive, got {k}")
     return np.sort(np.random.default_rng(seed).permutation(n)[:k])
 
-
-if __name__ == "__main__":  # `python -m impulsevit.data.convert ...`, as before the front end moved
-    from impulsevit.data.convert_cli import main
-
-    sys.exit(main())

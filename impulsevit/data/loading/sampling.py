@@ -238,7 +238,7 @@ class RepeatedAugSampler(EpochSampler):
 
 class ResumableDataLoader(DataLoader):
     """A training ``DataLoader`` over an :class:`EpochSampler` (the torchvision backend's, the synthetic
-    datamodule's), stateful like :class:`~impulsevit.data.ffcv_loader.FFCVLoader`: ``state_dict()`` is the
+    datamodule's), stateful like :class:`~impulsevit.data.loading.ffcv_loader.FFCVLoader`: ``state_dict()`` is the
     :class:`LoaderState` (epoch, batches consumed on this rank — from ``progress()`` when bound to Lightning's training
     progress, else the batches yielded), ``load_state_dict()`` makes the sampler continue that epoch after them."""
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from impulsevit.data.sources import ArraySource, FileSource, ImageSource, Problem, image_folder_source
+from impulsevit.data.sources.image_source import ArraySource, FileSource, ImageSource, Problem, image_folder_source
 
 __all__ = [
     "read_cifar",

@@ -1,4 +1,4 @@
-"""Storage presets of ``.beton`` files: how :func:`impulsevit.data.convert.convert_split` stores each image.
+"""Storage presets of ``.beton`` files: how :func:`impulsevit.data.storage.convert.convert_split` stores each image.
 
 ``raw`` stores pixels unchanged (small images: CIFAR, MNIST, STL-10). ``short256`` (the default for
 large-image datasets and the preset of the ImageNet / IN-21K / Food-101 / Flowers / Pets recipes) resizes images whose

@@ -1,4 +1,4 @@
-"""Typed configuration blocks of :class:`~impulsevit.data.datamodule.ImageDataModule` (``data.augment``,
+"""Typed configuration blocks of :class:`~impulsevit.data.loading.datamodule.ImageDataModule` (``data.augment``,
 ``data.storage``).
 
 Plain dataclasses, as ``ImageClassifier``'s blocks (:mod:`impulsevit.config`): LightningCLI / jsonargparse accepts a
@@ -31,8 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from impulsevit.data.integrity import CheckLevel
-from impulsevit.data.presets import PRESETS
+from impulsevit.data.storage.integrity import CheckLevel
+from impulsevit.data.storage.presets import PRESETS
 from impulsevit.errors import ConfigError
 
 __all__ = ["AugmentConfig", "StorageConfig"]
@@ -54,7 +54,8 @@ class AugmentConfig:
 
     The crop and flip run in the loader (FFCV's decoder or timm's transform in ``DataLoader`` workers). On the ffcv
     backend RandAugment, colour jitter and random erasing run on the device on the uint8 / normalised batch
-    (:class:`~impulsevit.data.augment.DeviceAugment`); on the torchvision backend RandAugment and colour jitter run in
+    (:class:`~impulsevit.data.augment.device.DeviceAugment`); on the torchvision backend RandAugment and colour jitter
+    run in
     the workers and random erasing on the device (as timm's prefetcher does).
 
     Attributes:
@@ -72,7 +73,7 @@ class AugmentConfig:
         re_count: maximum number of erased boxes per image, ``>= 1``.
         repeated_aug: copies of every image per epoch, each augmented differently (DeiT's RASampler; 3 under DDP in
             DeiT), ``>= 1``; 1 = off. An epoch keeps its number of steps and sees about ``1 / repeated_aug`` of the
-            distinct images (:mod:`impulsevit.data.sampling`).
+            distinct images (:mod:`impulsevit.data.loading.sampling`).
     """
 
     scale: tuple[float, float] = (0.08, 1.0)
@@ -114,7 +115,8 @@ class StorageConfig:
     ignores this block; ``train_beton`` / ``val_beton`` need the ffcv backend).
 
     Attributes:
-        preset: conversion preset name (:data:`impulsevit.data.presets.PRESETS`: ``raw``, ``short256``, ``res256``,
+        preset: conversion preset name (:data:`impulsevit.data.storage.presets.PRESETS`: ``raw``, ``short256``,
+        ``res256``,
             ...); None: ``raw`` for small-image datasets, ``short256`` otherwise. Part of the cached file's name.
         in_memory: FFCV's OS page cache (True) or its process-level cache (False, for files larger than the page
             cache); None: True when the file fits in half the available memory.
@@ -122,7 +124,8 @@ class StorageConfig:
             of converting ``dataset`` (give both or neither); ``dataset`` then only supplies the normalisation
             statistics (``imagefolder``: ImageNet's) and the class count comes from the manifest.
         beton_check: at setup, check each ``.beton`` against its manifest's checksum
-            (:mod:`impulsevit.data.integrity`): ``sampled`` (header, size and sampled chunks; the first use of a file
+            (:mod:`impulsevit.data.storage.integrity`): ``sampled`` (header, size and sampled chunks; the first use of a
+            file
             checks every byte and records it in ``X.verified.json``; a sampled check finds one damaged 4 MiB chunk
             of ``n > 10`` with probability ``8 / (n - 2)``), ``full`` (every byte, every time) or ``off``.
         convert_limit: images, ``>= 0``. In a multi-process run (world size > 1) ``prepare_data`` does not convert a

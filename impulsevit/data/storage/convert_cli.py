@@ -1,6 +1,6 @@
 """``impulsevit convert``: image datasets → FFCV ``.beton`` files (one per split), with a manifest next to each.
 
-The command-line front end of :mod:`impulsevit.data.convert` (which does the work and imports no argparse).
+The command-line front end of :mod:`impulsevit.data.storage.convert` (which does the work and imports no argparse).
 
 Usage::
 
@@ -13,15 +13,17 @@ dataset folder (recognised by its marker files, e.g. ``cifar-10-batches-py/``), 
 
 Output: ``DST`` is a directory (``DST/<split>.beton``) or, for one split, a ``.beton`` path; with several splits and
 a ``.beton`` path the split is appended to the stem (``out_train.beton``). Each ``X.beton`` gets ``X.manifest.json``
-(:mod:`impulsevit.data.manifest`): counts per class, the preset, a content checksum of the source (BLAKE2 of every
+(:mod:`impulsevit.data.storage.manifest`): counts per class, the preset, a content checksum of the source (BLAKE2 of
+every
 file, in order), the bad inputs that were skipped, the output size and the conversion speed. The steps of a split and
-the presets are described in :mod:`impulsevit.data.convert` and :mod:`impulsevit.data.presets`; ``--write-mode`` /
+the presets are described in :mod:`impulsevit.data.storage.convert` and :mod:`impulsevit.data.storage.presets`;
+``--write-mode`` /
 ``--max-resolution`` / ``--jpeg-quality`` / ``--jpeg-proportion`` override single fields of the preset.
 
-``--check``: verify ``.beton`` files against their manifests' checksums (:mod:`impulsevit.data.integrity`).
+``--check``: verify ``.beton`` files against their manifests' checksums (:mod:`impulsevit.data.storage.integrity`).
 
 Exit status: 0 done (all files good), 1 a conversion failed or a checked file is damaged, 2 bad arguments or source.
-Also run as ``python -m impulsevit.data.convert_cli`` (or, as before, ``python -m impulsevit.data.convert``).
+Also run as ``python -m impulsevit.data.storage.convert_cli``.
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from impulsevit.data.convert import ConversionError, convert_split, subset_indices
-from impulsevit.data.integrity import BetonError, verify_beton
-from impulsevit.data.manifest import read_manifest
-from impulsevit.data.presets import PRESETS, Preset, default_preset
-from impulsevit.data.registry import DATASETS, DatasetInfo, detect_dataset, get_dataset, list_datasets
+from impulsevit.data.sources.registry import DATASETS, DatasetInfo, detect_dataset, get_dataset, list_datasets
+from impulsevit.data.storage.convert import ConversionError, convert_split, subset_indices
+from impulsevit.data.storage.integrity import BetonError, verify_beton
+from impulsevit.data.storage.manifest import read_manifest
+from impulsevit.data.storage.presets import PRESETS, Preset, default_preset
 from impulsevit.io import WriteError
 
 __all__ = ["build_parser", "check_main", "choose_preset", "default_splits", "main", "output_path", "resolve_source"]
@@ -107,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def choose_preset(info: DatasetInfo, args: argparse.Namespace) -> Preset:
-    """``--preset`` (default: :func:`~impulsevit.data.presets.default_preset` of the dataset) with the single-field
+    """``--preset`` (default: :func:`~impulsevit.data.storage.presets.default_preset` of the dataset) with the
+    single-field
     flags applied; a preset changed by flags is named ``<name>+custom``."""
     preset = PRESETS[args.preset] if args.preset else default_preset(info.small)
     overrides = {}
