@@ -131,12 +131,19 @@ def _vpass(src: np.ndarray, r0: int, c0: int, bounds: np.ndarray, weights: np.nd
 def _transpose(src: np.ndarray, r0: int, c0: int, n_rows: int, n_cols: int, dst: np.ndarray, flip: bool) -> None:
     """``dst[x, r] = src[r0 + r, c0 + x]`` for the ``n_rows × n_cols`` window (``dst`` ``(n_cols, n_rows, 3)``);
     with ``flip``, ``dst[x, n_rows - 1 - r]`` instead (the window mirrored along its rows)."""
-    for x in range(n_cols):
-        for r in range(n_rows):
-            rr = n_rows - 1 - r if flip else r
-            dst[x, rr, 0] = src[r0 + r, c0 + x, 0]
-            dst[x, rr, 1] = src[r0 + r, c0 + x, 1]
-            dst[x, rr, 2] = src[r0 + r, c0 + x, 2]
+    if flip:  # two loops, not a branch per pixel: each compiles to straight copies
+        last = n_rows - 1
+        for x in range(n_cols):
+            for r in range(n_rows):
+                dst[x, last - r, 0] = src[r0 + r, c0 + x, 0]
+                dst[x, last - r, 1] = src[r0 + r, c0 + x, 1]
+                dst[x, last - r, 2] = src[r0 + r, c0 + x, 2]
+    else:
+        for x in range(n_cols):
+            for r in range(n_rows):
+                dst[x, r, 0] = src[r0 + r, c0 + x, 0]
+                dst[x, r, 1] = src[r0 + r, c0 + x, 1]
+                dst[x, r, 2] = src[r0 + r, c0 + x, 2]
 
 
 @njit(cache=True)
