@@ -10,15 +10,15 @@ stored image:
 - ``decode (PIL)`` / ``decode (cv2)``: the same JPEGs decoded by Pillow and OpenCV from Python, for comparison;
 - ``crop box + RNG``: the per-sample key hash and torchvision's ``RandomResizedCrop`` box (and the flip draw);
 - ``resample``: PIL's bicubic resize of the drawn box to 224 × 224 (:func:`impulsevit.data.resample.resample_crop`),
-  split into its horizontal and vertical passes;
-- ``flip``: the in-place horizontal flip of the 224 × 224 output (applied to every sample here; half of them in
-  training);
+  with the flip written by its horizontal pass for the samples whose draw says so; each pass also timed alone;
+- ``flip as a separate pass``: an in-place flip of the 224 × 224 output (what the flip cost before it was folded into
+  the resample), for reference;
 - ``copy into batch``: a plain copy of a 224 × 224 × 3 image (the decoder writes straight into the batch slot, so it
   does not pay this; shown as the price of one memory pass).
 
-Each stage is the median of ``--repeats`` passes over all samples, reported in µs per image (per sample of its kind for
-the decodes) and as images/s on one core. The last line is ``ratio: X`` = (decode of the stored images) / (whole
-decoder path) per image: the share of the decoder's time the unavoidable decode takes.
+Each stage is the median CPU time of ``--repeats`` passes over all samples, reported in µs per image (per sample of
+its kind for the decodes) and as images/s on one core. The last line is ``ratio: X`` = (decode of the stored images)
+/ (whole decoder path) per image: the share of the decoder's time the unavoidable decode takes.
 
     python benchmarks/loader_profile.py [--num-images 300] [--repeats 5] [--size 224]
 """

@@ -11,7 +11,10 @@ epochs except the files themselves (the OS page cache, for both sides).
 Contenders per size: ``torchvision`` decodes the original JPEGs (PIL, ``num_workers`` processes); ``ffcv:<preset>``
 reads that preset's ``.beton`` through :func:`impulsevit.data.ffcv_loader.build_ffcv_loader` (``num_workers``
 threads). For context only, ``torchvision@256`` decodes the same JPEGs pre-resized to max side 256 (quality 90): the
-share of FFCV's gain that comes from storing smaller images rather than from the loader.
+share of FFCV's gain that comes from storing smaller images rather than from the loader. ``decode-limit`` (see
+:func:`decode_limit_loader`) decodes the ``short256`` ``.beton``'s images and nothing else, through FFCV's ``Loader``
+with the same threads: the floor any loader of those stored images pays; ``ffcv:short256 / decode-limit`` is printed
+per size. Every row shows img/s and img/s per worker core (img/s / ``num_workers``).
 
 The process runs with the malloc setting ``impulsevit fit`` applies (:mod:`impulsevit.memory`: blocks above 32 MiB,
 such as a normalised 64 × 224² batch, are reused rather than page-faulted in again every batch) — for both
