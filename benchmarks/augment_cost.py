@@ -36,6 +36,7 @@ import torch
 from PIL import Image
 
 from impulsevit.data.augment import DeviceAugment, fix_timm_posterize
+from impulsevit.memory import reuse_large_allocations
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
@@ -89,11 +90,15 @@ def main(argv: list[str] | None = None) -> float:
     from timm.data import create_transform
 
     torch.set_num_threads(args.threads)
+    # the malloc setting `impulsevit fit` applies (impulsevit/memory.py): a 224 px batch's float intermediates are
+    # reused instead of mmap'ed and page-faulted in again by every RandAugment op
+    heap_reuse = reuse_large_allocations()
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     aug = DeviceAugment(MEAN, STD, auto_augment=args.auto_augment, re_prob=args.re_prob)
     print(f"augmentation {args.auto_augment} + erasing {args.re_prob}; DeviceAugment on {device} "
-          f"({args.threads} intra-op threads on the CPU), timm's PIL chain on 1 CPU thread; median of {args.rounds}")
+          f"({args.threads} intra-op threads on the CPU), timm's PIL chain on 1 CPU thread; median of {args.rounds}; "
+          f"malloc: {'large blocks reused (as `impulsevit fit` sets it)' if heap_reuse else 'glibc defaults'}")
     print(f"{'size':>5} {'batch':>6} {'device µs/img':>14} {'timm µs/img':>12} {'timm / device':>14}")
     ratios = []
     for k, size in enumerate(args.sizes):
