@@ -16,8 +16,12 @@
 #   2. ViT-B/16 bf16 img/s and MFU: a plain timm loop vs `impulsevit fit` (ImageClassifier + every default callback)
 #      on the same synthetic batch (benchmarks/gpu_throughput.py; ratio = fit / timm)
 #   3. FSDP2 on one GPU (`fit_fsdp2`, same benchmark)
-#   4. FFCV loader img/s at 224 px (benchmarks/loader_speed.py, short256 preset vs torchvision ImageFolder)
-# CPU_ONLY=1 runs rows 2-4 at toy sizes (ViT-Ti, 64 px, 5 steps; 400 images) so the script itself is tested
+#   4. FFCV loader img/s at 224 px (benchmarks/loader_speed.py, short256 preset vs torchvision ImageFolder, and its
+#      share of the decode limit)
+#   5. DeviceAugment (RandAugment + erasing) µs per image on the GPU at 224 and 32 px vs timm's PIL chain per image on
+#      one CPU thread (benchmarks/augment_cost.py)
+# CPU_ONLY=1 runs rows 2-5 at toy sizes (ViT-Ti, 64 px, 5 steps; 400 images; 28 px augmentation) so the script
+# itself is tested
 # (tests/test_gpu_check.py); its numbers mean nothing for a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -68,13 +72,15 @@ if [ -z "${CPU_ONLY:-}" ]; then
     add "pytest -m gpu" "skipped" "-" "jsonargparse absent (bash benchmarks/gpu_wheels.sh, then carry .whl/)"
   fi
   bench=(--model vit_base_patch16_224 --image-size 224 --batch 128 --steps 40 --warmup 10 --device cuda)
-  t_bench=240 t_loader=150
+  t_bench=240 t_loader=150 t_aug=90
+  augment=(--device cuda --sizes 224 32 --batch-size 128 256 --batches 4 --rounds 3)
   loader=(--num-images 3000 --sizes 224 --presets short256 --loader-presets short256 --rounds 2 --no-capped
           --workers "$(( $(nproc) > 12 ? 12 : $(nproc) ))" --batch-size 128)
 else
   add "pytest -m gpu" "skipped" "-" "CPU_ONLY"
   bench=(--model vit_tiny_patch16_224 --image-size 64 --batch 16 --steps 5 --warmup 2 --device cpu)
-  t_bench=1200 t_loader=1200  # a shared CPU may be very slow; this mode checks the script, not the numbers
+  t_bench=1200 t_loader=1200 t_aug=600  # a shared CPU may be very slow; this mode checks the script, not the numbers
+  augment=(--device cpu --sizes 28 --batch-size 16 --batches 1 --rounds 1)
   loader=(--num-images 400 --sizes 224 --presets short256 --loader-presets short256 --rounds 1 --no-capped
           --workers 2 --batch-size 32)
 fi
@@ -93,12 +99,23 @@ if has ffcv; then
   rc=$?
   if [ $rc -eq 0 ]; then
     add "FFCV loader short256@224" "ok" "$(awk '$2 == "ffcv:short256" {v = $3} END {print v}' "$OUT/loader.txt") img/s" \
-        "vs torchvision ImageFolder: $(grep '^ratio:' "$OUT/loader.txt" | tail -n 1)"
+        "vs torchvision ImageFolder: $(grep '^ratio:' "$OUT/loader.txt" | tail -n 1); of the decode limit: $(
+        awk '$2 == "ratio" && $3 == "ffcv:short256" {v = $6} END {print v}' "$OUT/loader.txt")"
   else
     add "FFCV loader" "FAILED (rc $rc)" "-" "$(tail -n 1 "$OUT/loader.txt")"
   fi
 else
   add "FFCV loader" "skipped" "-" "ffcv not importable on this machine"
+fi
+
+timeout "$t_aug" $PY benchmarks/augment_cost.py "${augment[@]}" > "$OUT/augment.txt" 2>&1
+rc=$?
+if [ $rc -eq 0 ]; then
+  while read -r size batch dev timm ratio; do
+    add "DeviceAugment ${size} px" "ok" "$dev µs/img" "batch $batch; timm PIL chain $timm µs/img (1 CPU thread), ratio $ratio"
+  done < <(awk 'NF == 5 && $1 ~ /^[0-9]+$/' "$OUT/augment.txt")
+else
+  add "augment_cost.py" "FAILED (rc $rc)" "-" "$(tail -n 1 "$OUT/augment.txt")"
 fi
 
 echo

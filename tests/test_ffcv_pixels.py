@@ -102,6 +102,27 @@ def test_resampler_equals_pillow_on_crops():
             np.testing.assert_array_equal(out, ref, err_msg=str((trial, H, W, top, left, h, w, oh, ow, kind)))
 
 
+@pytest.mark.parametrize("out_shape", [(40, 56), (20, 11), (30, 64), (30, 17), (64, 17), (20, 64)],
+                         ids=["enlarge", "shrink-both", "width-only", "none", "height-only", "shrink-h-enlarge-w"])
+def test_flipped_resample_equals_pillow_flip(out_shape):
+    """``flip=True`` is the unflipped output mirrored left-right (Pillow's resize then ``FLIP_LEFT_RIGHT``), whichever
+    passes run: both (either order), horizontal or vertical alone, or none."""
+    rng = np.random.default_rng(1)
+    img = rng.integers(0, 256, (50, 70, 3), dtype=np.uint8)
+    top, left, h, w = 7, 5, 30, 17
+    oh, ow = out_shape
+    for kind, pil in ((BICUBIC, Image.Resampling.BICUBIC), (BILINEAR, Image.Resampling.BILINEAR)):
+        plain = np.zeros((oh, ow, 3), np.uint8)
+        flipped = np.zeros((oh, ow, 3), np.uint8)
+        resample_crop(img, top, left, h, w, oh, ow, 0, 0, plain, kind)
+        resample_crop(img, top, left, h, w, oh, ow, 0, 0, flipped, kind, True)
+        np.testing.assert_array_equal(flipped, plain[:, ::-1])
+        ref = np.asarray(Image.fromarray(img).crop((left, top, left + w, top + h)).resize((ow, oh), pil)
+                         .transpose(Image.Transpose.FLIP_LEFT_RIGHT))
+        if not (oh < h and ow < w):  # see test_resampler_equals_pillow_on_crops for Pillow's own pass order
+            np.testing.assert_array_equal(flipped, ref)
+
+
 # ------------------------------------------------------------------------------------------------ eval pixels vs timm
 def test_small_images_enlarged_like_timm(tmp_path):
     """32 px photos → 224 with vit_tiny_cifar10's data settings (dataset switched to an ImageFolder; stored raw as

@@ -37,5 +37,7 @@ def test_bare_machine_mode(tmp_path: Path) -> None:
     for name in ("timm[", "fit[", "fit_fsdp2["):
         row = next(line for line in table.splitlines() if line.startswith(name))
         assert " ok " in row and "img/s" in row, row
+    aug = next(line for line in table.splitlines() if line.startswith("DeviceAugment 28 px"))
+    assert " ok " in aug and "µs/img" in aug and "timm PIL chain" in aug, aug
     assert "FAILED" not in table and "Traceback" not in out
     assert not (copy / ".venv").exists()  # nothing was installed into the copy

@@ -242,18 +242,6 @@ def _train_order_factory(kind: str, repeats: int, rank: int, world_size: int):  
     return Factory()
 
 
-def _hflip_inplace(image: np.ndarray) -> None:
-    """Mirror an ``(H, W, C)`` uint8 image left-right in place (compiled by FFCV's ``Compiler``)."""
-    height, width, channels = image.shape
-    for r in range(height):
-        for j in range(width // 2):
-            k = width - 1 - j
-            for c in range(channels):
-                t = image[r, j, c]
-                image[r, j, c] = image[r, k, c]
-                image[r, k, c] = t
-
-
 def _epoch_reader(state: np.ndarray):  # noqa: ANN202 - a function for numba
     """A function, compilable by numba, returning ``state[0]`` as it is *when called*. numba freezes arrays captured
     by compiled code as constants, so the value is read through its address (copied with FFCV's ``memcpy``);
@@ -281,7 +269,8 @@ def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scal
     worker threads.
 
     - train: torchvision's ``RandomResizedCrop(S, scale, ratio, interpolation)`` geometry, then a horizontal flip
-      with probability ``flip_prob`` (in place on the output), as timm's train transform orders them;
+      with probability ``flip_prob``, as timm's train transform orders them (the resample writes the flipped
+      columns directly, see :func:`impulsevit.data.resample.resample_crop`);
     - eval: timm's ``Resize(floor(S / crop_pct))`` + ``CenterCrop(S)`` (only the kept window is computed).
 
     Draws (crop box, flip) are a function of ``(seed, epoch, sample index, occurrence)``: each sample hashes those
@@ -336,7 +325,6 @@ def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scal
             mem_read = self.memory_read
             my_range = Compiler.get_iterator()
             imdecode_c = Compiler.compile(imdecode)
-            flip = Compiler.compile(_hflip_inplace)
             read_epoch = Compiler.compile(_epoch_reader(state))
             resample_crop, rrc = rs.resample_crop, rs.random_resized_crop
             key_of, uniform, center = rs.sample_key, rs.uniform, rs.resize_short_crop_center
@@ -367,9 +355,8 @@ def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scal
                                 occurrence += 1
                         key = key_of(seed_, epoch, rank_, np.int64(source_ix), occurrence * 4294967296 + first)
                         i, j, h, w = rrc(height, width, s0, s1, lr0, lr1, key)
-                        resample_crop(image, i, j, h, w, size, size, 0, 0, out, kind)
-                        if p > 0 and uniform(key, 22) < p:
-                            flip(out)
+                        flip = p > 0 and uniform(key, 22) < p
+                        resample_crop(image, i, j, h, w, size, size, 0, 0, out, kind, flip)
                     else:
                         center(image, height, width, crop, out, kind)
                 return destination[:n]

@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit
 
 __all__ = [
-    "BICUBIC", "BILINEAR", "FILTERS", "center_crop_geometry", "draw_uniform", "random_resized_crop",
+    "BICUBIC", "BILINEAR", "FILTERS", "center_crop_geometry", "draw_uniform", "hflip", "random_resized_crop",
     "resample_crop", "resize_short_crop_center", "sample_key", "uniform",
 ]
 
@@ -105,35 +105,72 @@ def _clip8(v: int) -> int:
 @njit(cache=True)
 def _vpass(src: np.ndarray, r0: int, c0: int, bounds: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
     """Vertical pass: ``out[o, x] = Σ_t src[r0 + bounds[o, 0] + t, c0 + x] · weights[o, t]`` (fixed point, int32 as
-    Pillow; the inner loop runs over a contiguous row so the compiler vectorises it)."""
+    Pillow). The inner loop runs over a contiguous row, every product and sum kept in int32 (numba would widen
+    them to int64, which halves the vector width and costs ~9× here), so the compiler vectorises it."""
     half = np.int32(1 << (PRECISION_BITS - 1))
+    shift = np.int32(PRECISION_BITS)
     n3 = out.shape[1] * 3
     acc = np.empty(n3, dtype=np.int32)
+    base = c0 * 3
     for o in range(out.shape[0]):
-        acc[:] = half
+        for i in range(n3):
+            acc[i] = half
         y0 = r0 + bounds[o, 0]
         for t in range(bounds[o, 1]):
             w = np.int32(weights[o, t])
-            line = src[y0 + t].reshape(-1)
-            base = c0 * 3
+            line = src[y0 + t].reshape(-1)[base:base + n3]
             for i in range(n3):
-                acc[i] += np.int32(line[base + i]) * w
+                acc[i] = np.int32(acc[i] + np.int32(np.int32(line[i]) * w))
         row = out[o].reshape(-1)
         for i in range(n3):
-            v = acc[i] >> PRECISION_BITS
-            row[i] = 0 if v < 0 else (255 if v > 255 else v)
+            v = acc[i] >> shift
+            row[i] = np.uint8(0 if v < 0 else (255 if v > 255 else v))
+
+
+@njit(cache=True)
+def _transpose(src: np.ndarray, r0: int, c0: int, n_rows: int, n_cols: int, dst: np.ndarray, flip: bool) -> None:
+    """``dst[x, r] = src[r0 + r, c0 + x]`` for the ``n_rows × n_cols`` window (``dst`` ``(n_cols, n_rows, 3)``);
+    with ``flip``, ``dst[x, n_rows - 1 - r]`` instead (the window mirrored along its rows)."""
+    if flip:  # two loops, not a branch per pixel: each compiles to straight copies
+        last = n_rows - 1
+        for x in range(n_cols):
+            for r in range(n_rows):
+                dst[x, last - r, 0] = src[r0 + r, c0 + x, 0]
+                dst[x, last - r, 1] = src[r0 + r, c0 + x, 1]
+                dst[x, last - r, 2] = src[r0 + r, c0 + x, 2]
+    else:
+        for x in range(n_cols):
+            for r in range(n_rows):
+                dst[x, r, 0] = src[r0 + r, c0 + x, 0]
+                dst[x, r, 1] = src[r0 + r, c0 + x, 1]
+                dst[x, r, 2] = src[r0 + r, c0 + x, 2]
 
 
 @njit(cache=True)
 def _hpass(src: np.ndarray, r0: int, c0: int, n_rows: int, bounds: np.ndarray, weights: np.ndarray,
-           out: np.ndarray) -> None:
+           out: np.ndarray, flip: bool = False) -> None:
     """Horizontal pass ``out[r, o] = Σ_t src[r0 + r, c0 + bounds[o, 0] + t] · weights[o, t]``, run as a vertical
-    pass over the transposed rows (same arithmetic, vectorised)."""
+    pass over the transposed rows (same arithmetic, vectorised). ``flip`` writes output column ``o`` at
+    ``n_out - 1 - o`` (a horizontal flip of the result, for free in the transpose back)."""
     n_cols = bounds[bounds.shape[0] - 1, 0] + bounds[bounds.shape[0] - 1, 1]
-    src_t = np.ascontiguousarray(src[r0:r0 + n_rows, c0:c0 + n_cols].transpose(1, 0, 2))
+    src_t = np.empty((n_cols, n_rows, 3), dtype=np.uint8)
+    _transpose(src, r0, c0, n_rows, n_cols, src_t, False)
     out_t = np.empty((out.shape[1], n_rows, 3), dtype=np.uint8)
     _vpass(src_t, 0, 0, bounds, weights, out_t)
-    out[:, :, :] = out_t.transpose(1, 0, 2)
+    _transpose(out_t, 0, 0, out.shape[1], n_rows, out, flip)
+
+
+@njit(cache=True)
+def hflip(image: np.ndarray) -> None:
+    """Mirror an ``(H, W, 3)`` uint8 image left-right in place."""
+    height, width = image.shape[0], image.shape[1]
+    for r in range(height):
+        for j in range(width // 2):
+            k = width - 1 - j
+            for c in range(3):
+                t = image[r, j, c]
+                image[r, j, c] = image[r, k, c]
+                image[r, k, c] = t
 
 
 @njit(cache=True)
@@ -149,12 +186,14 @@ def vertical_first(height: int, width: int, out_h: int, out_w: int) -> bool:
 
 @njit(cache=True)
 def resample_crop(src: np.ndarray, top: int, left: int, height: int, width: int, out_h: int, out_w: int,
-                  out_top: int, out_left: int, dst: np.ndarray, kind: int) -> None:
+                  out_top: int, out_left: int, dst: np.ndarray, kind: int, flip: bool = False) -> None:
     """Write into ``dst`` ``(n_h, n_w, 3)`` uint8 the window starting at ``(out_top, out_left)`` of
     ``src[top:top+height, left:left+width]`` resized to ``(out_h, out_w)`` — the pixels of Pillow's
     ``Image.fromarray(src).crop((left, top, left+width, top+height)).resize((out_w, out_h), filter)`` followed by
-    ``.crop((out_left, out_top, out_left + n_w, out_top + n_h))``, computing only that window. The filter sees only
-    the crop (edges clamped to it), as when PIL resizes a cropped image. ``src`` ``(H, W, 3)`` uint8.
+    ``.crop((out_left, out_top, out_left + n_w, out_top + n_h))``, computing only that window — mirrored left-right
+    when ``flip`` (Pillow's ``.transpose(FLIP_LEFT_RIGHT)`` of that window; written mirrored by the horizontal pass,
+    not flipped afterwards). The filter sees only the crop (edges clamped to it), as when PIL resizes a cropped
+    image. ``src`` ``(H, W, 3)`` uint8.
 
     Equal to Pillow 13 byte for byte except where Pillow orders the two passes differently from
     :func:`vertical_first` (some resizes that shrink both axes): then pixels differ by a few levels at most."""
@@ -172,20 +211,26 @@ def resample_crop(src: np.ndarray, top: int, left: int, height: int, width: int,
             tmp = np.empty((n_h, col1 - col0, 3), dtype=np.uint8)
             _vpass(src, top, left + col0, vb, vk, tmp)
             hb[:, 0] -= col0
-            _hpass(tmp, 0, 0, n_h, hb, hk, dst)
-        else:
+            _hpass(tmp, 0, 0, n_h, hb, hk, dst, flip)
+        else:  # the vertical pass keeps the columns where the (mirroring) horizontal pass put them
             row0 = vb[0, 0]
             row1 = vb[n_h - 1, 0] + vb[n_h - 1, 1]
             tmp = np.empty((row1 - row0, n_w, 3), dtype=np.uint8)
-            _hpass(src, top + row0, left, row1 - row0, hb, hk, tmp)
+            _hpass(src, top + row0, left, row1 - row0, hb, hk, tmp, flip)
             vb[:, 0] -= row0
             _vpass(tmp, 0, 0, vb, vk, dst)
     elif need_h:
-        _hpass(src, top + out_top, left, n_h, hb, hk, dst)
-    elif need_v:
-        _vpass(src, top, left + out_left, vb, vk, dst)
+        _hpass(src, top + out_top, left, n_h, hb, hk, dst, flip)
     else:
-        dst[:, :, :] = src[top + out_top:top + out_top + n_h, left + out_left:left + out_left + n_w]
+        if need_v:
+            _vpass(src, top, left + out_left, vb, vk, dst)
+        else:
+            for r in range(n_h):
+                for x in range(n_w):
+                    for c in range(3):
+                        dst[r, x, c] = src[top + out_top + r, left + out_left + x, c]
+        if flip:
+            hflip(dst)
 
 
 @njit(cache=True)
