@@ -17,11 +17,12 @@ fashion_mnist   ``FashionMNIST``                           ``FashionMNIST/raw/``
 
 Each dataset's download is its registration's ``download`` function (:func:`~impulsevit.data.register_dataset`;
 the built-ins above use :class:`~impulsevit.data.sources.registry.TorchvisionDownload`), so a plugin's dataset is
-fetched the same way. After the download every split is read back through the registry and its counts checked (``verify``). A dataset
-whose files are already there is not fetched again (torchvision checks their checksums). ImageNet-1K and
-ImageNet-21K cannot be downloaded without an account: :func:`download` raises :class:`ManualDownloadError` with their
-registration's ``manual_download`` text (what to obtain and which layouts are read). The datamodule's ``download: true`` calls :func:`ensure_dataset` from
-``prepare_data`` (serialised across processes with a lock file next to ROOT).
+fetched the same way. After the download every split is read back through the registry and its counts checked
+(``verify``). A dataset whose files are already there is not fetched again (torchvision checks their checksums).
+ImageNet-1K and ImageNet-21K cannot be downloaded without an account: :func:`download` raises
+:class:`ManualDownloadError` with their registration's ``manual_download`` text (what to obtain and which layouts are
+read). The datamodule's ``download: true`` calls :func:`ensure_dataset` from ``prepare_data`` (serialised across
+processes with a lock file next to ROOT).
 """
 
 from __future__ import annotations
