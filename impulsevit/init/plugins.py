@@ -197,8 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``impulsevit init list [module:function ...]``: list the init methods and where each comes from.
 
     Exit status 1 when one of the given import paths does not resolve (the reason is printed), else 0."""
-    parser = argparse.ArgumentParser(prog="impulsevit init", description="initializers: built-in, installed plugins "
-                                     f"(entry-point group {ENTRY_POINT_GROUP}) and import paths")
+    parser = argparse.ArgumentParser(prog="impulsevit init", description="initializers: built-in, registered by "
+                                     "plugin modules (impulsevit --plugins), installed plugins (entry-point group "
+                                     f"{ENTRY_POINT_GROUP}) and import paths")
     sub = parser.add_subparsers(dest="command", required=True)
     lst = sub.add_parser("list", help="list the init methods with their source")
     lst.add_argument("methods", nargs="*", metavar="module:function", help="import paths to resolve and show too")
