@@ -128,11 +128,12 @@ def test_imagenet_cannot_download_and_says_what_to_obtain(tmp_path, name, needle
 
 
 def test_every_downloadable_dataset_has_a_torchvision_class():
-    from impulsevit.data.sources.registry import get_dataset
+    from impulsevit.data.sources.registry import TorchvisionDownload, downloadable, get_dataset
 
-    for name, (cls, _) in dl.DOWNLOADABLE.items():
-        assert hasattr(torchvision.datasets, cls) and get_dataset(name).name == name
-    assert set(dl.DOWNLOADABLE) == {"cifar10", "cifar100", "stl10", "flowers102", "pets", "food101", "fashion_mnist"}
+    for name in downloadable():
+        fetch = get_dataset(name).download
+        assert isinstance(fetch, TorchvisionDownload) and hasattr(torchvision.datasets, fetch.cls)
+    assert set(downloadable()) == {"cifar10", "cifar100", "stl10", "flowers102", "pets", "food101", "fashion_mnist"}
 
 
 def _preview(out: Path, split: str, num: int, *overrides: str) -> dict:

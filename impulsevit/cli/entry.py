@@ -17,6 +17,7 @@ from impulsevit.cli.errors import user_error
 from impulsevit.cli.subcommands import ALL_SUBCOMMANDS, EXTERNAL_SUBCOMMANDS, TRAINER_SUBCOMMANDS, USAGE
 from impulsevit.cli.trainer_cli import ImpulseCLI
 from impulsevit.errors import ConfigError
+from impulsevit.extensions import load_plugins, split_plugins_flag
 from impulsevit.memory import reuse_large_allocations
 from impulsevit.recipes import RecipeNotFoundError, format_listing
 
@@ -124,11 +125,19 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``impulsevit`` console script. Returns the exit status: 0 done, 1 a run failed for a reason
     the message names (full disk, damaged data), 2 bad arguments or configuration (found before any work started).
 
-    ``--debug`` (anywhere) or ``IMPULSEVIT_DEBUG=1`` shows the traceback of those errors too."""
+    ``--debug`` (anywhere) or ``IMPULSEVIT_DEBUG=1`` shows the traceback of those errors too. ``--plugins MOD[,MOD]``
+    (anywhere), ``IMPULSEVIT_PLUGINS`` and the entry-point group ``impulsevit.plugins`` name modules imported first
+    (:mod:`impulsevit.extensions`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("IMPULSEVIT_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
     _setup_logging()
+    try:  # the user's registrations (datasets, init families) before anything reads a registry
+        argv, plugins = split_plugins_flag(argv)
+        load_plugins(plugins)
+    except ConfigError as e:
+        print(f"impulsevit: error: {e}", file=sys.stderr)
+        return 2
     if len(argv) > 1 and argv[0] == "predict" and not argv[1].startswith("-"):
         from impulsevit.predict import main as predict_main  # `predict MODEL IMAGES`: a folder of images
 

@@ -39,6 +39,11 @@ impulsevit {__version__}: Lightning + timm training of vision transformers with 
                       list the init methods (built-in, plugins, import paths) and their source
   data preview --recipe R [overrides] --split train|val [--num N] [--out DIR]
                       write the images the recipe feeds the model (PNG grid + tensors)
-  download NAME ROOT  fetch a public dataset (cifar10, cifar100, stl10, flowers102, pets, food101, fashion_mnist)
+  download NAME ROOT  fetch a public dataset (cifar10, cifar100, stl10, flowers102, pets, food101, fashion_mnist,
+                      or one a plugin registered with a download)
+
+Any subcommand: --plugins MOD[,MOD] (or IMPULSEVIT_PLUGINS, or an installed entry point of the group
+impulsevit.plugins) imports modules that register datasets (impulsevit.data.register_dataset) or init methods and
+families (impulsevit.init.register) first; --debug shows tracebacks.
 """
 

@@ -1,4 +1,5 @@
-"""Datamodules: synthetic (tests), and the dataset registry with FFCV and torchvision backends.
+"""Datamodules: synthetic (tests), and the dataset registry with FFCV and torchvision backends; ``register_dataset``
+adds a dataset (:mod:`impulsevit.data.sources.registry`).
 
 Names are imported lazily so that ``impulsevit convert`` and the registry do not pull in Lightning.
 """
@@ -16,6 +17,7 @@ __all__ = [
     "SyntheticDataModule",
     "get_dataset",
     "list_datasets",
+    "register_dataset",
 ]
 
 _WHERE = {
@@ -29,6 +31,7 @@ _WHERE = {
     "DatasetMismatchError": "impulsevit.data.sources.registry",
     "get_dataset": "impulsevit.data.sources.registry",
     "list_datasets": "impulsevit.data.sources.registry",
+    "register_dataset": "impulsevit.data.sources.registry",
 }
 
 

@@ -30,7 +30,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from impulsevit.init.registry import methods
+from impulsevit.init.registry import methods, origins
 
 __all__ = ["ENTRY_POINT_GROUP", "MethodInfo", "resolve_method", "list_methods", "is_import_path", "main"]
 
@@ -43,9 +43,11 @@ class MethodInfo:
 
     Attributes:
         name: the string a recipe gives as ``model.init.method``.
-        kind: ``builtin`` or ``plugin``.
-        families: for built-ins, the model families it supports (dispatch order); empty for plugins.
-        source: ``builtin``, ``entry point <dist> <version> (<module:function>)`` or ``import path``.
+        kind: ``builtin``, ``registered`` (``@register`` in a plugin module, :mod:`impulsevit.extensions`) or
+            ``plugin``.
+        families: for registered methods, the model families it supports (dispatch order); empty for plugins.
+        source: ``builtin``, ``registered by <module>`` (both, joined by `` + ``, when a plugin module adds a family
+            to a built-in method), ``entry point <dist> <version> (<module:function>)`` or ``import path``.
         function: the plugin function (``None`` for built-ins).
     """
 
@@ -122,7 +124,10 @@ def resolve_method(method: str, options: Mapping[str, Any] | None = None) -> Met
         raise ValueError(f"init method must be a non-empty string, got {method!r}")
     builtin = methods()
     if method in builtin:
-        return MethodInfo(method, "builtin", tuple(builtin[method]), "builtin")
+        where = list(dict.fromkeys("builtin" if m.startswith("impulsevit.") else f"registered by {m}"
+                                   for m in origins(method)))
+        kind = "builtin" if "builtin" in where else "registered"
+        return MethodInfo(method, kind, tuple(builtin[method]), " + ".join(where))
     if is_import_path(method):
         fn = _load_import_path(method)
         _check_callable(method, "import path", fn, options)
@@ -192,8 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``impulsevit init list [module:function ...]``: list the init methods and where each comes from.
 
     Exit status 1 when one of the given import paths does not resolve (the reason is printed), else 0."""
-    parser = argparse.ArgumentParser(prog="impulsevit init", description="initializers: built-in, installed plugins "
-                                     f"(entry-point group {ENTRY_POINT_GROUP}) and import paths")
+    parser = argparse.ArgumentParser(prog="impulsevit init", description="initializers: built-in, registered by "
+                                     "plugin modules (impulsevit --plugins), installed plugins (entry-point group "
+                                     f"{ENTRY_POINT_GROUP}) and import paths")
     sub = parser.add_subparsers(dest="command", required=True)
     lst = sub.add_parser("list", help="list the init methods with their source")
     lst.add_argument("methods", nargs="*", metavar="module:function", help="import paths to resolve and show too")

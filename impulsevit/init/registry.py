@@ -3,20 +3,23 @@
 
 It sits below :mod:`impulsevit.init.api` (which dispatches through it) and :mod:`impulsevit.init.plugins` (which
 resolves names against it), so neither imports the other back. The built-in family modules are imported on first use
-(:func:`_load_builtin`) so their ``@register`` calls run.
+(:func:`_load_builtin`) so their ``@register`` calls run: every module of the ``impulsevit.init`` package is imported
+(there is no list of them), so a new family file with ``@register`` is picked up by being there. Families from outside
+the package register from a module ``impulsevit`` imports as a plugin (:mod:`impulsevit.extensions`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import pkgutil
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["Handler", "InitResult", "methods", "register", "supports"]
+__all__ = ["Handler", "InitResult", "methods", "origins", "register", "supports"]
 
 
 @dataclasses.dataclass
@@ -41,16 +44,28 @@ class _Entry:
 
 
 _REGISTRY: list[_Entry] = []
+_PACKAGE = __name__.rpartition(".")[0]  # impulsevit.init: the built-in families are its modules
 
 
 def register(method: str, *, family: str, matches: Callable[[nn.Module], bool]) -> Callable[[Handler], Handler]:
-    """Decorator registering ``handler`` for ``method`` on models where ``matches(model)`` is true."""
+    """Decorator registering ``handler`` for ``method`` on models where ``matches(model)`` is true.
+
+    ``initialize`` runs the first registered handler of ``method`` whose ``matches`` is true; the built-in families
+    are loaded before a handler from outside the package is added, so they come first."""
 
     def deco(fn: Handler) -> Handler:
+        if not fn.__module__.startswith(_PACKAGE + "."):  # a built-in one is being loaded by its module's import
+            _load_builtin()
         _REGISTRY.append(_Entry(method, family, matches, fn))
         return fn
 
     return deco
+
+
+def origins(method: str) -> list[str]:
+    """The modules whose handlers registered ``method`` (in dispatch order, without repeats)."""
+    _load_builtin()
+    return list(dict.fromkeys(e.handler.__module__ for e in _REGISTRY if e.method == method))
 
 
 def methods() -> dict[str, list[str]]:
@@ -66,13 +81,16 @@ _LOADED = False
 
 
 def _load_builtin() -> None:
-    """Import the built-in family modules so their ``@register`` calls run (idempotent)."""
+    """Import every module of the ``impulsevit.init`` package (found with ``pkgutil``, in name order) so the
+    ``@register`` calls of the family modules run (idempotent)."""
     global _LOADED
     if _LOADED:
         return
     _LOADED = True
-    for name in ("vit", "baselines", "weight_selection", "swin", "mixer", "convmixer"):
-        importlib.import_module(f"impulsevit.init.{name}")
+    modules = pkgutil.iter_modules(importlib.import_module(_PACKAGE).__path__)
+    for module in sorted(modules, key=lambda m: m.name):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{_PACKAGE}.{module.name}")
 
 
 def supports(model: nn.Module, method: str) -> bool:

@@ -58,7 +58,7 @@ from impulsevit.data.loading.base import BaseImageDataModule, dist_info, worker_
 from impulsevit.data.loading.config import AugmentConfig, StorageConfig
 from impulsevit.data.loading.ffcv_loader import build_ffcv_loader, ffcv_available
 from impulsevit.data.loading.sampling import EpochSampler, ResumableDataLoader, SampleKey, sample_seed
-from impulsevit.data.sources.image_source import ImageSource, image_folder_source
+from impulsevit.data.sources.image_source import ImageSource
 from impulsevit.data.sources.registry import DatasetInfo, Verify, get_dataset
 from impulsevit.data.storage.convert import convert_split, subset_indices
 from impulsevit.data.storage.integrity import verify_beton
@@ -122,29 +122,13 @@ class SourceDataset(Dataset):
         return self.transform(img), int(self.source.labels[i])
 
 
-def _image_folder_classes(root: Path, train: str, val: str) -> int:
-    """The class count of an ImageFolder tree ``root/{train,val}/<class>/<image>`` (``val`` may be ``test``).
-
-    Raises:
-        ConfigError: a split folder is missing or ``train`` has no class sub-folders (the message gives the layout).
-    """
-    layout = f"expected {root}/{train}/<class>/<image> and {root}/{val}/<class>/<image>"
-    train_dir = root / train
-    if not train_dir.is_dir():
-        raise ConfigError(f"ImageFolder root {root} has no {train}/ folder ({layout})")
-    if not (root / val).is_dir() and not (val == "val" and (root / "test").is_dir()):
-        raise ConfigError(f"ImageFolder root {root} has no {val}/ folder ({layout})")
-    if not any(d.is_dir() and not d.name.startswith(".") for d in train_dir.iterdir()):
-        raise ConfigError(f"ImageFolder {train_dir} has no class sub-folders ({layout})")
-    return len(image_folder_source(train_dir).classes)
-
-
 class ImageDataModule(BaseImageDataModule):
     """Registry dataset → batches for ``ImageClassifier``.
 
     Args:
         dataset: registry name (``fashion_mnist``, ``digits``, ``cifar10``, ``cifar100``, ``stl10``, ``flowers102``,
-            ``pets``, ``food101``, ``imagenet``, ``imagenet21k``, ``imagefolder``).
+            ``pets``, ``food101``, ``imagenet``, ``imagenet21k``, ``imagefolder``, or one a plugin module registered
+            with :func:`~impulsevit.data.register_dataset`).
         root: the dataset's folder (None: the registry default, e.g. Debian's Fashion-MNIST).
         backend: ``ffcv`` or ``torchvision``.
         image_size: output side S in pixels.
@@ -211,23 +195,19 @@ class ImageDataModule(BaseImageDataModule):
         if root is not None and not download and store.train_beton is None and not Path(root).is_dir():
             what = "is a file, not a folder" if Path(root).exists() else "does not exist"
             raise ConfigError(f"data.root {root} {what} (dataset {info.name!r}"
-                              + (f"; expected {root}/train/<class>/<image> and {root}/val/<class>/<image>)"
-                                 if info.name == "imagefolder" else ")"))
+                              + (f"; expected {info.layout.format(root=root)})" if info.layout else ")"))
         num_classes = info.num_classes
         if store.train_beton is not None:
             if backend != "ffcv":
                 raise ConfigError("data.storage.train_beton/val_beton need backend='ffcv'")
             num_classes = beton_num_classes(store.train_beton)
-        elif info.name == "imagefolder":
-            if root is None:
-                raise ConfigError("dataset='imagefolder' needs root (a folder with train/<class>/ and val/<class>/)")
-            num_classes = _image_folder_classes(Path(root), train_split or "train", val_split or "val")
-        elif info.releases and root is not None:  # ImageNet-21K: winter21 or fall11, one class folder per wnid
-            from impulsevit.data.sources.formats import imagenet21k_base
-
-            base = imagenet21k_base(root)
-            if base.is_dir():
-                num_classes = sum(1 for d in base.iterdir() if d.is_dir() and not d.name.startswith("."))
+        elif info.tree_classes is not None:  # the registration counts the classes of the tree (ImageFolder, IN-21K)
+            if root is None and not num_classes:
+                raise ConfigError(f"dataset={info.name!r} needs root"
+                                  + (f" ({info.layout.format(root='ROOT')})" if info.layout else ""))
+            if root is not None:
+                counted = info.tree_classes(Path(root), train_split or info.train_split, val_split or info.val_split)
+                num_classes = num_classes if counted is None else counted
         super().__init__(num_classes, image_size, batch_size, mean=tuple(mean or info.mean), std=tuple(std or info.std))
         # save_hyperparameters() records the arguments as they are at this point (``root`` after download's default),
         # the two blocks as plain dicts, as ImageClassifier does: checkpoints stay loadable with weights_only=True.

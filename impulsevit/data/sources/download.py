@@ -15,11 +15,14 @@ food101         ``Food101``                                ``food-101/``
 fashion_mnist   ``FashionMNIST``                           ``FashionMNIST/raw/``
 ==============  =========================================  ====================================
 
-After the download every split is read back through the registry and its counts checked (``verify``). A dataset
-whose files are already there is not fetched again (torchvision checks their checksums). ImageNet-1K and
-ImageNet-21K cannot be downloaded without an account: :func:`download` raises :class:`ManualDownloadError` saying
-what to obtain and which layouts are read. The datamodule's ``download: true`` calls :func:`ensure_dataset` from
-``prepare_data`` (serialised across processes with a lock file next to ROOT).
+Each dataset's download is its registration's ``download`` function (:func:`~impulsevit.data.register_dataset`;
+the built-ins above use :class:`~impulsevit.data.sources.registry.TorchvisionDownload`), so a plugin's dataset is
+fetched the same way. After the download every split is read back through the registry and its counts checked
+(``verify``). A dataset whose files are already there is not fetched again (torchvision checks their checksums).
+ImageNet-1K and ImageNet-21K cannot be downloaded without an account: :func:`download` raises
+:class:`ManualDownloadError` with their registration's ``manual_download`` text (what to obtain and which layouts are
+read). The datamodule's ``download: true`` calls :func:`ensure_dataset` from ``prepare_data`` (serialised across
+processes with a lock file next to ROOT).
 """
 
 from __future__ import annotations
@@ -29,38 +32,9 @@ import os
 import sys
 from pathlib import Path
 
-from impulsevit.data.sources.registry import DatasetInfo, Verify, get_dataset
+from impulsevit.data.sources.registry import DatasetInfo, Verify, downloadable, get_dataset
 
-__all__ = ["DOWNLOADABLE", "ManualDownloadError", "download", "ensure_dataset", "main"]
-
-# registry name -> (torchvision.datasets class, constructor keywords that make it fetch everything the registry reads)
-DOWNLOADABLE: dict[str, tuple[str, dict]] = {
-    "cifar10": ("CIFAR10", {"train": True}),
-    "cifar100": ("CIFAR100", {"train": True}),
-    "stl10": ("STL10", {"split": "train"}),
-    "flowers102": ("Flowers102", {"split": "train"}),
-    "pets": ("OxfordIIITPet", {"split": "trainval"}),
-    "food101": ("Food101", {"split": "train"}),
-    "fashion_mnist": ("FashionMNIST", {"train": True}),
-}
-
-MANUAL = {
-    "imagenet": (
-        "ImageNet-1K (ILSVRC-2012) needs an account at https://image-net.org (or the Kaggle ILSVRC challenge "
-        "'imagenet-object-localization-challenge'). Obtain ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar and "
-        "ILSVRC2012_devkit_t12.tar.gz, then lay them out under ROOT as: train/<wnid>/*.JPEG (extract the train tar, "
-        "then each of its 1,000 per-class tars into a folder of that name); val/ILSVRC2012_val_%08d.JPEG flat with "
-        "the devkit extracted at ROOT/ILSVRC2012_devkit_t12/ (its data/meta.mat and "
-        "data/ILSVRC2012_validation_ground_truth.txt label them), or val flat with Kaggle's LOC_val_solution.csv next "
-        "to it, or val/<wnid>/*.JPEG; Kaggle's ROOT/ILSVRC/Data/CLS-LOC/{train,val} tree is read as it is."),
-    "imagenet21k": (
-        "ImageNet-21K needs an account at https://image-net.org: obtain the full release winter21_whole.tar.gz "
-        "(19,167 classes, 13,153,500 images) or fall11_whole.tar (21,841 classes, 14,197,122 images), extract it to "
-        "ROOT/winter21_whole/ (or ROOT/fall11_whole/) and each per-class n*.tar inside into a folder of that name "
-        "(for f in n*.tar; do mkdir -p ${f%.tar} && tar -xf $f -C ${f%.tar}; done). Any per-class counts are read; "
-        "validation is the first min(50, n // 2) files of each class."),
-}
-
+__all__ = ["ManualDownloadError", "download", "ensure_dataset", "main"]
 
 class ManualDownloadError(RuntimeError):
     """The dataset cannot be fetched automatically; the message says what to obtain and how to lay it out."""
@@ -71,23 +45,21 @@ def _present(info: DatasetInfo, root: Path) -> bool:
 
 
 def download(name: str, root: str | os.PathLike, verify: Verify = "error") -> dict[str, int]:
-    """Fetch dataset ``name`` into ``root`` with torchvision and read every split back; returns images per split.
+    """Fetch dataset ``name`` into ``root`` with its registered ``download`` and read every split back; returns
+    images per split.
 
     Raises :class:`ManualDownloadError` for ImageNet / IN-21K, ``KeyError`` for an unknown name, ``ValueError`` for
     a registry dataset that needs no download (``digits`` ships with scikit-learn), and the registry's
     ``DatasetMismatchError`` when the downloaded counts differ from the published ones (``verify='error'``)."""
     info = get_dataset(name)
-    if info.name in MANUAL:
-        raise ManualDownloadError(f"{info.name} cannot be downloaded automatically. {MANUAL[info.name]}")
-    if info.name not in DOWNLOADABLE:
-        raise ValueError(f"{info.name} needs no download ({info.description}); downloadable: "
-                         f"{', '.join(DOWNLOADABLE)}")
-    import torchvision.datasets
-
+    if info.download is None and info.manual_download:
+        raise ManualDownloadError(f"{info.name} cannot be downloaded automatically. {info.manual_download}")
+    if info.download is None:
+        raise ValueError(f"{info.name} needs no download ({info.description or 'no download function registered'}); "
+                         f"downloadable: {', '.join(downloadable())}")
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    cls_name, kwargs = DOWNLOADABLE[info.name]
-    getattr(torchvision.datasets, cls_name)(str(root), download=True, **kwargs)
+    info.download(root)
     return {split: len(info.load(root, split, verify=verify)) for split in info.split_sizes}
 
 
@@ -105,7 +77,7 @@ def ensure_dataset(info: DatasetInfo, root: str | os.PathLike, verify: Verify = 
     with file_lock(root.with_name(root.name + ".lock"), what=f"download of {info.name} into {root}", log=log):
         if _present(info, root):
             return
-        log(f"[impulsevit] downloading {info.name} into {root} (torchvision.datasets)")
+        log(f"[impulsevit] downloading {info.name} into {root}")
         download(info.name, root, verify=verify)
 
 
@@ -113,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="impulsevit download", allow_abbrev=False,
                                 description="Fetch a public dataset (torchvision.datasets' URLs and checksums) into "
                                             "the layout impulsevit reads.",
-                                epilog=f"downloadable: {', '.join(DOWNLOADABLE)}; imagenet and imagenet21k print "
+                                epilog=f"downloadable: {', '.join(downloadable())}; imagenet and imagenet21k print "
                                        "what to obtain by hand")
     p.add_argument("name", help="registry name, e.g. cifar10")
     p.add_argument("root", help="folder to download into (pass it as data.init_args.root)")

@@ -60,11 +60,11 @@ def resolve_source(src: str, root: str | None, dataset: str | None) -> tuple[Dat
 
 
 def default_splits(info: DatasetInfo, root: Path | None) -> list[str]:
-    """The splits converted when ``--split`` is not given: the registry's train and val splits; for an ImageFolder the
-    ``train`` / ``val`` / ``test`` sub-folders present (``test`` only without ``val``), else the tree as ``train``."""
-    if info.name != "imagefolder":
+    """The splits converted when ``--split`` is not given: the registry's train and val splits; for a dataset without
+    published splits (an ImageFolder) the ``train`` / ``val`` / ``test`` sub-folders present (``test`` only without
+    ``val``), else the tree as ``train``."""
+    if info.split_sizes or root is None:
         return [info.train_split, info.val_split]
-    assert root is not None
     splits = [s for s in ("train", "val", "test") if (root / s).is_dir()]
     if "val" in splits and "test" in splits:
         splits.remove("test")

@@ -1,0 +1,78 @@
+"""Plugins: the user's modules that register datasets (``impulsevit.data.register_dataset``) or init families and
+methods (``impulsevit.init.register``), imported when the ``impulsevit`` command starts.
+
+A plugin is a module; importing it runs its registrations. ``impulsevit`` imports, in this order and once each:
+
+* every entry point of the group ``impulsevit.plugins`` of an installed distribution (its value names the module:
+  ``[options.entry_points] impulsevit.plugins = my_data = my_pkg.extras``), as pytest does with ``pytest11``;
+* the modules of ``IMPULSEVIT_PLUGINS`` (comma-separated module names, e.g. ``my_pkg.extras,my_inits``; the module
+  must be importable, e.g. on ``PYTHONPATH``);
+* the modules of ``--plugins my_pkg.extras[,...]`` anywhere on the command line, which adds them to
+  ``IMPULSEVIT_PLUGINS`` so processes the run starts (DDP ranks, SLURM steps, DataLoader workers) import them too.
+
+A module that does not import is one line naming it and where it was named (:class:`~impulsevit.errors.ConfigError`,
+exit status 2), before any work. From Python, import the module yourself: registrations are plain calls.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+from collections.abc import Sequence
+
+from impulsevit.errors import ConfigError
+
+__all__ = ["ENTRY_POINT_GROUP", "ENV_VAR", "load_plugins", "split_plugins_flag"]
+
+ENTRY_POINT_GROUP = "impulsevit.plugins"
+ENV_VAR = "IMPULSEVIT_PLUGINS"
+
+
+def split_plugins_flag(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``argv`` without ``--plugins X`` / ``--plugins=X`` and the module names those gave (``X`` comma-separated).
+
+    Raises:
+        ConfigError: ``--plugins`` without a value."""
+    rest: list[str] = []
+    names: list[str] = []
+    items = list(argv)
+    i = 0
+    while i < len(items):
+        arg = items[i]
+        if arg == "--plugins" or arg.startswith("--plugins="):
+            value = arg.partition("=")[2] if "=" in arg else (items[i + 1] if i + 1 < len(items) else "")
+            i += 1 if "=" in arg else 2
+            if not value or value.startswith("-"):
+                raise ConfigError("--plugins needs a module name (--plugins my_pkg.extras[,other.module])")
+            names += [n.strip() for n in value.split(",") if n.strip()]
+            continue
+        rest.append(arg)
+        i += 1
+    return rest, names
+
+
+def load_plugins(extra: Sequence[str] = ()) -> list[str]:
+    """Import the plugin modules (module docstring) and return their names in import order. ``extra`` (the
+    ``--plugins`` names) is appended to ``IMPULSEVIT_PLUGINS`` in ``os.environ`` for the processes the run starts.
+
+    Raises:
+        ConfigError: a module that does not import, naming it and where it came from."""
+    if extra:
+        current = [n for n in os.environ.get(ENV_VAR, "").split(",") if n.strip()]
+        os.environ[ENV_VAR] = ",".join(dict.fromkeys([*current, *extra]))
+    wanted: dict[str, str] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        who = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "an installed distribution"
+        wanted.setdefault(ep.module, f"entry point {ep.name!r} of {who} (group {ENTRY_POINT_GROUP})")
+    for name in os.environ.get(ENV_VAR, "").split(","):
+        if name.strip():
+            wanted.setdefault(name.strip(), f"{ENV_VAR} / --plugins")
+    for name, where in wanted.items():
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise ConfigError(f"plugin module {name!r} (from {where}) cannot be imported: {type(e).__name__}: {e} "
+                              "(expected an importable module name such as my_pkg.extras; is its folder on "
+                              "PYTHONPATH?)") from None
+    return list(wanted)
