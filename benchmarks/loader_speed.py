@@ -116,7 +116,7 @@ def decode_limit_loader(path: Path, workers: int, batch: int):  # noqa: ANN201 -
     from ffcv.pipeline.compiler import Compiler
     from ffcv.transforms import ToTensor, ToTorchImage
 
-    from impulsevit.data.ffcv_loader import keep_torch_threads
+    from impulsevit.data.loading.ffcv_loader import keep_torch_threads
 
     class DecodeOnly(ResizedCropRGBImageDecoder):
         def __init__(self) -> None:
