@@ -5,7 +5,7 @@ Contenders, per image size ``S`` (the recipes' sizes: 28 px ``cpu_deit_aug_backe
 recipes, 224 px the ImageNet-style ones), with the recipes' augmentation ``auto_augment=rand-m9-mstd0.5-inc1`` and
 ``re_prob=0.25``:
 
-- ``device``: :class:`impulsevit.data.augment.device.DeviceAugment` on a uint8 ``(B, 3, S, S)`` batch — RandAugment (every
+- ``device``: :class:`~.device.DeviceAugment` on a uint8 ``(B, 3, S, S)`` batch — RandAugment (every
   op evaluated on the whole batch, by design), normalise, random erasing — on ``--device`` (the CPU the CPU recipes
   train on by default; ``cuda`` times it with a synchronisation per batch), ``--threads`` intra-op threads;
 - ``timm``: ``timm.data.create_transform(S, is_training=True, auto_augment=..., re_prob=...)`` (bicubic) on one

@@ -2,14 +2,14 @@
 
 Generates JPEGs as ``benchmarks/loader_speed.py`` does, converts them with the ``short256`` preset (half the stored
 images JPEG, half raw), reads the stored bytes back from the ``.beton`` and times, single-threaded and compiled as the
-decoder runs them, each stage of :func:`impulsevit.data.loading.ffcv_loader._resample_decoder`'s training path over every
+decoder runs them, each stage of :func:`~.ffcv_loader._resample_decoder`'s training path over every
 stored image:
 
 - ``decode jpg`` / ``read raw``: FFCV's libjpeg-turbo ``imdecode`` of the JPEG samples into a scratch buffer; a copy of
   the raw samples' bytes (what a raw sample costs at least: its pixels are read once);
 - ``decode (PIL)`` / ``decode (cv2)``: the same JPEGs decoded by Pillow and OpenCV from Python, for comparison;
 - ``crop box + RNG``: the per-sample key hash and torchvision's ``RandomResizedCrop`` box (and the flip draw);
-- ``resample``: PIL's bicubic resize of the drawn box to 224 × 224 (:func:`impulsevit.data.loading.resample.resample_crop`),
+- ``resample``: PIL's bicubic resize of the drawn box to 224 × 224 (:func:`~.resample.resample_crop`),
   with the flip written by its horizontal pass for the samples whose draw says so; each pass also timed alone;
 - ``flip as a separate pass``: an in-place flip of the 224 × 224 output (what the flip cost before it was folded into
   the resample), for reference;
@@ -41,9 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loader_speed import make_jpegs  # noqa: E402
 
 from impulsevit.data.loading import resample as rs  # noqa: E402
+from impulsevit.data.sources.image_source import image_folder_source  # noqa: E402
 from impulsevit.data.storage.convert import convert_split  # noqa: E402
 from impulsevit.data.storage.presets import PRESETS  # noqa: E402
-from impulsevit.data.sources.image_source import image_folder_source  # noqa: E402
 
 
 def stored_samples(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
