@@ -27,7 +27,7 @@ def layer(name: str) -> int:
     head = parts[1] if len(parts) > 1 else ""
     if head in ("init", "models"):
         return 1
-    if head in ("module", "config", "callbacks", "checkpointing", "strategies", "lightning_private"):
+    if head in ("module", "config", "callbacks", "checkpointing", "strategies"):
         return 2
     if name in COMMAND_MODULES:
         return 5
