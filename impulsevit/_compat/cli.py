@@ -11,9 +11,10 @@ __all__ = ["parser_actions", "subcommand_parsers", "SubcommandRunHookCLI"]
 
 
 def parser_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    """Every action (option, positional, subcommand group) added to ``parser``, in the order they were added.
+    """Every action (option, positional, subcommand group) added to ``parser``, in the order they were added
+    (jsonargparse's ``ArgumentParser`` is an argparse subclass).
 
-    Reaches: ``argparse.ArgumentParser._actions`` (jsonargparse's ``ArgumentParser`` is an argparse subclass)
+    Reaches: ``argparse.ArgumentParser._actions``
     Checked on: jsonargparse[signatures]>=4.27,<5
     Waits for: a public list of a parser's actions (argparse has none; jsonargparse's ``get_defaults`` lists values,
     not the keys a nested parser accepts).

@@ -15,7 +15,7 @@ def module_init_fn(model: nn.Module) -> Callable[[nn.Module], None] | None:
     """The per-module init function of a timm model that has no public ``init_weights`` (``model.apply(fn)`` runs
     timm's own init), or None when the model has none.
 
-    Reaches: ``timm model ._init_weights``
+    Reaches: ``_init_weights`` of timm's models (``VisionTransformer._init_weights``, ...)
     Checked on: timm>=1.0.20,<1.1
     Waits for: ``init_weights()`` on every timm model (most have it; the older ones only have ``_init_weights``).
     """

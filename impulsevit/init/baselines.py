@@ -36,8 +36,9 @@ _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d
 _RUNNING_STATS_NORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.LazyBatchNorm1d,
                        nn.LazyBatchNorm2d, nn.LazyBatchNorm3d, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d,
                        nn.LazyInstanceNorm1d, nn.LazyInstanceNorm2d, nn.LazyInstanceNorm3d)
-"""torch's norms with (optional) running statistics: every public subclass of its private ``_NormBase``
-(``tests/test_compat.py`` checks the list against the installed torch)."""
+"""torch's norms with (optional) running statistics: every ``torch.nn`` subclass of its private ``_NormBase``
+(``tests/test_compat.py`` checks the list against the installed torch; quantized ``torch.ao`` norms are not
+included)."""
 _NORM = (nn.LayerNorm, nn.GroupNorm, *_RUNNING_STATS_NORM, nn.RMSNorm)
 
 
