@@ -25,6 +25,7 @@ import ast
 import importlib
 import inspect
 import sys
+import textwrap
 from pathlib import Path
 
 LIBS = ("lightning", "lightning_fabric", "pytorch_lightning", "torch", "torchvision", "torchmetrics", "timm", "ffcv",
@@ -169,10 +170,7 @@ def _static_uses(m: _Module, modules: list[_Module], owned: set[str]) -> list[tu
     def visit(node: ast.AST, cls: str | None) -> None:
         for child in ast.iter_child_nodes(node):
             inner = child.name if isinstance(child, ast.ClassDef) else cls
-            if isinstance(child, ast.Attribute) and not isinstance(child.value, ast.Attribute):
-                # the outermost attribute of each chain is visited from its parent; check the full chain once
-                pass
-            if isinstance(child, ast.Attribute) and not _is_inner(child, node):
+            if isinstance(child, ast.Attribute) and not _is_inner(child, node):  # each whole chain once
                 root, attrs = _chain(child)
                 check(child, root, attrs, cls)
             elif isinstance(child, ast.Call):
@@ -214,7 +212,7 @@ def _library_private_members(cls: type) -> set[str]:
     """The private names a library class defines: its class attributes and the ``self._x`` it assigns in its source."""
     out = {n for n in vars(cls) if _private(n)}
     try:
-        tree = ast.parse(inspect.cleandoc("\n" + inspect.getsource(cls)) if False else _dedent(inspect.getsource(cls)))
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError, SyntaxError):
         return out
     for node in ast.walk(tree):
@@ -224,15 +222,32 @@ def _library_private_members(cls: type) -> set[str]:
     return out
 
 
-def _dedent(src: str) -> str:
-    import textwrap
-
-    return textwrap.dedent(src)
-
-
 def _module_name(path: Path, pkg: Path) -> str:
     parts = path.relative_to(pkg.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _resolve(m: _Module, expr: ast.AST) -> object:
+    """The object a base-class expression of ``m`` names when it is rooted at an imported name, else None."""
+    root, attrs = _chain(expr)
+    if not isinstance(root, ast.Name):
+        return None
+    origin = m.lib_names.get(root.id) or m.other_imports.get(root.id)
+    if origin is None:
+        return None
+    parts = [*origin.split("."), *attrs]
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for p in parts[i:]:
+                obj = getattr(obj, p)
+        except AttributeError:
+            return None
+        return obj
+    return None
 
 
 def _override_uses(m: _Module, pkg: Path) -> list[tuple[int, str]]:
@@ -248,10 +263,12 @@ def _override_uses(m: _Module, pkg: Path) -> list[tuple[int, str]]:
         if not isinstance(node, ast.ClassDef) or not node.bases:
             continue
         cls = getattr(mod, node.name, None)
-        if not inspect.isclass(cls):
-            continue  # a class defined inside a function: its bases are checked statically only
+        if inspect.isclass(cls):
+            mro = list(cls.__mro__[1:])
+        else:  # a class defined inside a function: its bases resolved by name (a computed base is skipped)
+            mro = [c for base in node.bases for c in getattr(_resolve(m, base), "__mro__", ())]
         lib_private: set[str] = set()
-        for base in cls.__mro__[1:]:
+        for base in mro:
             if _is_lib(base.__module__):
                 lib_private |= _library_private_members(base)
         for name in sorted(m.classes[node.name][1] & lib_private):

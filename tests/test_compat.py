@@ -61,6 +61,16 @@ class Net(nn.Module):
         return super()._apply(fn, recurse)
 
 
+def factory():
+    from torch.nn import Module
+
+    class Local(Module):
+        def _apply(self, fn, recurse=True):
+            return fn
+
+    return Local
+
+
 def use(x, m):
     x._count, m._bump(), nn.modules.batchnorm._NormBase, getattr(x, "_not_ours")
     with mock.patch.object(tinit, "calculate_gain", None), mock.patch("torch.nn.init.trunc_normal_"):
@@ -105,6 +115,7 @@ def test_the_enumerator_finds_each_kind_of_private_use(enumerated):  # noqa: ANN
         "Net: self._forward_hooks (not defined by Net or its impulsevit bases)",
         "Net: super()._apply (not defined by Net or its impulsevit bases)",
         "Net: defines _apply, a private member of a library base class",
+        "Local: defines _apply, a private member of a library base class",
         "torch.nn.modules.batchnorm._NormBase",
         "x._not_ours (no impulsevit module defines _not_ours)",
         "mock.patch.object(torch.nn.init, 'calculate_gain')",
