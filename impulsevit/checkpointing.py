@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch import Trainer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
@@ -69,7 +68,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     ``TorchCheckpointIO``), nor are remote paths.
     """
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None) -> None:
         if storage_options is not None:
             raise TypeError(
                 "AtomicCheckpointIO.save_checkpoint(..., storage_options=...) is not supported; got "

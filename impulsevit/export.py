@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from impulsevit._compat.timm import model_card_readme
 from impulsevit.checkpointing import atomic_torch_save
 from impulsevit.errors import ConfigError, UserError
 from impulsevit.io import commit, disk_errors, remove, temp_path
@@ -366,7 +367,6 @@ def export_folder(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike, ema:
             :func:`build_model`, :func:`data_config`. WriteError: full / read-only disk.
     """
     from timm.models import save_for_hf
-    from timm.models._hub import generate_readme
 
     out = Path(out_dir)
     _check_folder_target(out, overwrite)
@@ -382,7 +382,7 @@ def export_folder(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike, ema:
     try:
         with disk_errors(out):
             save_for_hf(model, str(tmp), model_config=model_config, safe_serialization=True, data_config=dc)
-            (tmp / "README.md").write_text(generate_readme(card, out.name), encoding="utf-8")
+            (tmp / "README.md").write_text(model_card_readme(card, out.name), encoding="utf-8")
         commit(tmp, out, replace_dir=out.is_dir())  # checked above: empty, or an earlier export with --overwrite
     finally:
         remove(tmp)

@@ -69,8 +69,9 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from impulsevit import strategies as _strategies  # noqa: F401  (registers the `fsdp2` strategy name)
+from impulsevit._compat.lightning import is_log_step
+from impulsevit._compat.torch import is_compiled
 from impulsevit.config import InitConfig, MixupConfig, OptimizerConfig, SchedulerConfig, as_config, resolve_lr
-from impulsevit.lightning_private import is_log_step
 
 __all__ = ["ImageClassifier", "check_image_size"]
 
@@ -245,7 +246,7 @@ class ImageClassifier(L.LightningModule):
         already has (a user-configured one is kept): the same set for a plain ``Trainer`` and for ``impulsevit fit``."""
         from impulsevit.callbacks import standard_callbacks
 
-        trainer = self._trainer
+        trainer = self._attached_trainer()
         cfg = self.init_cfg
         return standard_callbacks(
             init_method=cfg.method, init_seed=cfg.seed, init_options=cfg.options,
@@ -255,18 +256,25 @@ class ImageClassifier(L.LightningModule):
             has_logger=bool(trainer.loggers) if trainer is not None else False,
         )
 
+    def _attached_trainer(self) -> L.Trainer | None:
+        """The trainer this model is attached to, or None (Lightning's public ``trainer`` raises when there is none)."""
+        try:
+            return self.trainer
+        except RuntimeError:
+            return None
+
     def configure_model(self) -> None:
         """Under the ``fsdp2`` strategy (``ModelParallelStrategy``): FSDP2 ``fully_shard`` per block, then the backbone.
 
         Idempotent (Lightning calls it for every stage). Raises ``ValueError`` when EMA is requested with FSDP2.
         """
-        trainer = self._trainer
+        trainer = self._attached_trainer()
         if trainer is None:
             return
         if isinstance(trainer.strategy, ModelParallelStrategy):
             self._shard(trainer)
         options = self.hparams.get("compile")
-        if options and not getattr(self.backbone, "_compiled_call_impl", None):
+        if options and not is_compiled(self.backbone):
             self.backbone.compile(**(options if isinstance(options, dict) else {}))
 
     def _shard(self, trainer: L.Trainer) -> None:

@@ -52,7 +52,7 @@ def build_datamodule(cli_args: list[str]):  # noqa: ANN201 - any BaseImageDataMo
 
     class _DataOnlyCLI(ImpulseCLI):
         def instantiate_classes(self) -> None:  # the data section only: no model, no trainer, no accelerator
-            self.datamodule = instantiate_class((), self._get(self.config, "data").as_dict())
+            self.datamodule = instantiate_class((), self._value(self.config, "data").as_dict())
 
         def after_instantiate_classes(self) -> None:
             pass

@@ -26,8 +26,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, StrategyRegistry
+from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+from impulsevit._compat.lightning import CommHookOnAnyDeviceDDPStrategy, default_data_parallel_to_world
 
 __all__ = ["BF16DDPStrategy", "FSDP2Strategy", "check_strategy", "default_precision", "STRATEGY_NAMES"]
 
@@ -45,23 +47,16 @@ class FSDP2Strategy(ModelParallelStrategy):
         super().__init__(save_distributed_checkpoint=save_distributed_checkpoint, **kwargs)
 
     def setup_environment(self) -> None:
-        if self._data_parallel_size == "auto":
-            self._data_parallel_size = self.num_nodes * self.num_processes
+        default_data_parallel_to_world(self)
         super().setup_environment()
 
 
-class BF16DDPStrategy(DDPStrategy):
+class BF16DDPStrategy(CommHookOnAnyDeviceDDPStrategy):
     """Lightning's ``DDPStrategy`` with PyTorch's ``bf16_compress_hook`` registered on every device type."""
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("ddp_comm_hook", bf16_compress_hook)
         super().__init__(**kwargs)
-
-    def _register_ddp_hooks(self) -> None:
-        from torch.nn.parallel import DistributedDataParallel
-
-        assert isinstance(self.model, DistributedDataParallel)
-        self.model.register_comm_hook(state=self._ddp_comm_state, hook=self._ddp_comm_hook)
 
 
 def check_strategy(strategy: Any) -> None:

@@ -1,6 +1,6 @@
 """One set of callbacks for every run: a plain ``L.Trainer`` user and ``impulsevit fit`` get the same kinds, a
 configured instance is kept, a second instance of a single-owner kind is an error; the Lightning internals the
-package reads (``impulsevit.lightning_private``) still behave as it relies on."""
+package reads (``impulsevit._compat.lightning``) still behave as it relies on."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import pytest
 from _cli_helpers import run_cli, tiny
 from lightning.pytorch.callbacks import LearningRateMonitor
 
+from impulsevit._compat.lightning import hand_back_signal_handlers, is_log_step
 from impulsevit.callbacks import standard_callbacks
 from impulsevit.callbacks.preemption import SlurmRequeue
 from impulsevit.callbacks.rng_state import RNGStateCheckpoint
 from impulsevit.callbacks.run_checkpoint import RunCheckpoint
 from impulsevit.data import SyntheticDataModule
-from impulsevit.lightning_private import hand_back_signal_handlers, is_log_step
 from impulsevit.module import ImageClassifier
 
 BACKBONE = dict(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, weight_init="skip")

@@ -37,6 +37,7 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import nn
 
+from impulsevit._compat.lightning import callback_state_key
 from impulsevit.callbacks.attention_logging import log_attention
 from impulsevit.init import InitReport, initialize, is_dtensor, make_generator, resolve_method
 
@@ -154,7 +155,7 @@ class Initializer(L.Callback):
 
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(method=self.method, seed=self.seed)
+        return callback_state_key(self, method=self.method, seed=self.seed)
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -3,7 +3,8 @@
 A finite but huge loss can give an update to NaN / inf weights, so the loss alone is not enough. Three things are
 checked per micro-batch: the loss (``on_before_backward``), the gradients before the optimizer step
 (``on_before_optimizer_step``; skipped under a ``GradScaler``, whose inf gradients are routine and whose step is then
-skipped) and the weights after it (``on_train_batch_end``; a norm per tensor through ``torch._foreach_norm``, so a
+skipped) and the weights after it (``on_train_batch_end``; a norm per tensor through one fused kernel,
+:func:`impulsevit._compat.torch.foreach_norm`, so a
 weight whose norm overflows float counts as non-finite too). All ranks take the decision together (any rank bad ->
 all stop).
 
@@ -44,6 +45,7 @@ import lightning as L
 import torch
 import torch.distributed as dist
 
+from impulsevit._compat.torch import foreach_norm
 from impulsevit.checkpointing import checkpoint_dir, is_distributed_checkpoint, latest_checkpoint
 from impulsevit.errors import TrainingDiverged
 from impulsevit.io import commit, remove, temp_path
@@ -66,7 +68,7 @@ def nonfinite_flag(tensors: Iterable[torch.Tensor | None]) -> torch.Tensor | Non
     ts = [t for t in ts if t.numel()]
     if not ts:
         return None
-    norms = torch._foreach_norm(ts, 2, dtype=torch.float32)  # float32 results: a 16-bit norm overflows at 65504
+    norms = foreach_norm(ts, dtype=torch.float32)  # float32 results: a 16-bit norm overflows at 65504
     device = norms[0].device  # a state dict may mix devices (a CPU buffer): the flag lives on the first one's
     return ~torch.isfinite(torch.stack([n.to(device) for n in norms])).all()
 

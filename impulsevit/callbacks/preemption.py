@@ -69,10 +69,10 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from impulsevit._compat.lightning import hand_back_signal_handlers, rerun_interrupted_validation
 from impulsevit.checkpointing import checkpoint_dir, is_distributed_checkpoint
 from impulsevit.cluster.events import append_event, slurm_job_id
 from impulsevit.io import commit, remove, temp_path
-from impulsevit.lightning_private import hand_back_signal_handlers, rerun_interrupted_validation
 
 __all__ = ["Preempted", "SlurmRequeue"]
 

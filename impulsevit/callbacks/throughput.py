@@ -32,7 +32,7 @@ import torch
 from lightning.fabric.utilities.throughput import Throughput, get_available_flops, measure_flops
 from torch import nn
 
-from impulsevit.lightning_private import is_log_step
+from impulsevit._compat.lightning import is_log_step
 
 __all__ = ["DENSE_PEAK_FLOPS", "ThroughputLogger", "backbone_flops", "compute_dtype", "device_peak_flops", "peak_flops",
            "training_flops"]

@@ -16,6 +16,8 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser
 
+from impulsevit._compat.cli import parser_actions
+
 
 def _unwrap_optional(hint: Any) -> Any:
     """``X`` for ``X | None`` / ``Optional[X]``, else ``hint`` unchanged."""
@@ -211,7 +213,7 @@ class ImpulseArgumentParser(LightningArgumentParser):
 
     def _valid_keys(self) -> set[str]:
         keys: set[str] = set()
-        for action in self._actions:
+        for action in parser_actions(self):
             sub = getattr(action, "choices", None)
             if isinstance(sub, dict) and all(isinstance(p, LightningArgumentParser) for p in sub.values()):
                 for p in sub.values():

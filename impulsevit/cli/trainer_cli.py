@@ -13,11 +13,12 @@ import lightning.pytorch as pl
 from jsonargparse import ActionConfigFile, ActionYesNo
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 
 from impulsevit import __version__
+from impulsevit._compat.cli import SubcommandRunHookCLI, subcommand_parsers
 from impulsevit.callbacks.run_checkpoint import RunCheckpoint
 from impulsevit.checkpointing import AtomicCheckpointIO
 from impulsevit.cli.config_saver import RunConfigSaver
@@ -34,7 +35,7 @@ from impulsevit.strategies import check_strategy, default_precision
 log = logging.getLogger("impulsevit")
 
 
-class ImpulseCLI(LightningCLI):
+class ImpulseCLI(SubcommandRunHookCLI):
     """LightningCLI for :class:`impulsevit.module.ImageClassifier` and any :class:`BaseImageDataModule` subclass.
 
     See :mod:`impulsevit.cli` for the command line. Extra keys (all subcommands): ``name``, ``runs_dir``, ``resume``
@@ -133,18 +134,23 @@ class ImpulseCLI(LightningCLI):
                               compute_fn=_checked_num_classes)
 
     # ------------------------------------------------------------------ run directory, trainer defaults, resume
+    def _value(self, config: Any, key: str, default: Any = None) -> Any:
+        """``key`` of ``config`` (``self.config`` or ``self.config_init``), inside the subcommand's section when there
+        is a subcommand (LightningCLI's own lookup, from its public ``subcommand`` and the config's ``get``)."""
+        return config.get(str(self.subcommand), config).get(key, default)
+
     @property
     def run_dir(self) -> Path:
-        return run_dir_of(self._get(self.config, "runs_dir"), self._get(self.config, "name"))
+        return run_dir_of(self._value(self.config, "runs_dir"), self._value(self.config, "name"))
 
     @property
     def run_name(self) -> str:
-        return self._get(self.config, "name") or "default"
+        return self._value(self.config, "name") or "default"
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         """LightningCLI's parsing without its warning about ``args`` next to a non-empty ``sys.argv``: ``main`` passes
         the command line it has rewritten (:func:`prepare_argv`) and keeps ``sys.argv`` for DDP's re-launch."""
-        subcommands = getattr(parser._subcommands_action, "choices", None) or {}
+        subcommands = subcommand_parsers(parser)
         if isinstance(parser, ImpulseArgumentParser) and isinstance(args, list | tuple) and args and \
                 args[0] in subcommands:
             parser.error_prog = f"{parser.prog} {args[0]}"  # the one-line error names the subcommand
@@ -156,16 +162,16 @@ class ImpulseCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         if self.subcommand is not None:
             check_name(self.run_name)
-            check_runs_dir(self._get(self.config, "runs_dir"))
+            check_runs_dir(self._value(self.config, "runs_dir"))
         importlib.import_module("impulsevit.strategies")  # registers `fsdp2` / `ddp_bf16` with Lightning
         importlib.import_module("impulsevit.models")  # registers impulsevit's architectures with timm
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """LightningCLI's trainer, with impulsevit's defaults for what the recipe leaves unset (see the class)."""
-        trainer_cfg = self._get(self.config_init, "trainer", default={})
+        trainer_cfg = self._value(self.config_init, "trainer", default={})
         check_strategy(trainer_cfg.get("strategy"))
         kwargs.update(self._trainer_defaults(trainer_cfg))
-        checkpoint = self._get(self.config_init, "checkpoint")
+        checkpoint = self._value(self.config_init, "checkpoint")
         if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath is None:
             checkpoint.dirpath = os.path.realpath(self.run_dir / "checkpoints")
         return super().instantiate_trainer(**kwargs)
@@ -218,7 +224,7 @@ class ImpulseCLI(LightningCLI):
         path = self._checkpoint_to_load()
         if path is None:
             self._check_start_without_checkpoint()
-        if self.subcommand == "fit" and path is not None and self._get(self.config, "resume") == "auto":
+        if self.subcommand == "fit" and path is not None and self._value(self.config, "resume") == "auto":
             self.finished = finished_run(path, self.trainer.max_epochs, self.trainer.max_steps)
             if self.finished is not None:
                 log.info("impulsevit: %s is finished (%s; %s): nothing to resume; raise --trainer.max_epochs to "
@@ -226,11 +232,11 @@ class ImpulseCLI(LightningCLI):
                          path)
                 return
         if self.subcommand == "fit" and launch_rank() == 0:
-            self._own_run_dir(resuming=self._get(self.config, "resume") is not None or path is not None)
+            self._own_run_dir(resuming=self._value(self.config, "resume") is not None or path is not None)
 
-    def _run_subcommand(self, subcommand: str) -> None:
+    def run_subcommand(self, subcommand: str) -> None:
         if self.finished is None:  # a finished run under `fit --resume auto`: no sanity check, no new event file
-            super()._run_subcommand(subcommand)
+            super().run_subcommand(subcommand)
             if subcommand == "fit" and self.trainer.is_global_zero and not self.trainer.interrupted:
                 log.info("%s", fit_summary(self.trainer, self.run_dir))
 
@@ -239,7 +245,7 @@ class ImpulseCLI(LightningCLI):
         from impulsevit.preflight import check_classes
 
         model, dm = self.model, self.datamodule
-        check_classes(getattr(dm, "num_classes", None), _describe_data(self._get(self.config, "data")))
+        check_classes(getattr(dm, "num_classes", None), _describe_data(self._value(self.config, "data")))
         try:
             check_image_size(model.backbone, model.hparams.backbone, getattr(dm, "image_size", None))
         except ValueError as e:
@@ -269,13 +275,13 @@ class ImpulseCLI(LightningCLI):
 
     def _resume_path(self) -> Path | None:
         """The checkpoint ``--resume`` names (``auto``: found in the run directory, skipped ones reported)."""
-        resume = self._get(self.config, "resume")
+        resume = self._value(self.config, "resume")
         if resume is None:
             return None
         ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
         if ckpt_path is not None:
             raise ConfigError(f"give either --resume ({resume!r}) or --ckpt_path ({ckpt_path!r}), not both")
-        checkpoint = self._get(self.config_init, "checkpoint")
+        checkpoint = self._value(self.config_init, "checkpoint")
         extra = (checkpoint.dirpath,) if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath else ()
         return resume_checkpoint(resume, self.run_dir, self.subcommand, self.trainer, extra_dirs=extra)
 
@@ -287,7 +293,7 @@ class ImpulseCLI(LightningCLI):
         if sub == "fit":
             cfg = model.init_cfg
             check_init(model.build_backbone, model.hparams.backbone, cfg.method, dict(cfg.options), cfg.seed)
-        elif not self._get(self.config, "untrained"):
+        elif not self._value(self.config, "untrained"):
             raise ConfigError(f"impulsevit {sub} evaluates a trained model: give --resume auto (the newest checkpoint "
                               f"of {self.run_dir}) or --resume PATH; pass --untrained to evaluate the model as built")
 
@@ -297,7 +303,7 @@ class ImpulseCLI(LightningCLI):
         self.run_lock.acquire()
         requeued = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
         if not resuming and not requeued:
-            start_new_run(self.run_dir, overwrite=self._get(self.config, "overwrite"))
+            start_new_run(self.run_dir, overwrite=self._value(self.config, "overwrite"))
 
 
 def fit_summary(trainer: Trainer, run_dir: Path) -> str:

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from impulsevit._compat.timm import module_init_fn
+from impulsevit._compat.torch import fan_in_and_fan_out, tensors_replaced
 from impulsevit.init.api import InitResult, check_options, is_dtensor, read_full, register, write_full_
 from impulsevit.init.rng import RandomFill, seed_from
 
@@ -31,7 +33,13 @@ TOKEN_PARAMS = ("cls_token", "reg_token", "dist_token", "mask_token")
 """Prefix / mask token parameters: zero under the ``torch`` baseline (timm 1.0.22's ``weight_init='skip'`` value)."""
 
 _CONV = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
-_NORM = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase, nn.RMSNorm)
+_RUNNING_STATS_NORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.LazyBatchNorm1d,
+                       nn.LazyBatchNorm2d, nn.LazyBatchNorm3d, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d,
+                       nn.LazyInstanceNorm1d, nn.LazyInstanceNorm2d, nn.LazyInstanceNorm3d)
+"""torch's norms with (optional) running statistics: every ``torch.nn`` subclass of its private ``_NormBase``
+(``tests/test_compat.py`` checks the list against the installed torch; quantized ``torch.ao`` norms are not
+included)."""
+_NORM = (nn.LayerNorm, nn.GroupNorm, *_RUNNING_STATS_NORM, nn.RMSNorm)
 
 
 Value = torch.Tensor | RandomFill
@@ -48,7 +56,7 @@ def _uniform(shape: torch.Size, bound: float, generator: torch.Generator) -> Ran
 
 
 def _fan_in(weight_shape: torch.Size) -> int:
-    return nn.init._calculate_fan_in_and_fan_out(torch.empty(weight_shape, device="meta"))[0]
+    return fan_in_and_fan_out(weight_shape)[0]
 
 
 def torch_default_fills(
@@ -77,10 +85,10 @@ def torch_default_fills(
     seen: set[int] = set()
     for mod_name, mod in model.named_modules():
         prefix = f"{mod_name}." if mod_name else ""
-        own = [(n, p) for n, p in mod._parameters.items() if p is not None and id(p) not in seen]
+        own = [(n, p) for n, p in mod.named_parameters(recurse=False, remove_duplicate=False) if id(p) not in seen]
         for _, p in own:
             seen.add(id(p))
-        if not own and not isinstance(mod, nn.modules.batchnorm._NormBase):
+        if not own and not isinstance(mod, _RUNNING_STATS_NORM):
             continue
         todo = [(n, p) for n, p in own if prefix + n not in skip]
         if isinstance(mod, (nn.Linear, *_CONV)):
@@ -91,10 +99,9 @@ def torch_default_fills(
         elif isinstance(mod, _NORM):
             for n, p in todo:
                 values[prefix + n] = torch.ones(p.shape) if n == "weight" else torch.zeros(p.shape)
-            if isinstance(mod, nn.modules.batchnorm._NormBase) and mod.track_running_stats:
-                for n, b in mod._buffers.items():
-                    if b is not None:
-                        values[prefix + n] = torch.ones(b.shape) if n == "running_var" else torch.zeros_like(b)
+            if isinstance(mod, _RUNNING_STATS_NORM) and mod.track_running_stats:
+                for n, b in mod.named_buffers(recurse=False, remove_duplicate=False):
+                    values[prefix + n] = torch.ones(b.shape) if n == "running_var" else torch.zeros_like(b)
         elif isinstance(mod, nn.Embedding):
             for n, p in todo:
                 v = RandomFill(tuple(p.shape), "normal", 1.0, seed_from(generator))
@@ -117,7 +124,7 @@ def torch_default_fills(
                     torch.manual_seed(seed)
                     tmp.reset_parameters()
                     for n, _ in generic:
-                        values[prefix + n] = tmp._parameters[n].detach().float().clone()
+                        values[prefix + n] = tmp.get_parameter(n).detach().float().clone()
             else:
                 kept.extend(prefix + n for n, _ in generic)
     notes = [f"torch baseline kept as constructed (no PyTorch default known): {', '.join(kept)}"] if kept else []
@@ -137,23 +144,8 @@ def _plain_cpu_tensors(module: nn.Module) -> Iterator[nn.Module]:
     """Temporarily replace every parameter / buffer of ``module`` by a plain full CPU copy (gathers DTensors), so
     in-place init code can run on it without touching the real tensors; the originals are put back on exit, also
     on error. Works where ``copy.deepcopy`` does not (FSDP2 modules refuse it)."""
-    saved: list[tuple[dict, str, torch.Tensor]] = []
-    try:
-        for mod in module.modules():
-            for n, p in list(mod._parameters.items()):
-                if p is not None:
-                    saved.append((mod._parameters, n, p))
-                    mod._parameters[n] = nn.Parameter(
-                        read_full(p).detach().cpu().clone(), requires_grad=p.requires_grad
-                    )
-            for n, b in list(mod._buffers.items()):
-                if b is not None:
-                    saved.append((mod._buffers, n, b))
-                    mod._buffers[n] = read_full(b).detach().cpu().clone()
-        yield module
-    finally:
-        for store, n, t in reversed(saved):
-            store[n] = t
+    with tensors_replaced(module, lambda t: read_full(t).detach().cpu().clone()) as tmp:
+        yield tmp
 
 
 def timm_defaults(model: nn.Module, generator: torch.Generator, mode: str = "") -> dict[str, torch.Tensor]:
@@ -170,7 +162,7 @@ def timm_defaults(model: nn.Module, generator: torch.Generator, mode: str = "") 
         ValueError: the model has neither ``init_weights`` nor ``_init_weights``.
     """
     fn = getattr(model, "init_weights", None)
-    if not callable(fn) and not callable(getattr(model, "_init_weights", None)):
+    if not callable(fn) and module_init_fn(model) is None:
         raise ValueError(
             f"init method 'timm' cannot be applied to {type(model).__name__}: it has no timm `init_weights` or "
             "`_init_weights` method (use method 'torch' for PyTorch defaults)"
@@ -188,7 +180,7 @@ def timm_defaults(model: nn.Module, generator: torch.Generator, mode: str = "") 
                 else:
                     tmp.init_weights()
             else:
-                tmp.apply(tmp._init_weights)
+                tmp.apply(module_init_fn(tmp))
         finally:
             if saved_mode is not None:
                 tmp.weight_init_mode = saved_mode

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from impulsevit._compat.timm import swin_relative_position_bias
 from impulsevit.init.api import InitResult, check_options, read_full, register, write_full_
 from impulsevit.init.diagnostics import AttentionMaps, register_attention_maps
 from impulsevit.init.impulse import impulse_offsets, mimetic_qk_factors, value_proj_factors
@@ -265,7 +266,8 @@ def swin_attention_maps(model: nn.Module, images: torch.Tensor | None = None) ->
     attention averaged over batch and windows (shifted blocks average over their masked windows too).
     """
     if images is None:
-        return [torch.softmax(b.attn._get_rel_pos_bias()[0].detach().float(), dim=-1) for _, b in swin_blocks(model)]
+        return [torch.softmax(swin_relative_position_bias(b.attn)[0].detach().float(), dim=-1)
+                for _, b in swin_blocks(model)]
     return [rec["attn"].float().mean(0) for rec in swin_window_attention(model, images)]
 
 

@@ -287,10 +287,11 @@ def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scal
     has no ``grid_sample`` equivalent. Here the resample replaces OpenCV's ``INTER_AREA`` call in the same threads;
     ``benchmarks/loader_speed.py`` measures the result against torchvision.
     """
-    from ffcv.fields.rgb_image import IMAGE_MODES, ResizedCropRGBImageDecoder
+    from ffcv.fields.rgb_image import IMAGE_MODES
     from ffcv.libffcv import imdecode
     from ffcv.pipeline.compiler import Compiler
 
+    from impulsevit._compat.ffcv import resized_crop_decoder_base
     from impulsevit.data.loading import resample as rs
 
     if interpolation not in rs.FILTERS:
@@ -309,16 +310,10 @@ def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scal
     batch_tag = repeated_aug > 1
     state = np.zeros(1, dtype=np.int64) if epoch_state is None else epoch_state
 
-    class ResampleDecoder(ResizedCropRGBImageDecoder):
+    class ResampleDecoder(resized_crop_decoder_base()):  # FFCV's decoder with our decode code (see its contract)
         def __init__(self) -> None:
             super().__init__((size, size))
             self.epoch_state = state  # keeps the array the compiled code reads alive
-
-        @property
-        def get_crop_generator(self):  # noqa: ANN202
-            """FFCV's base class declares this abstract and reads it only in its own ``generate_code``, which this
-            class replaces (the crop box is drawn inside our compiled code): there is no crop generator to give."""
-            return None
 
         def generate_code(self):  # noqa: ANN202
             jpg = IMAGE_MODES["jpg"]

@@ -240,12 +240,13 @@ def _write_guarded(writer, dataset: _WriterDataset, indices: list[int], out: Pat
     A full-disk / read-only failure becomes :class:`impulsevit.io.WriteError` naming ``out``.
 
     FFCV's writer processes call ``ffcv.writer.worker_job_indexed_dataset`` / ``sleep`` by module-global name, so the
-    guard has to patch those two attributes of FFCV's module for the duration of the write (they are restored after):
+    guard replaces those two for the duration of the write (:func:`impulsevit._compat.ffcv.replaced_writer_worker`):
     not supported are two conversions in threads of one process at the same time (separate processes are fine)."""
     import multiprocessing
-    from unittest import mock
 
     import ffcv.writer as fw
+
+    from impulsevit._compat.ffcv import replaced_writer_worker
 
     dataset.ffcv_worker = fw.worker_job_indexed_dataset
     fail_log = Path(dataset.fail_log)
@@ -260,8 +261,7 @@ def _write_guarded(writer, dataset: _WriterDataset, indices: list[int], out: Pat
 
     before = set(multiprocessing.active_children())
     try:
-        with mock.patch.object(fw, "worker_job_indexed_dataset", _guarded_worker), \
-                mock.patch.object(fw, "sleep", sleep_and_check):
+        with replaced_writer_worker(_guarded_worker, sleep_and_check):
             writer.from_indexed_dataset(dataset, indices=indices, chunksize=100)
     except _WorkerFailed:
         pass

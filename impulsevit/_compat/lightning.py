@@ -1,0 +1,128 @@
+"""Lightning internals impulsevit uses (see :mod:`impulsevit._compat`), each with why no public API does the job.
+
+Lightning is pinned to one minor version in ``setup.cfg`` because of this module; ``tests/test_compat.py`` exercises
+each entry on the installed version, so an upgrade that moves one of these fails there, by name, instead of somewhere
+in a training run.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+
+__all__ = ["is_log_step", "hand_back_signal_handlers", "rerun_interrupted_validation", "callback_state_key",
+           "default_data_parallel_to_world",
+           "CommHookOnAnyDeviceDDPStrategy"]
+
+
+def is_log_step(trainer: Trainer) -> bool:
+    """Whether the current training batch is one whose metrics Lightning sends to the loggers (every
+    ``log_every_n_steps`` batches that step the optimizer, and the step where ``should_stop`` is set).
+
+    Why private: Lightning's cadence lives in ``_LoggerConnector.should_update_logs`` (it counts batches that stepped
+    the optimizer, a loop-internal counter); ``Trainer`` exposes no public equivalent. Reading it lets the training
+    step touch the device (progress-bar values, throughput clock) only at the steps that log anyway.
+
+    Reaches: ``Trainer._logger_connector.should_update_logs``
+    Checked on: lightning>=2.6,<2.7
+    Waits for: a public "this step logs" flag on ``Trainer``.
+    """
+    return bool(trainer._logger_connector.should_update_logs)
+
+
+def hand_back_signal_handlers(trainer: Trainer, mine: Callable[..., Any],
+                              previous: dict[int, Any]) -> None:
+    """Make Lightning's end-of-fit signal restore put back ``previous`` wherever it would restore ``mine``.
+
+    Lightning's ``_SignalConnector`` records the handlers installed when it registers its own (after the callbacks'
+    ``setup``) and re-installs them in ``Trainer._teardown``; a callback that installed ``mine`` in ``setup`` would be
+    re-installed after the fit ended. Why private: the recorded handlers (``_original_handlers``) have no public
+    accessor, and no hook runs after ``_teardown``.
+
+    Reaches: ``Trainer._signal_connector._original_handlers``
+    Checked on: lightning>=2.6,<2.7
+    Waits for: a public way to hand a signal handler back to Lightning's restore (or a hook after ``_teardown``).
+    """
+    originals = getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None)
+    if isinstance(originals, dict):
+        for sig, handler in previous.items():
+            if originals.get(sig) == mine:
+                originals[sig] = handler if handler is not None else signal.SIG_DFL
+
+
+_VAL_PROGRESS = "epoch_loop.val_loop.batch_progress"
+
+
+def rerun_interrupted_validation(checkpoint: dict[str, Any]) -> bool:
+    """Edit a checkpoint saved while the fit loop's validation ran (before Lightning restores its loops from it) so
+    that the resumed fit runs that validation again, from its first batch, before training on. Returns whether the
+    checkpoint had the loop state to edit.
+
+    Lightning resumes a validation as "restarted mid-evaluation" only when a batch was started but not processed,
+    and then continues after the batches it had done, whose metric state is lost; a SIGTERM raises between batches,
+    so Lightning would skip the rest of that validation (no metrics for the epoch, top-k never sees it). The edit
+    marks one batch as started-not-processed and the current run as empty.
+
+    Why private: the loops' progress is Lightning's own checkpoint entry (``checkpoint["loops"]``), with no public
+    API to say "validation of this epoch is still to do".
+
+    Reaches: ``checkpoint["loops"]["fit_loop"]["epoch_loop.val_loop.batch_progress"]`` (the loops' private state)
+    Checked on: lightning>=2.6,<2.7
+    Waits for: Lightning resuming an interrupted validation from its start by itself.
+    """
+    progress = (checkpoint.get("loops") or {}).get("fit_loop", {}).get(_VAL_PROGRESS)
+    if not isinstance(progress, dict) or not {"total", "current"} <= set(progress):
+        return False
+    before = int(progress["total"]["completed"]) - int(progress["current"]["completed"])  # earlier validations
+    progress["total"] = {"ready": before + 1, "started": before + 1, "processed": before, "completed": before}
+    progress["current"] = {key: 0 for key in progress["current"]}
+    progress["is_last_batch"] = False
+    return True
+
+
+def callback_state_key(callback: Callback, **kwargs: Any) -> str:
+    """The key under which Lightning stores ``callback``'s state in a checkpoint, for a callback whose instances
+    differ by ``kwargs`` (Lightning's own format: class qualname then ``repr(kwargs)``). Checkpoints written so far
+    carry keys in this format, so a change of format would orphan their callback state.
+
+    Reaches: ``Callback._generate_state_key``
+    Checked on: lightning>=2.6,<2.7
+    Waits for: a public state-key helper (Lightning's docs recommend this protected one for ``state_key``).
+    """
+    return callback._generate_state_key(**kwargs)
+
+
+def default_data_parallel_to_world(strategy: ModelParallelStrategy) -> None:
+    """Make a ``ModelParallelStrategy`` created with ``data_parallel_size="auto"`` use all its processes for data
+    parallelism (``num_nodes · num_processes``; Lightning's ``auto`` is ``num_nodes``, one device per node). Call it
+    from ``setup_environment`` before Lightning's, once ``num_nodes`` / ``num_processes`` are known; a size given
+    explicitly is kept.
+
+    Reaches: ``ModelParallelStrategy._data_parallel_size``
+    Checked on: lightning>=2.6,<2.7
+    Waits for: a public setter, or ``auto`` meaning the world size.
+    """
+    if strategy._data_parallel_size == "auto":
+        strategy._data_parallel_size = strategy.num_nodes * strategy.num_processes
+
+
+class CommHookOnAnyDeviceDDPStrategy(DDPStrategy):
+    """Lightning's ``DDPStrategy`` that registers its ``ddp_comm_hook`` (with ``ddp_comm_state``) on every device type;
+    Lightning's registers comm hooks on CUDA only, so on CPU (gloo) the argument would be ignored silently.
+    ``ddp_comm_wrapper`` is not supported (ignored, as ``bf16_compress_hook`` needs none).
+
+    Reaches: ``DDPStrategy._register_ddp_hooks`` (overridden), ``DDPStrategy._ddp_comm_state`` / ``_ddp_comm_hook``
+    Checked on: lightning>=2.6,<2.7
+    Waits for: Lightning registering comm hooks on all devices (the CUDA-only test dates from torch 1.8).
+    """
+
+    def _register_ddp_hooks(self) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        assert isinstance(self.model, DistributedDataParallel)
+        self.model.register_comm_hook(state=self._ddp_comm_state, hook=self._ddp_comm_hook)
+
