@@ -69,7 +69,15 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy
 
 from impulsevit import strategies as _strategies  # noqa: F401  (registers the `fsdp2` strategy name)
-from impulsevit.config import InitConfig, MixupConfig, OptimizerConfig, SchedulerConfig, as_config, resolve_lr
+from impulsevit.config import (
+    InitConfig,
+    MixupConfig,
+    OptimizerConfig,
+    SchedulerConfig,
+    as_config,
+    check_init_method,
+    resolve_lr,
+)
 from impulsevit.lightning_private import is_log_step
 
 __all__ = ["ImageClassifier", "check_image_size"]
@@ -108,17 +116,6 @@ def _shard_units(model: nn.Module) -> list[nn.Module]:
         if isinstance(seq, nn.Sequential | nn.ModuleList):
             return list(seq)
     return []
-
-
-def _check_init_method(cfg: InitConfig) -> None:
-    """``model.init.method`` resolves (built-in, entry point or ``module:function``) — checked at construction, i.e.
-    before any data is prepared; ``ValueError`` naming the key otherwise."""
-    from impulsevit.init import resolve_method
-
-    try:
-        resolve_method(cfg.method, cfg.options)
-    except ValueError as e:
-        raise ValueError(f"model.init.method: {e}") from None
 
 
 class ImageClassifier(L.LightningModule):
@@ -162,7 +159,7 @@ class ImageClassifier(L.LightningModule):
     ) -> None:
         super().__init__()
         self.init_cfg: InitConfig = as_config(InitConfig, init, "init")
-        _check_init_method(self.init_cfg)
+        check_init_method(self.init_cfg.method, self.init_cfg.options)
         self.optimizer_cfg: OptimizerConfig = as_config(OptimizerConfig, optimizer, "optimizer")
         self.scheduler_cfg: SchedulerConfig = as_config(SchedulerConfig, scheduler, "scheduler")
         self.mixup_cfg: MixupConfig | None = None if mixup is None else as_config(MixupConfig, mixup, "mixup")

@@ -23,6 +23,7 @@ from impulsevit.cli.config_saver import RunConfigSaver
 from impulsevit.cli.errors import one_line
 from impulsevit.cli.parser import ImpulseArgumentParser
 from impulsevit.cli.run_policy import resume_checkpoint, run_dir_of, start_new_run
+from impulsevit.config import check_init_method
 from impulsevit.data.base import BaseImageDataModule
 from impulsevit.errors import ConfigError, UserError
 from impulsevit.io import WriteError, disk_oserror, write_error
@@ -152,9 +153,15 @@ class ImpulseCLI(LightningCLI):
             self.config = parser.parse_args(args)
 
     def before_instantiate_classes(self) -> None:
+        """Checks on the parsed configuration, before any class is built (the datamodule's constructor already reads
+        the data root): the run name and runs directory, and ``model.init.method``."""
         if self.subcommand is not None:
             check_name(self.run_name)
             check_runs_dir(self._get(self.config, "runs_dir"))
+        init = self._get(self.config, "model", default=None)
+        init = init.get("init") if init is not None else None
+        if init is not None:
+            check_init_method(init.get("method", "impulse"), init.get("options"))
         importlib.import_module("impulsevit.strategies")  # registers `fsdp2` / `ddp_bf16` with Lightning
         importlib.import_module("impulsevit.models")  # registers impulsevit's architectures with timm
 
