@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -38,26 +37,6 @@ class InitConfig:
     method: str = "impulse"
     seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)
-
-
-def check_init_method(method: str, options: Mapping[str, Any] | None = None) -> None:
-    """The one check of ``model.init.method``: it resolves (:func:`impulsevit.init.resolve_method`: a built-in name,
-    an installed entry point or an importable ``module:function`` whose signature takes ``options``).
-
-    Called by the CLI before any class is built (so before the data is instantiated or prepared) and by
-    ``ImageClassifier.__init__`` for the Python API; nothing downstream checks the method again (the initializer's
-    dispatch only looks it up).
-
-    Raises:
-        ConfigError: one line naming the key, the bad value and the known methods.
-    """
-    from impulsevit.errors import ConfigError
-    from impulsevit.init import resolve_method
-
-    try:
-        resolve_method(method, dict(options or {}))
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"model.init.method: {e}") from None
 
 
 @dataclass

@@ -2,7 +2,7 @@
 line (:class:`~impulsevit.errors.ConfigError`) instead of after a conversion, or with a traceback mid-run.
 
 - :func:`check_classes`: the data has at least 2 classes.
-- :func:`check_init`: a builtin init method (which :func:`impulsevit.config.check_init_method` found to resolve,
+- :func:`check_init`: a builtin init method (which :func:`impulsevit.init.check_init_method` found to resolve,
   before any class was built) applies to the backbone:
   the registry's family match, then — for backbones up to ``META_DRY_RUN_PARAMS`` parameters — a dry run of the
   initializer on a copy built on the ``meta`` device (no memory, no values), which also
@@ -40,7 +40,7 @@ def check_classes(num_classes: int | None, where: str) -> None:
 def check_init(build_backbone: Any, backbone_name: str, method: str, options: dict[str, Any], seed: int) -> None:
     """Fail when the built-in ``method`` does not apply to the backbone ``build_backbone()`` builds.
 
-    ``method`` was checked to resolve already (:func:`impulsevit.config.check_init_method`, before any class was
+    ``method`` was checked to resolve already (:func:`impulsevit.init.check_init_method`, before any class was
     built); a plugin is not dry-run (it runs on the real model only). ``build_backbone`` is called under
     ``torch.device("meta")``. Errors of the initializer other than ``ValueError`` / ``TypeError`` (an operation the
     meta device lacks) are not the configuration's fault and are ignored here.
@@ -115,8 +115,21 @@ _TRAINING_ONLY_KWARGS = ("drop_rate", "drop_path_rate", "attn_drop_rate", "proj_
                          "patch_drop_rate", "weight_init")
 
 
+def _model_settings(hparams: dict[str, Any], keys: tuple[str, ...] = _STRUCTURE_KEYS) -> dict[str, Any]:
+    """``keys`` of ``hparams``, with ``backbone_kwargs`` as timm gets them (the linked ``img_size`` folded in, as
+    :func:`impulsevit.backbone.timm_kwargs` does: a checkpoint from before the link, with ``backbone_kwargs.img_size``,
+    compares equal to one with ``img_size``)."""
+    from impulsevit.backbone import timm_kwargs
+
+    out = {k: hparams.get(k) for k in keys if k in hparams}
+    if "backbone_kwargs" in out or hparams.get("img_size") is not None:
+        out["backbone_kwargs"] = timm_kwargs(str(hparams.get("backbone") or ""), hparams.get("backbone_kwargs"),
+                                             img_size=hparams.get("img_size"))
+    return out
+
+
 def _function_settings(hparams: dict[str, Any]) -> dict[str, Any]:
-    out = {k: hparams.get(k) for k in _FUNCTION_KEYS}
+    out = _model_settings(hparams, _FUNCTION_KEYS)
     kwargs = dict(out.get("backbone_kwargs") or {})
     out["backbone_kwargs"] = {k: v for k, v in kwargs.items() if k not in _TRAINING_ONLY_KWARGS}
     return out
@@ -168,8 +181,7 @@ def check_resume(path: str | os.PathLike, model: nn.Module, hparams: dict[str, A
         parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]})")
     diff: list[str] = []
     if isinstance(saved, dict) and hparams is not None:
-        diff = config_diff({k: saved.get(k) for k in _STRUCTURE_KEYS if k in saved or k in hparams},
-                           {k: hparams.get(k) for k in _STRUCTURE_KEYS if k in saved or k in hparams})
+        diff = config_diff(_model_settings(saved), _model_settings(hparams))
     where = ("; the model settings differ: " + "; ".join(f"model.{d}" for d in diff)) if diff else ""
     raise ConfigError(f"--resume {path} does not fit the model: {', '.join(parts)}{where} — resume with the "
                       f"checkpoint's settings, or start a new run (another --name)")

@@ -27,12 +27,15 @@ def layer(name: str) -> int:
     head = parts[1] if len(parts) > 1 else ""
     if head in ("init", "models"):
         return 1
-    if head in ("module", "config", "callbacks", "checkpointing", "strategies", "lightning_private"):
+    if head in ("module", "config", "callbacks", "checkpointing", "strategies", "lightning_private", *TRAINING_PARTS):
         return 2
     if name in COMMAND_MODULES:
         return 5
     return {"data": 3, "cluster": 4}.get(head, 5)
 
+
+TRAINING_PARTS = ("backbone", "datainfo", "ema", "loss", "metrics", "optim", "sharding")
+"""The concerns ``module.py``'s ``ImageClassifier`` delegates to, one small module each (layer 2, training)."""
 
 COMMAND_MODULES = {"impulsevit.cluster.submit", "impulsevit.cluster.convert_job"}
 """The ``impulsevit submit`` front end: it parses the forwarded fit configuration with the CLI's own parser, so it

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from _cli_helpers import tiny
 
 from impulsevit.cli import main
@@ -53,3 +54,62 @@ def test_init_method_is_resolved_once(tmp_path: Path, monkeypatch) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ image_size
+def test_a_recipe_without_img_size_trains_at_the_data_size(tmp_path: Path) -> None:
+    """tiny_synthetic's backbone_kwargs carry no img_size: the ViT is built for the data's image_size (24 here, not
+    timm's 224 default), which is stored once in the checkpoint's hyperparameters."""
+    import torch
+    from _cli_helpers import run_cli
+
+    cli = run_cli(*tiny(tmp_path, "linked", "--data.init_args.image_size=24", "--trainer.max_steps=2",
+                        "--trainer.limit_val_batches=0"))
+    assert cli.trainer.global_step == 2
+    assert tuple(cli.model.backbone.patch_embed.img_size) == (24, 24) and cli.model.hparams.img_size == 24
+    ckpt = torch.load(tmp_path / "linked" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert ckpt["hyper_parameters"]["img_size"] == 24 and "img_size" not in ckpt["hyper_parameters"]["backbone_kwargs"]
+    assert ckpt["state_dict"]["backbone.pos_embed"].shape[1] == 1 + (24 // 4) ** 2
+
+
+def test_a_conflicting_backbone_img_size_is_one_line_naming_both_keys(tmp_path: Path, capsys) -> None:
+    assert main(tiny(tmp_path, "conflict", "--model.backbone_kwargs.img_size=64")) == 2
+    line = _error_line(capsys)
+    assert "model.backbone_kwargs.img_size: 64" in line and "data.image_size: 32" in line, line
+    assert not (tmp_path / "conflict").exists()
+    # the same value is accepted (recipes written before the link)
+    assert main(tiny(tmp_path, "same", "--model.backbone_kwargs.img_size=32", "--trainer.max_steps=1",
+                     "--trainer.limit_val_batches=0")) == 0
+
+
+def test_a_checkpoint_from_before_the_link_resumes_and_loads(tmp_path: Path) -> None:
+    """Checkpoints written before the link have the size in backbone_kwargs and no img_size: they pass the resume
+    check (same function) and load with ``load_from_checkpoint``."""
+    import torch
+    from _cli_helpers import run_cli
+
+    from impulsevit.module import ImageClassifier
+
+    run_cli(*tiny(tmp_path, "old", "--trainer.max_steps=2", "--trainer.limit_val_batches=0"))
+    path = tmp_path / "old" / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    hp = ckpt["hyper_parameters"]
+    hp["backbone_kwargs"] = {"img_size": hp.pop("img_size"), **hp["backbone_kwargs"]}  # the old layout
+    torch.save(ckpt, path)
+    assert ImageClassifier.load_from_checkpoint(path).backbone.patch_embed.img_size == (32, 32)
+    resumed = run_cli(*tiny(tmp_path, "old", "--trainer.max_steps=3", "--trainer.limit_val_batches=0",
+                            "--resume=auto"))
+    assert resumed.trainer.global_step == 3
+
+
+def test_a_plain_trainer_model_built_for_another_size_is_refused_at_setup(tmp_path: Path) -> None:
+    """Without the CLI's link (``img_size`` not given), the backbone's built size is checked against the data."""
+    import lightning as L
+
+    from impulsevit.data.synthetic import SyntheticDataModule
+    from impulsevit.module import ImageClassifier
+
+    model = ImageClassifier("vit_tiny_patch16_224", {"img_size": 32, "patch_size": 4, "embed_dim": 32, "depth": 1,
+                                                     "num_heads": 2}, num_classes=4, log_attention=False)
+    data = SyntheticDataModule(num_classes=4, image_size=24, num_train=16, num_val=8, batch_size=8)
+    trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, accelerator="cpu",
+                        enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(ValueError, match=r"built for img_size 32 but the data has image_size 24; set model.img_size"):
+        trainer.fit(model, data)

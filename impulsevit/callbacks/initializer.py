@@ -121,7 +121,7 @@ class Initializer(L.Callback):
     Args:
         method: registered init method (``impulse``, ``mimetic``, ``timm``, ``torch``, ``weight_selection``, ...), an
             installed plugin's entry-point name or an import path ``module:function`` (checked once, before any data
-            work, by :func:`impulsevit.config.check_init_method` through ``ImageClassifier`` / the CLI; a callback
+            work, by :func:`impulsevit.init.check_init_method` through ``ImageClassifier`` / the CLI; a callback
             built by hand with an unknown method fails when it runs, naming the method).
         seed: seed of the generator every rank uses.
         options: method options (validated by the method; unknown keys raise).
