@@ -4,6 +4,7 @@ Lightning's fit loop from the checkpoint (``loops.fit_loop.state_dict.combined_l
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -113,3 +114,41 @@ def test_a_plain_trainer_model_built_for_another_size_is_refused_at_setup(tmp_pa
                         enable_progress_bar=False, enable_model_summary=False)
     with pytest.raises(ValueError, match=r"built for img_size 32 but the data has image_size 24; set model.img_size"):
         trainer.fit(model, data)
+
+
+# ---------------------------------------------------------------------------------------------------- loader state
+def test_the_datamodule_restores_the_training_loader_position_not_lightning(tmp_path: Path) -> None:
+    """A mid-epoch checkpoint holds the training loader's position twice: the datamodule's ``state_dict``
+    (``<DataModule>.train_loader``) and Lightning's fit loop, which saves every stateful training loader
+    (``loops.fit_loop.state_dict.combined_loader``). The datamodule's copy is the one that restores: without
+    Lightning's copy the resume is bit-exact, and with the datamodule's copy moved to the start of the epoch it is not.
+    Lightning 2.6 restores its copy only when the train loader is built after the loops' state is loaded; ours is built
+    earlier, by ``trainer.estimated_stepping_batches`` in ``configure_optimizers`` (the lr plan), so Lightning's copy is
+    never applied (Lightning-AI/pytorch-lightning#20550). When this test fails on the second assertion, Lightning
+    restores stateful loaders itself: then delete the datamodule's copy (``BaseImageDataModule.state_dict``)."""
+    import torch
+    from _cli_helpers import run_cli
+
+    every2 = ["--checkpoint.every_n_train_steps=2", "--checkpoint.save_top_k=-1", "--checkpoint.monitor=null",
+              "--checkpoint.filename=step{step}", "--checkpoint.auto_insert_metric_name=false"]
+    run_cli(*tiny(tmp_path, "ref", *every2))
+    ref = torch.load(tmp_path / "ref" / "checkpoints" / "step8.ckpt", map_location="cpu", weights_only=True)
+    mid = torch.load(tmp_path / "ref" / "checkpoints" / "step6.ckpt", map_location="cpu", weights_only=False)
+    saved = mid["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    assert saved == [mid["SyntheticDataModule"]["train_loader"]] and saved[0]["batches"] == 2
+
+    def resume(name: str, edit) -> dict:  # noqa: ANN001
+        ckpt = copy.deepcopy(mid)
+        edit(ckpt)
+        path = tmp_path / f"{name}.ckpt"
+        torch.save(ckpt, path)
+        assert run_cli(*tiny(tmp_path, name, f"--resume={path}")).trainer.global_step == 8
+        return torch.load(tmp_path / name / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+
+    def differing(a: dict, b: dict) -> list[str]:
+        return [k for k in a["state_dict"] if not torch.equal(a["state_dict"][k], b["state_dict"][k])]
+
+    datamodule_only = resume("datamodule", lambda c: c["loops"]["fit_loop"]["state_dict"].pop("combined_loader"))
+    assert differing(datamodule_only, ref) == []
+    lightning_only = resume("lightning", lambda c: c["SyntheticDataModule"]["train_loader"].update(batches=0))
+    assert differing(lightning_only, ref) != []
