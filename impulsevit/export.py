@@ -152,6 +152,16 @@ def data_config(ckpt: dict[str, Any]) -> dict[str, Any]:
                      "it predates impulsevit's run records; export it with --format state-dict")
 
 
+def _timm_kwargs(hp: dict[str, Any]) -> dict[str, Any]:
+    """The ``timm.create_model`` keyword arguments (without ``num_classes``) of a checkpoint's hyperparameters: its
+    ``backbone_kwargs`` with the linked ``img_size`` folded in (:func:`impulsevit.backbone.timm_kwargs`)."""
+    from impulsevit.backbone import timm_kwargs
+
+    if not hp.get("backbone"):
+        return dict(hp.get("backbone_kwargs") or {})
+    return timm_kwargs(hp["backbone"], hp.get("backbone_kwargs"), img_size=hp.get("img_size"))
+
+
 def build_model(ckpt: dict[str, Any], ema: bool = False) -> nn.Module:
     """The timm backbone the run built (``timm.create_model(backbone, num_classes=..., **backbone_kwargs)``) with the
     checkpoint's (or EMA) weights loaded strictly, in eval mode, on CPU.
@@ -168,7 +178,7 @@ def build_model(ckpt: dict[str, Any], ema: bool = False) -> nn.Module:
     if not hp.get("backbone"):
         raise ValueError("the checkpoint has no hyper_parameters.backbone: it was not written by ImageClassifier")
     state = backbone_state_dict(ckpt, ema=ema)
-    kwargs = dict(hp.get("backbone_kwargs") or {})
+    kwargs = _timm_kwargs(hp)
     head = state.get("head.weight")
     num_classes = hp.get("num_classes") or (int(head.shape[0]) if head is not None else None)
     if num_classes is not None:
@@ -412,7 +422,7 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out_path: str | os.PathLike,
     return {
         "backbone": hp.get("backbone"),
         "num_classes": int(head.shape[0]) if head is not None else hp.get("num_classes"),
-        "backbone_kwargs": dict(hp.get("backbone_kwargs") or {}),
+        "backbone_kwargs": _timm_kwargs(hp),
         "tensors": len(state),
         "params": int(sum(v.numel() for v in state.values())),
     }

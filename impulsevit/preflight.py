@@ -2,8 +2,8 @@
 line (:class:`~impulsevit.errors.ConfigError`) instead of after a conversion, or with a traceback mid-run.
 
 - :func:`check_classes`: the data has at least 2 classes.
-- :func:`check_init`: the init method resolves (:func:`impulsevit.init.resolve_method`: a builtin name, an entry
-  point or an importable ``module:function`` with a fitting signature) and, for builtins, applies to the backbone:
+- :func:`check_init`: a builtin init method (which :func:`impulsevit.init.check_init_method` found to resolve,
+  before any class was built) applies to the backbone:
   the registry's family match, then — for backbones up to ``META_DRY_RUN_PARAMS`` parameters — a dry run of the
   initializer on a copy built on the ``meta`` device (no memory, no values), which also
   catches method-specific limits (e.g. a kernel larger than the token grid). Larger backbones get the family check
@@ -37,32 +37,18 @@ def check_classes(num_classes: int | None, where: str) -> None:
                           f"data.root / the class folders")
 
 
-def _known_method(method: str, options: dict[str, Any]) -> bool:
-    """Resolve ``method`` through :func:`impulsevit.init.resolve_method` (builtin names, entry points, import
-    paths); return whether it is a builtin. An unknown name gets the closest known one as a suggestion."""
-    from impulsevit.init import methods, resolve_method
-
-    try:
-        resolve_method(method, options)
-    except (ValueError, TypeError) as exc:
-        hint = ""
-        if ":" not in str(method):
-            import difflib
-
-            close = difflib.get_close_matches(str(method), list(methods()), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ConfigError(f"model.init.method: {hint}{exc}") from exc
-    return method in methods()
-
-
 def check_init(build_backbone: Any, backbone_name: str, method: str, options: dict[str, Any], seed: int) -> None:
-    """Fail when ``method`` is unknown or does not apply to the backbone ``build_backbone()`` builds.
+    """Fail when the built-in ``method`` does not apply to the backbone ``build_backbone()`` builds.
 
-    ``build_backbone`` is called under ``torch.device("meta")``. Errors of the initializer other than ``ValueError`` /
-    ``TypeError`` (an operation the meta device lacks) are not the configuration's fault and are ignored here.
+    ``method`` was checked to resolve already (:func:`impulsevit.init.check_init_method`, before any class was
+    built); a plugin is not dry-run (it runs on the real model only). ``build_backbone`` is called under
+    ``torch.device("meta")``. Errors of the initializer other than ``ValueError`` / ``TypeError`` (an operation the
+    meta device lacks) are not the configuration's fault and are ignored here.
     """
-    if not _known_method(method, options):
-        return  # a plugin: resolved (imported, signature checked) above; it runs on the real model only
+    from impulsevit.init import methods
+
+    if method not in methods():
+        return
     import random
 
     import numpy as np
@@ -129,8 +115,21 @@ _TRAINING_ONLY_KWARGS = ("drop_rate", "drop_path_rate", "attn_drop_rate", "proj_
                          "patch_drop_rate", "weight_init")
 
 
+def _model_settings(hparams: dict[str, Any], keys: tuple[str, ...] = _STRUCTURE_KEYS) -> dict[str, Any]:
+    """``keys`` of ``hparams``, with ``backbone_kwargs`` as timm gets them (the linked ``img_size`` folded in, as
+    :func:`impulsevit.backbone.timm_kwargs` does: a checkpoint from before the link, with ``backbone_kwargs.img_size``,
+    compares equal to one with ``img_size``)."""
+    from impulsevit.backbone import timm_kwargs
+
+    out = {k: hparams.get(k) for k in keys if k in hparams}
+    if "backbone_kwargs" in out or hparams.get("img_size") is not None:
+        out["backbone_kwargs"] = timm_kwargs(str(hparams.get("backbone") or ""), hparams.get("backbone_kwargs"),
+                                             img_size=hparams.get("img_size"))
+    return out
+
+
 def _function_settings(hparams: dict[str, Any]) -> dict[str, Any]:
-    out = {k: hparams.get(k) for k in _FUNCTION_KEYS}
+    out = _model_settings(hparams, _FUNCTION_KEYS)
     kwargs = dict(out.get("backbone_kwargs") or {})
     out["backbone_kwargs"] = {k: v for k, v in kwargs.items() if k not in _TRAINING_ONLY_KWARGS}
     return out
@@ -182,8 +181,7 @@ def check_resume(path: str | os.PathLike, model: nn.Module, hparams: dict[str, A
         parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]})")
     diff: list[str] = []
     if isinstance(saved, dict) and hparams is not None:
-        diff = config_diff({k: saved.get(k) for k in _STRUCTURE_KEYS if k in saved or k in hparams},
-                           {k: hparams.get(k) for k in _STRUCTURE_KEYS if k in saved or k in hparams})
+        diff = config_diff(_model_settings(saved), _model_settings(hparams))
     where = ("; the model settings differ: " + "; ".join(f"model.{d}" for d in diff)) if diff else ""
     raise ConfigError(f"--resume {path} does not fit the model: {', '.join(parts)}{where} — resume with the "
                       f"checkpoint's settings, or start a new run (another --name)")

@@ -256,6 +256,7 @@ def test_null_on_the_command_line_is_none_for_every_optional_key(capsys, class_p
     data_leaves, data_blocks = _optional_keys(getattr(data_cls, class_path.rpartition(".")[2]), "data.init_args.")
     model_leaves, model_blocks = _optional_keys(ImageClassifier, "model.")
     model_leaves.remove("model.num_classes")  # linked from data.num_classes, not a command-line key
+    model_leaves.remove("model.img_size")  # linked from data.image_size, not a command-line key
     assert model_leaves and model_blocks
     if class_path == "impulsevit.data.ImageDataModule":
         assert {"data.init_args.augment.auto_augment", "data.init_args.mean", "data.init_args.root",

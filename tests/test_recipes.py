@@ -31,14 +31,19 @@ REFERENCE_1K = {
 
 
 def _build_meta(recipe: Path) -> tuple[torch.nn.Module, dict, int]:
+    """The recipe's backbone on the meta device, built as ``ImageClassifier`` builds it: the data's ``image_size`` is
+    the input size (``impulsevit.backbone.timm_kwargs``). ``model_cfg`` gets the resolved ``timm_kwargs``."""
+    from impulsevit.backbone import timm_kwargs
+
     cfg = yaml.safe_load(recipe.read_text())
     model_cfg, data_args = cfg["model"], cfg["data"]["init_args"]
     dataset = data_args.get("dataset")
     num_classes = get_dataset(dataset).num_classes if dataset else data_args["num_classes"]
+    kwargs = timm_kwargs(model_cfg["backbone"], model_cfg.get("backbone_kwargs"), num_classes,
+                         data_args.get("image_size"))
     with torch.device("meta"):
-        model = timm.create_model(model_cfg["backbone"], num_classes=num_classes,
-                                  **(model_cfg.get("backbone_kwargs") or {}))
-    return model, model_cfg, num_classes
+        model = timm.create_model(model_cfg["backbone"], **kwargs)
+    return model, {**model_cfg, "timm_kwargs": kwargs}, num_classes
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
@@ -48,7 +53,7 @@ def test_recipe_builds_on_meta_with_the_expected_parameter_count(recipe):
     count = sum(p.numel() for p in model.parameters())
     assert count > 0
     ref = REFERENCE_1K.get(model_cfg["backbone"])
-    if ref is None or (model_cfg.get("backbone_kwargs") or {}).get("img_size", 224) != 224:
+    if ref is None or model_cfg["timm_kwargs"].get("img_size", 224) != 224:
         return  # CPU / ConvMixer recipes: small models with no published reference size
     head = model.get_classifier()
     as_1k = count - sum(p.numel() for p in head.parameters()) + (head.in_features + 1) * 1000

@@ -39,7 +39,7 @@ from torch import nn
 
 from impulsevit._compat.lightning import callback_state_key
 from impulsevit.callbacks.attention_logging import log_attention
-from impulsevit.init import InitReport, initialize, is_dtensor, make_generator, resolve_method
+from impulsevit.init import InitReport, initialize, is_dtensor, make_generator
 
 __all__ = ["Initializer", "generator_digest", "tensor_digests", "verify_same_on_all_ranks"]
 
@@ -121,8 +121,9 @@ class Initializer(L.Callback):
 
     Args:
         method: registered init method (``impulse``, ``mimetic``, ``timm``, ``torch``, ``weight_selection``, ...), an
-            installed plugin's entry-point name or an import path ``module:function`` (validated here, at
-            construction: ``ValueError`` naming the method when it does not resolve).
+            installed plugin's entry-point name or an import path ``module:function`` (checked once, before any data
+            work, by :func:`impulsevit.init.check_init_method` through ``ImageClassifier`` / the CLI; a callback
+            built by hand with an unknown method fails when it runs, naming the method).
         seed: seed of the generator every rank uses.
         options: method options (validated by the method; unknown keys raise).
         log_attention: log the initial attention maps and per-head summary (models without attention maps are
@@ -144,7 +145,6 @@ class Initializer(L.Callback):
         self.method = method
         self.seed = int(seed)
         self.options = dict(options or {})
-        resolve_method(method, self.options)  # unknown / unimportable method: fail now, before any data work
         self.log_attention = log_attention
         self.verify = verify
         self.applied = False

@@ -33,6 +33,7 @@ from lightning.fabric.utilities.throughput import Throughput, get_available_flop
 from torch import nn
 
 from impulsevit._compat.lightning import is_log_step
+from impulsevit.datainfo import data_info
 
 __all__ = ["DENSE_PEAK_FLOPS", "ThroughputLogger", "backbone_flops", "compute_dtype", "device_peak_flops", "peak_flops",
            "training_flops"]
@@ -69,7 +70,7 @@ def backbone_flops(trainer: L.Trainer, pl_module: L.LightningModule, batch: int,
     allocated). ``None`` when the module or datamodule does not say how to build it, or an op has no meta kernel /
     FLOP formula."""
     build = getattr(pl_module, "build_backbone", None)
-    size = getattr(trainer.datamodule, "image_size", None)
+    size = data_info(trainer).image_size
     if build is None or size is None:
         return None
     try:
@@ -149,7 +150,7 @@ class ThroughputLogger(L.Callback):
 
     @staticmethod
     def _measure(trainer: L.Trainer, pl_module: L.LightningModule) -> int | None:
-        batch = getattr(trainer.datamodule, "batch_size", None)
+        batch = data_info(trainer).batch_size
         return None if batch is None else backbone_flops(trainer, pl_module, int(batch), backward=True)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

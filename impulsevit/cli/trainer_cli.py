@@ -132,6 +132,8 @@ class ImpulseCLI(SubcommandRunHookCLI):
         parser.set_defaults({"checkpoint.monitor": "val/acc1", "checkpoint.mode": "max", "checkpoint.save_last": True})
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate",
                               compute_fn=_checked_num_classes)
+        # the input size has one source, the data's image_size (timm's img_size for fixed-size architectures)
+        parser.link_arguments("data.image_size", "model.img_size", apply_on="instantiate")
 
     # ------------------------------------------------------------------ run directory, trainer defaults, resume
     def _value(self, config: Any, key: str, default: Any = None) -> Any:
@@ -160,9 +162,17 @@ class ImpulseCLI(SubcommandRunHookCLI):
             self.config = parser.parse_args(args)
 
     def before_instantiate_classes(self) -> None:
+        """Checks on the parsed configuration, before any class is built (the datamodule's constructor already reads
+        the data root): the run name and runs directory, and ``model.init.method``."""
         if self.subcommand is not None:
             check_name(self.run_name)
             check_runs_dir(self._value(self.config, "runs_dir"))
+        init = self._value(self.config, "model")
+        init = init.get("init") if init is not None else None
+        if init is not None:
+            from impulsevit.init import check_init_method
+
+            check_init_method(init.get("method", "impulse"), init.get("options"))
         importlib.import_module("impulsevit.strategies")  # registers `fsdp2` / `ddp_bf16` with Lightning
         importlib.import_module("impulsevit.models")  # registers impulsevit's architectures with timm
 
@@ -214,10 +224,10 @@ class ImpulseCLI(SubcommandRunHookCLI):
             raise (user if user is not None else ConfigError(one_line(chain[-1]))) from e
 
     def after_instantiate_classes(self) -> None:
-        """Everything that can be checked before work starts, in this order: the data's class count, the image size
-        against the backbone, the checkpoint to resume (found, complete, not a smoke run's, fitting the model), the
-        init method (``fit`` from scratch), the run directory (``fit``: lock, existing run); nothing is written until
-        the lock is taken, last."""
+        """Everything that can be checked before work starts, in this order: the data's class count, the checkpoint
+        to resume (found, complete, not a smoke run's, fitting the model), the init method fitting the backbone
+        (``fit`` from scratch), the run directory (``fit``: lock, existing run); nothing is written until the lock is
+        taken, last. (The image size and ``model.init.method`` were checked while the classes were built / before.)"""
         if self.subcommand is None:
             return
         self._check_data_fits_model()
@@ -241,15 +251,11 @@ class ImpulseCLI(SubcommandRunHookCLI):
                 log.info("%s", fit_summary(self.trainer, self.run_dir))
 
     def _check_data_fits_model(self) -> None:
-        from impulsevit.module import check_image_size
+        """The data has at least 2 classes (named with its dataset and root). Its image size is the model's
+        (``data.image_size`` is linked to ``model.img_size`` and checked against the backbone when it is built)."""
         from impulsevit.preflight import check_classes
 
-        model, dm = self.model, self.datamodule
-        check_classes(getattr(dm, "num_classes", None), _describe_data(self._value(self.config, "data")))
-        try:
-            check_image_size(model.backbone, model.hparams.backbone, getattr(dm, "image_size", None))
-        except ValueError as e:
-            raise ConfigError(str(e)) from e
+        check_classes(self.datamodule.num_classes, _describe_data(self._value(self.config, "data")))
 
     def _checkpoint_to_load(self) -> Path | None:
         """The checkpoint ``--resume`` names (made the subcommand's ``ckpt_path``) or the ``--ckpt_path`` given,

@@ -41,7 +41,7 @@ from impulsevit.init.impulse import (
     target_logits,
     value_proj_factors,
 )
-from impulsevit.init.plugins import list_methods, resolve_method
+from impulsevit.init.plugins import check_init_method, list_methods, resolve_method
 from impulsevit.init.weight_selection import select_tensor, selection_indices
 
 __all__ = [
@@ -65,6 +65,7 @@ __all__ = [
     "read_full",
     "register",
     "register_attention_maps",
+    "check_init_method",
     "resolve_method",
     "select_tensor",
     "selection_indices",

@@ -32,7 +32,8 @@ from typing import Any
 
 from impulsevit.init.registry import methods, origins
 
-__all__ = ["ENTRY_POINT_GROUP", "MethodInfo", "resolve_method", "list_methods", "is_import_path", "main"]
+__all__ = ["ENTRY_POINT_GROUP", "MethodInfo", "check_init_method", "resolve_method", "list_methods", "is_import_path",
+           "main"]
 
 ENTRY_POINT_GROUP = "impulsevit.initializers"
 
@@ -145,6 +146,24 @@ def resolve_method(method: str, options: Mapping[str, Any] | None = None) -> Met
     extra = f"; entry points ({ENTRY_POINT_GROUP}): {', '.join(plugins)}" if plugins else ""
     raise ValueError(f"unknown init method {method!r}; available: {', '.join(sorted(builtin))}{extra}; or an import "
                      "path 'module:function'")
+
+
+def check_init_method(method: str, options: Mapping[str, Any] | None = None) -> None:
+    """The one check of a recipe's ``model.init.method``: it resolves (:func:`resolve_method`).
+
+    Called by the CLI before any class is built (so before the data is instantiated or prepared) and by
+    ``ImageClassifier.__init__`` for the Python API; nothing downstream checks the method again (the initializer's
+    dispatch only looks it up).
+
+    Raises:
+        ConfigError: one line naming the key, the bad value and the known methods.
+    """
+    from impulsevit.errors import ConfigError
+
+    try:
+        resolve_method(method, dict(options or {}))
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"model.init.method: {e}") from None
 
 
 def list_methods(extra: Sequence[str] = ()) -> list[tuple[MethodInfo | None, str, str]]:

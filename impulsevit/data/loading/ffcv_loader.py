@@ -270,7 +270,7 @@ def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scal
 
     - train: torchvision's ``RandomResizedCrop(S, scale, ratio, interpolation)`` geometry, then a horizontal flip
       with probability ``flip_prob``, as timm's train transform orders them (the resample writes the flipped
-      columns directly, see :func:`impulsevit.data.resample.resample_crop`);
+      columns directly, see :func:`impulsevit.data.loading.resample.resample_crop`);
     - eval: timm's ``Resize(floor(S / crop_pct))`` + ``CenterCrop(S)`` (only the kept window is computed).
 
     Draws (crop box, flip) are a function of ``(seed, epoch, sample index, occurrence)``: each sample hashes those
