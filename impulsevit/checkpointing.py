@@ -6,6 +6,9 @@
 - :func:`latest_checkpoint` is what ``impulsevit fit --resume auto`` uses: among ``<run_dir>/checkpoints/*.ckpt`` and
   Lightning's SLURM ``<run_dir>/hpc_ckpt_*.ckpt`` it returns the complete one with the highest stored step (the
   newest modification time among equal steps).
+- :func:`save_checkpoint` is the one way the run's callbacks write a checkpoint: every rank takes part, it is
+  written under a temp name and rank 0 renames it into place (atomic for files; a distributed checkpoint folder
+  replaces the old one in three steps, see :func:`impulsevit.io.commit`).
 - :func:`checkpoint_dir` is where every writer of a run's checkpoints puts them; :func:`run_limits` (stored under
   :data:`RUN_KEY`) records how the saving run was limited, so discovery skips the checkpoints of smoke runs.
 
@@ -28,7 +31,7 @@ import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from impulsevit.io import TEMP_RE, atomic_write, atomic_write_text
+from impulsevit.io import TEMP_RE, atomic_write, atomic_write_text, commit, remove, temp_path
 
 __all__ = [
     "AtomicCheckpointIO",
@@ -43,6 +46,7 @@ __all__ = [
     "latest_checkpoint",
     "resume_candidate",
     "run_limits",
+    "save_checkpoint",
     "smoke_reason",
 ]
 
@@ -226,3 +230,25 @@ def checkpoint_dir(trainer: Trainer) -> Path:
     cb = trainer.checkpoint_callback
     dirpath = getattr(cb, "dirpath", None) if cb is not None else None
     return Path(dirpath) if dirpath else Path(trainer.default_root_dir) / "checkpoints"
+
+
+def save_checkpoint(trainer: Trainer, path: str | os.PathLike, tag: str, weights_only: bool = False) -> Path:
+    """Write the trainer's checkpoint to ``path``: a collective, every rank calls it.
+
+    Rank 0 clears ``<path>.tmp-<tag>`` (``tag`` must be the same on every rank: a distributed checkpoint is a folder
+    all ranks write into), a barrier, ``trainer.save_checkpoint`` into that temp name, a barrier, rank 0 moves it over
+    ``path`` (:func:`impulsevit.io.commit`, replacing a distributed checkpoint folder), a barrier. A process killed
+    before the rename leaves only the temp name, which discovery ignores. Returns ``path`` as a :class:`Path`.
+    """
+    path = Path(path)
+    tmp = temp_path(path, tag)
+    if trainer.is_global_zero:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove(tmp)
+    trainer.strategy.barrier(f"save-checkpoint-{tag}-start")
+    trainer.save_checkpoint(tmp, weights_only=weights_only)  # the path is given: no "was not set" line
+    trainer.strategy.barrier(f"save-checkpoint-{tag}-written")
+    if trainer.is_global_zero:
+        commit(tmp, path, replace_dir=is_distributed_checkpoint(path))
+    trainer.strategy.barrier(f"save-checkpoint-{tag}-done")
+    return path

@@ -152,7 +152,8 @@ def collect(dm: Any, split: str, num: int) -> dict[str, Any]:
         sets = getattr(dm, "_sets", {})
         source = sets["train" if train else "val"].source if sets else None
         beton_to_source, stored = None, None
-        n_items = len(source) if source is not None else 0
+        # No source (an in-memory dataset such as the synthetic one): the loader's dataset is the split itself.
+        n_items = len(source) if source is not None else len(loader.dataset)
     order = _epoch_order(loader, n_items)
     if n_items and num > n_items:
         raise ValueError(f"--num {num} is larger than the {split} split ({n_items} images)")
@@ -190,8 +191,15 @@ def collect(dm: Any, split: str, num: int) -> dict[str, Any]:
         source_hw = np.asarray([source.image_size(int(i)) for i in indices], dtype=np.int64).reshape(num, 2)
         if hasattr(source, "paths"):
             paths = [source.paths[int(i)] for i in indices]
-    else:
+    elif stored_hw is not None:
         source_hw = stored_hw
+    else:  # in-memory dataset of (image (3, H, W), label) samples: its tensors are the source
+        samples = [loader.dataset[int(i)] for i in indices]
+        expected = np.asarray([int(s[1]) for s in samples], dtype=np.int64)
+        if not np.array_equal(expected, label_t.numpy()):
+            raise RuntimeError(f"preview: the loader's labels do not follow the expected {split} order; first "
+                               f"labels {label_t[:8].tolist()} vs {expected[:8].tolist()}")
+        source_hw = np.asarray([tuple(s[0].shape[-2:]) for s in samples], dtype=np.int64).reshape(num, 2)
     if stored_hw is None:
         stored_hw = source_hw
     return {
@@ -252,7 +260,7 @@ def write_preview(result: dict[str, Any], out: str | Path, classes: list[str] | 
 
 def class_names(dm: Any, split: str) -> list[str] | None:
     """The class names of the previewed split: the torchvision backend's source, or the ``.beton`` manifest; None
-    when neither holds them (synthetic data)."""
+    when neither holds them; else the datamodule's own ``class_names`` (synthetic data)."""
     sets = getattr(dm, "_sets", {})
     found = sets.get("train" if split == "train" else "val")
     if found is not None and getattr(found.source, "classes", None):
@@ -263,7 +271,8 @@ def class_names(dm: Any, split: str) -> list[str] | None:
         name = dm.train_split if split == "train" else dm.val_split
         manifest = read_manifest(dm.beton_path(name), check_size=False) or {}
         return list(manifest["classes"]) if manifest.get("classes") else None
-    return None
+    names = getattr(dm, "class_names", None)
+    return list(names) if names else None
 
 
 def _parser() -> argparse.ArgumentParser:

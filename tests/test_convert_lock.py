@@ -39,3 +39,29 @@ def test_two_converter_processes_of_one_file_convert_once(tmp_path):
     assert sum("up to date (4 images), skipped" in t for t in texts) == 1, texts
     assert read_manifest(out)["num_samples"] == 4
     assert not list(out.parent.glob("*.tmp-*"))
+
+
+def test_a_killed_holder_leaves_no_stale_lock_and_waiters_name_the_holder(tmp_path):
+    """A real process holds the lock: a waiter prints one line naming its host and pid; once the holder is SIGKILLed
+    the lock is free at once (the kernel dropped it) and a normal release leaves no lock file."""
+    import os
+    import signal
+    import socket
+    import threading
+
+    lock = tmp_path / "out.beton.lock"
+    code = ("import sys, time; from impulsevit.data.storage.locking import file_lock\n"
+            f"with file_lock({str(lock)!r}):\n    print('held', flush=True); time.sleep(600)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=subprocess_env())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        lines: list[str] = []
+        threading.Timer(1.0, os.kill, (holder.pid, signal.SIGKILL)).start()
+        with file_lock(lock, what="the test", log=lines.append) as waited:
+            assert lock.read_text().split() == [socket.gethostname(), str(os.getpid())]
+        assert waited > 0 and len(lines) == 1
+        assert lines[0] == f"[impulsevit] waiting for the test: locked by {socket.gethostname()} {holder.pid} ({lock})"
+        assert not lock.exists()
+    finally:
+        holder.kill()
+        holder.wait()

@@ -170,6 +170,23 @@ def test_recipe_with_download_true_previews_what_the_model_sees(tmp_path, local_
     assert train["labels"].tolist() == [int(i) % 10 for i in train["indices"].tolist()]  # labels follow indices
 
 
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_preview_synthetic_data_reports_the_generated_images(tmp_path, split):
+    """tiny_synthetic has no source files: the in-memory samples are the source (their (h, w), labels following the
+    reported indices into the split) and the grid is labelled with the datamodule's class names."""
+    from impulsevit.preview import build_datamodule
+
+    result = _preview(tmp_path / "out", split, 5, "--recipe", "tiny_synthetic")
+    assert result["backend"] is None and result["paths"] == [None] * 5
+    assert result["source_hw"].tolist() == result["stored_hw"].tolist() == [[32, 32]] * 5
+    dm = build_datamodule(["--recipe", "tiny_synthetic"])
+    dm.setup("fit")
+    samples = dm.train_set if split == "train" else dm.val_set
+    indices = result["indices"].tolist()
+    assert len(set(indices)) == 5 and result["labels"].tolist() == [int(samples[i][1]) for i in indices]
+    assert (indices == list(range(5))) == (split == "val")  # val in order, train in the epoch's shuffled order
+
+
 def _photo(path: Path, h: int, w: int, seed: int) -> None:
     """A smooth photo-like image (gradients + blobs), saved as high-quality JPEG."""
     rng = np.random.default_rng(seed)

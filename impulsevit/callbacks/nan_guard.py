@@ -46,9 +46,8 @@ import torch
 import torch.distributed as dist
 
 from impulsevit._compat.torch import foreach_norm
-from impulsevit.checkpointing import checkpoint_dir, is_distributed_checkpoint, latest_checkpoint
+from impulsevit.checkpointing import checkpoint_dir, latest_checkpoint, save_checkpoint
 from impulsevit.errors import TrainingDiverged
-from impulsevit.io import commit, remove, temp_path
 
 __all__ = ["NonFiniteLossGuard", "nonfinite_flag"]
 
@@ -165,17 +164,7 @@ class NonFiniteLossGuard(L.Callback):
         """every_step mode, before the update: save the current (good) state as ``last_good.ckpt``, then stop."""
         what = f"{what} {self._where(trainer)}"
         if self.save:
-            path = checkpoint_dir(trainer) / self.filename
-            tmp = temp_path(path, "nan-guard")  # one name on every rank
-            if trainer.global_rank == 0:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                remove(tmp)
-            trainer.strategy.barrier("nan_guard_prepare")
-            trainer.save_checkpoint(str(tmp), weights_only=False)  # given: no "was not set" line
-            trainer.strategy.barrier("nan_guard_saved")
-            if trainer.global_rank == 0:
-                commit(tmp, path, replace_dir=is_distributed_checkpoint(path))
-            trainer.strategy.barrier("nan_guard_renamed")
+            path = save_checkpoint(trainer, checkpoint_dir(trainer) / self.filename, "nan-guard")
             self.saved_path = path
             what += " (the state before this step is saved)"
         self._fail(trainer, what)

@@ -70,9 +70,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from impulsevit._compat.lightning import hand_back_signal_handlers, rerun_interrupted_validation
-from impulsevit.checkpointing import checkpoint_dir, is_distributed_checkpoint
+from impulsevit.checkpointing import checkpoint_dir, save_checkpoint
 from impulsevit.cluster.events import append_event, slurm_job_id
-from impulsevit.io import commit, remove, temp_path
 
 __all__ = ["Preempted", "SlurmRequeue"]
 
@@ -150,20 +149,9 @@ class SlurmRequeue(Callback):
         return checkpoint_dir(trainer) / self.filename
 
     def _save(self, trainer: pl.Trainer, reason: str) -> Path:
-        """All ranks: ``trainer.save_checkpoint`` into a temp name, then rank 0 renames it over the final path."""
-        path = self.checkpoint_path(trainer)
+        """All ranks: :func:`impulsevit.checkpointing.save_checkpoint` (temp name, rank 0 renames it into place)."""
         step = trainer.global_step
-        tmp = temp_path(path, f"step{step}")  # one name on every rank (a distributed checkpoint is a folder)
-        if trainer.is_global_zero:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            remove(tmp)
-        trainer.strategy.barrier("preemption-save-start")
-        # collective: every rank takes part (rank 0 writes files, all write DCP shards)
-        trainer.save_checkpoint(tmp, weights_only=False)
-        trainer.strategy.barrier("preemption-save-written")
-        if trainer.is_global_zero:
-            commit(tmp, path, replace_dir=is_distributed_checkpoint(path))
-        trainer.strategy.barrier("preemption-save-done")
+        path = save_checkpoint(trainer, self.checkpoint_path(trainer), f"step{step}")
         self._saved_step = step
         self._say(trainer, f"{reason}: checkpoint saved to {path} at global step {step}",
                   event="checkpoint", reason=reason, path=path, step=step)

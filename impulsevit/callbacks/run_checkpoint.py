@@ -15,7 +15,7 @@ from typing import Any
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from impulsevit.checkpointing import RUN_KEY, checkpoint_dir, run_limits
+from impulsevit.checkpointing import RUN_KEY, checkpoint_dir, run_limits, save_checkpoint
 
 __all__ = ["RunCheckpoint", "can_stop_now"]
 
@@ -85,14 +85,16 @@ class RunCheckpoint(ModelCheckpoint):
         checkpoint[RUN_KEY] = run_limits(trainer)
 
     def write_last(self, trainer: Trainer) -> None:
-        """Write ``<dirpath>/last.ckpt`` through ``trainer.save_checkpoint`` (every rank: a collective) unless it
-        already holds this global step, or saving is off (sanity check, ``fast_dev_run``, not fitting)."""
+        """Write ``<dirpath>/last.ckpt`` through :func:`impulsevit.checkpointing.save_checkpoint` (every rank: a
+        collective) unless it already holds this global step, or saving is off (sanity check, ``fast_dev_run``, not
+        fitting)."""
         if not self.keep_last or trainer.sanity_checking or trainer.fast_dev_run or trainer.state.fn != "fit":
             return
         if self._last_step == trainer.global_step:
             return
-        path = str(Path(self.dirpath or checkpoint_dir(trainer)) / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}")
-        trainer.save_checkpoint(path, weights_only=self.save_weights_only)  # given: no "was not set" line each time
+        path = str(save_checkpoint(trainer, Path(self.dirpath or checkpoint_dir(trainer))
+                                   / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}", "last",
+                                   weights_only=self.save_weights_only))
         self.last_model_path, self._last_step = path, trainer.global_step
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any, **kwargs: Any) -> None:

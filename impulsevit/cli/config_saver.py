@@ -9,7 +9,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from impulsevit.checkpointing import atomic_write_text
+from impulsevit.io import atomic_write_text
 
 log = logging.getLogger("impulsevit")
 
@@ -17,22 +17,33 @@ log = logging.getLogger("impulsevit")
 class RunConfigSaver(SaveConfigCallback):
     """Writes the resolved config to ``<run_dir>/config.yaml`` at setup, atomically, overwriting an existing one.
 
-    Overwriting is deliberate: a requeued / resumed job reuses its run directory (Lightning's default aborts there,
-    Lightning#17115). Rank 0 writes; the config is also logged to TensorBoard as text (``config``) and its path to the
-    ``impulsevit`` logger. ``multifile`` is not supported.
+    Lightning's :class:`SaveConfigCallback` does the rank-0 / once-only bookkeeping; this class uses its extension
+    point (``save_to_log_dir=False`` plus :meth:`save_config`) for the two things it cannot do: an atomic write
+    (through :mod:`impulsevit.io`; Lightning's ``parser.save`` writes in place) and the config as TensorBoard text
+    (``config``). Overwriting is deliberate: a requeued / resumed job reuses its run directory (Lightning's default
+    aborts there, Lightning#17115). The path is logged to the ``impulsevit`` logger. ``multifile`` is not supported.
     """
 
+    def __init__(self, *args, save_to_log_dir: bool = False, **kwargs) -> None:  # noqa: ANN002, ANN003
+        if save_to_log_dir:
+            raise ValueError("RunConfigSaver writes <log_dir>/config.yaml itself (atomically); "
+                             "save_to_log_dir=True is not supported")
+        super().__init__(*args, save_to_log_dir=False, **kwargs)
+        self._log_dir: str | None = None
+
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if self.already_saved:
+        if not self.already_saved:  # in sync on all ranks (Lightning broadcasts it)
+            self._log_dir = trainer.log_dir  # collective (broadcast from rank 0): every rank calls it, here
+        super().setup(trainer, pl_module, stage)
+
+    def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Rank 0 only (Lightning's contract): the atomic write and the TensorBoard text."""
+        if self._log_dir is None:
             return
-        log_dir = trainer.log_dir  # broadcast from rank 0 (collective: every rank calls it)
-        if trainer.is_global_zero and log_dir is not None:
-            text = self.parser.dump(self.config, skip_none=False)
-            path = Path(log_dir) / self.config_filename
-            atomic_write_text(path, text)
-            log.info("impulsevit: resolved config written to %s", path)
-            for lg in trainer.loggers:
-                if isinstance(lg, TensorBoardLogger):
-                    lg.experiment.add_text("config", "    " + text.replace("\n", "\n    "), global_step=0)
-            self.already_saved = True
-        self.already_saved = trainer.strategy.broadcast(self.already_saved)
+        text = self.parser.dump(self.config, skip_none=False)
+        path = Path(self._log_dir) / self.config_filename
+        atomic_write_text(path, text)
+        log.info("impulsevit: resolved config written to %s", path)
+        for lg in trainer.loggers:
+            if isinstance(lg, TensorBoardLogger):
+                lg.experiment.add_text("config", "    " + text.replace("\n", "\n    "), global_step=0)

@@ -25,6 +25,19 @@ Every reader names the file it expected when something is missing or malformed. 
   ``min(val_per_class, n // 2)`` files (sorted by name) are validation, the rest training, so every class with an
   image is in the training split.
 - scikit-learn digits (in the wheel): 8×8 grayscale scaled 0..16 → 0..255; seeded 80/20 split.
+
+Why these are not ``torchvision.datasets`` readers (checked on torchvision 0.29; :mod:`.download` does use its
+classes to fetch the archives): each torchvision class reads one layout and some verify the files, where these
+readers accept what the registry's markers accept and leave checksums to ``verify``:
+
+- ``CIFAR10`` / ``CIFAR100`` / ``STL10`` check every file against the release's MD5 when constructed (no switch to
+  skip it), so they refuse subsets or rebuilt files in the real format; they also need their own folder name
+  (``cifar-10-batches-py`` ...), not files directly in ``root``, and CIFAR-100 needs ``meta``.
+- ``FashionMNIST`` reads only uncompressed files in ``<root>/FashionMNIST/raw``; Debian's copy is gzipped in one flat
+  folder.
+- ``Flowers102`` / ``OxfordIIITPet`` / ``Food101`` hold their file lists and labels only in private attributes
+  (``_image_files`` / ``_images``, ``_labels``); ``Flowers102`` also checks the ``.mat`` MD5s and has no ``trainval``
+  split, and ``OxfordIIITPet`` renames the classes (``"American Bulldog"`` for ``american_bulldog``).
 """
 
 from __future__ import annotations
@@ -57,7 +70,7 @@ __all__ = [
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-                         "Ankle boot"]
+                         "Ankle boot"]  # torchvision.datasets.FashionMNIST.classes, without importing torch here
 FASHION_MNIST_SYSTEM_DIR = "/usr/share/datasets/fashion-mnist"
 IMAGENET_DEVKIT = "ILSVRC2012_devkit_t12"
 
