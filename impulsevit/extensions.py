@@ -58,16 +58,13 @@ def load_plugins(extra: Sequence[str] = ()) -> list[str]:
 
     Raises:
         ConfigError: a module that does not import, naming it and where it came from."""
-    if extra:
-        current = [n for n in os.environ.get(ENV_VAR, "").split(",") if n.strip()]
-        os.environ[ENV_VAR] = ",".join(dict.fromkeys([*current, *extra]))
+    current = [n.strip() for n in os.environ.get(ENV_VAR, "").split(",") if n.strip()]
     wanted: dict[str, str] = {}
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         who = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "an installed distribution"
         wanted.setdefault(ep.module, f"entry point {ep.name!r} of {who} (group {ENTRY_POINT_GROUP})")
-    for name in os.environ.get(ENV_VAR, "").split(","):
-        if name.strip():
-            wanted.setdefault(name.strip(), f"{ENV_VAR} / --plugins")
+    for name in [*current, *extra]:
+        wanted.setdefault(name, f"{ENV_VAR} / --plugins")
     for name, where in wanted.items():
         try:
             importlib.import_module(name)
@@ -75,4 +72,6 @@ def load_plugins(extra: Sequence[str] = ()) -> list[str]:
             raise ConfigError(f"plugin module {name!r} (from {where}) cannot be imported: {type(e).__name__}: {e} "
                               "(expected an importable module name such as my_pkg.extras; is its folder on "
                               "PYTHONPATH?)") from None
+    if extra:  # only modules that imported are handed on: a failed start leaves the environment as it found it
+        os.environ[ENV_VAR] = ",".join(dict.fromkeys([*current, *extra]))
     return list(wanted)

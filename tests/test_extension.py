@@ -8,6 +8,7 @@ is one line naming it."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -123,8 +124,9 @@ def test_download_and_init_list_show_an_installed_plugin(tmp_path):
 
 
 def test_a_plugin_module_that_does_not_import_is_one_line(capsys, monkeypatch):
-    monkeypatch.delenv("IMPULSEVIT_PLUGINS", raising=False)
+    monkeypatch.setenv("IMPULSEVIT_PLUGINS", "")
     assert main(["recipes", "--plugins", "no_such_plugin_xyz"]) == 2
+    assert os.environ["IMPULSEVIT_PLUGINS"] == ""  # a plugin that failed is not handed on to later processes
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert ("impulsevit: error: plugin module 'no_such_plugin_xyz' (from IMPULSEVIT_PLUGINS / --plugins) cannot be "
