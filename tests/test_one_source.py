@@ -29,7 +29,8 @@ def test_unknown_init_method_is_the_error_even_when_the_data_root_does_not_exist
                           "batch_size": 4, "cache_dir": str(tmp_path / "cache")}}
     assert main(tiny(tmp_path / "runs", "bad", "--model.init.method=impluse", f"--data={json.dumps(data)}")) == 2
     line = _error_line(capsys)
-    assert "model.init.method" in line and "'impluse'" in line and "impulse, mimetic" in line, line
+    known = line.partition("available: ")[2].partition(";")[0].split(", ")
+    assert "model.init.method" in line and "'impluse'" in line and {"impulse", "mimetic", "torch"} <= set(known), line
     assert "no_such_root" not in line
     assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
 
