@@ -217,3 +217,13 @@ def test_data_sub_packages_keep_their_rules():
             bad += [f"{name} imports {m}" for m in sorted(internal(name))
                     if _in(m, "impulsevit.data") and not _in(m, "impulsevit.data.augment")]
     assert not bad, "against docs/design.md's data rows:\n" + "\n".join(bad)
+
+
+def test_every_callback_lives_in_callbacks():
+    """docs/design.md: the package's Lightning callbacks (classes deriving from ``Callback``, ``ModelCheckpoint``,
+    ``SaveConfigCallback`` or a progress bar / model summary) are all in ``impulsevit/callbacks/``."""
+    pattern = re.compile(r"^class \w+\([^)]*(Callback|ModelCheckpoint|ProgressBar|ModelSummary)\b", re.M)
+    outside = [str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
+               if pattern.search(p.read_text()) and p.relative_to(PKG).parts[0] != "callbacks"]
+    assert not outside, f"callbacks outside impulsevit/callbacks/: {outside}"
+    assert pattern.search((PKG / "callbacks" / "config_saver.py").read_text())  # the pattern finds a real one

@@ -40,9 +40,10 @@ Not supported: remote run directories (fsspec URLs).
 
 # What lives where: entry.py (main, run_trainer_command), subcommands.py (the subcommand table, usage), argv.py (the
 # command line as LightningCLI gets it), parser.py (closest-key suggestions), trainer_cli.py (ImpulseCLI), run_policy.py
-# (run directory, --resume), config_saver.py (config.yaml), errors.py (which errors are the user's to fix).
+# (run directory, --resume), errors.py (which errors are the user's to fix); config.yaml is written by
+# callbacks/config_saver.py.
+from impulsevit.callbacks.config_saver import RunConfigSaver
 from impulsevit.cli.argv import RecipeSyntaxError, check_recipe_syntax, prepare_argv
-from impulsevit.cli.config_saver import RunConfigSaver
 from impulsevit.cli.entry import main, run_trainer_command
 from impulsevit.cli.errors import user_error
 from impulsevit.cli.parser import ImpulseArgumentParser

@@ -19,9 +19,9 @@ from lightning.pytorch.plugins.io import CheckpointIO
 
 from impulsevit import __version__
 from impulsevit._compat.cli import SubcommandRunHookCLI, subcommand_parsers
+from impulsevit.callbacks.config_saver import RunConfigSaver
 from impulsevit.callbacks.run_checkpoint import RunCheckpoint
 from impulsevit.checkpointing import AtomicCheckpointIO
-from impulsevit.cli.config_saver import RunConfigSaver
 from impulsevit.cli.errors import one_line
 from impulsevit.cli.parser import ImpulseArgumentParser
 from impulsevit.cli.run_policy import resume_checkpoint, run_dir_of, start_new_run
