@@ -135,6 +135,14 @@ def _function_settings(hparams: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _settings_text(diff: list[str]) -> str:
+    """The differing settings as the user sets them: timm's ``img_size`` comes from ``data.image_size`` (linked to
+    ``model.img_size``), not from ``backbone_kwargs``, so it is named that way."""
+    linked = "backbone_kwargs.img_size"
+    return "; ".join("data.image_size (model.img_size)" + d[len(linked):] if d.startswith(linked) else f"model.{d}"
+                     for d in diff)
+
+
 def check_resume(path: str | os.PathLike, model: nn.Module, hparams: dict[str, Any] | None = None) -> None:
     """Raise :class:`ConfigError` when the checkpoint at ``path`` cannot be loaded into ``model``.
 
@@ -167,7 +175,7 @@ def check_resume(path: str | os.PathLike, model: nn.Module, hparams: dict[str, A
             if diff:
                 raise ConfigError(f"--resume {path} does not fit the model: same tensor shapes, but the model "
                                   "settings that define what it computes differ: " +
-                                  "; ".join(f"model.{d}" for d in diff) + " — resume with the checkpoint's settings, "
+                                  _settings_text(diff) + " — resume with the checkpoint's settings, "
                                   "or start a new run (another --name)")
         return
     parts = []
@@ -182,7 +190,7 @@ def check_resume(path: str | os.PathLike, model: nn.Module, hparams: dict[str, A
     diff: list[str] = []
     if isinstance(saved, dict) and hparams is not None:
         diff = config_diff(_model_settings(saved), _model_settings(hparams))
-    where = ("; the model settings differ: " + "; ".join(f"model.{d}" for d in diff)) if diff else ""
+    where = ("; the model settings differ: " + _settings_text(diff)) if diff else ""
     raise ConfigError(f"--resume {path} does not fit the model: {', '.join(parts)}{where} — resume with the "
                       f"checkpoint's settings, or start a new run (another --name)")
 

@@ -81,6 +81,17 @@ def test_a_conflicting_backbone_img_size_is_one_line_naming_both_keys(tmp_path: 
                      "--trainer.limit_val_batches=0")) == 0
 
 
+def test_resuming_at_another_image_size_names_the_data_key(tmp_path: Path, capsys) -> None:
+    """The size a user changes is ``data.image_size``; the resume error names that key, not timm's kwarg."""
+    assert main(tiny(tmp_path, "run", "--trainer.max_steps=1", "--trainer.limit_val_batches=0")) == 0
+    capsys.readouterr()
+    assert main(tiny(tmp_path, "run", "--data.init_args.image_size=16", "--trainer.max_steps=2",
+                     "--trainer.limit_val_batches=0", "--resume=auto")) == 2
+    line = _error_line(capsys)
+    assert "data.image_size (model.img_size): 32 in the checkpoint, 16 now" in line, line
+    assert "backbone_kwargs" not in line, line
+
+
 def test_a_checkpoint_from_before_the_link_resumes_and_loads(tmp_path: Path) -> None:
     """Checkpoints written before the link have the size in backbone_kwargs and no img_size: they pass the resume
     check (same function) and load with ``load_from_checkpoint``."""
