@@ -255,7 +255,7 @@ def test_cpu_strategy_equals_the_whole_batch_strategy_bit_for_bit(config, interp
                                rtol=0, atol=0)
 
 
-def test_pillow_affine_equals_the_batched_affine_and_a_wrong_matrix_is_caught():
+def test_pillow_affine_and_equalize_equal_the_batched_ops_and_a_wrong_matrix_is_caught():
     from impulsevit.data.augment.device import _pil_affine
 
     x = to_batch(BENCH.photos(40))
@@ -268,6 +268,9 @@ def test_pillow_affine_equals_the_batched_affine_and_a_wrong_matrix_is_caught():
         for interpolation in ("bicubic", "bilinear"):
             torch.testing.assert_close(_pil_affine(x, mats, fill, interpolation), _affine(x, mats, fill, interpolation),
                                        rtol=0, atol=0)
+    from impulsevit.data.augment.device import _equalize, _pil_equalize
+
+    torch.testing.assert_close(_pil_equalize(x), _equalize(x), rtol=0, atol=0)
     mats = ra._matrix("Rotate", level, sign, 40, 40)
     nudged = mats.clone()
     nudged[:, 0, 2] += 0.25  # a quarter-pixel shift: the comparison above would notice it
@@ -288,3 +291,11 @@ def test_datamodule_says_once_how_the_augmentation_runs(caplog):
     with caplog.at_level(logging.INFO):
         plain._log_augment_strategy(torch.device("cpu"))  # nothing to choose: no RandAugment, no jitter
     assert len([r for r in caplog.records if r.getMessage().startswith("augmentation on")]) == 1
+
+
+def test_cpu_strategy_leaves_the_callers_batch_untouched():
+    x = to_batch(BENCH.photos(24))
+    before = x.clone()
+    BatchRandAugment("rand-m10-n3-mstd1")(x, torch.Generator().manual_seed(0), selected=True)
+    BatchColorJitter(0.4)(x, torch.Generator().manual_seed(0), selected=True)
+    assert torch.equal(x, before)

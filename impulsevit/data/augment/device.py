@@ -41,9 +41,9 @@ of a training step.
 
 On the CPU (:func:`selects_on_host`) that price buys nothing — indexing with the draws costs no synchronisation there
 — and made RandAugment 3–30× dearer than timm's PIL chain per image. There each op runs only on the images that drew
-it, and the geometric ops call Pillow's ``Image.transform`` itself (bit-equal to the batched :func:`_affine`): same
-draws, same pixels (``tests/test_augment.py`` compares the two strategies bit for bit on photos), and cheaper per image
-than timm's chain at 28, 32 and 224 px (``benchmarks/augment_cost.py``).
+it, and the geometric ops and Equalize call Pillow itself (bit-equal to the batched :func:`_affine` /
+:func:`_equalize`): same draws, same pixels (``tests/test_augment.py`` compares the two strategies bit for bit on
+photos); ``benchmarks/augment_cost.py`` measures both against timm's chain.
 
 Not supported: AutoAugment policies (``original``/``v0``) and AugMix (raise ``ValueError``); RandAugment's weighted
 op choice (``-tweights``) is supported, ``3a`` op sets are not; devices without float64 (Apple MPS) for the geometric
@@ -269,6 +269,17 @@ def _pil_affine(x: torch.Tensor, matrices: torch.Tensor, fill: torch.Tensor,
     return torch.from_numpy(out).permute(0, 3, 1, 2).to(torch.float32)
 
 
+def _pil_equalize(x: torch.Tensor) -> torch.Tensor:
+    """:func:`_equalize` computed by Pillow's ``ImageOps.equalize`` one CPU image at a time: bit-equal (its LUT rule is
+    the one :func:`_equalize` implements; ``tests/test_augment.py`` compares them) and about 8× cheaper than the
+    batched histogram on the CPU at 224 px."""
+    from PIL import Image, ImageOps
+
+    pixels = x.to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+    out = np.stack([np.asarray(ImageOps.equalize(Image.fromarray(p))) for p in pixels])
+    return torch.from_numpy(out).permute(0, 3, 1, 2).to(torch.float32)
+
+
 class BatchRandAugment(torch.nn.Module):
     """timm's RandAugment for batches: ``forward(x)`` with ``x`` ``(B, 3, H, W)`` on the 0–255 scale (uint8 or float)
     returns float32 on the 0–255 scale (integer values). ``img_mean`` is the 0–1 mean used as the fill colour (timm
@@ -358,13 +369,15 @@ class BatchRandAugment(torch.nn.Module):
           order of the ops within a layer is irrelevant); the geometric ops share one resampling with per-image
           matrices (identity for the others). Sync-free on CUDA, at the price of computing every op for every image;
         - selected images (``selected=None`` picks it on the CPU, :func:`selects_on_host`): each op runs only on the
-          images that drew it (host-side indexing), about ``len(names)`` times less work, and the geometric ops are
-          Pillow's own ``Image.transform`` (:func:`_pil_affine`, bit-equal to :func:`_affine`, 5–10× faster on the
-          CPU).
+          images that drew it (host-side indexing), about ``len(names)`` times less work, and the geometric ops and
+          Equalize are Pillow's own ``Image.transform`` / ``ImageOps.equalize`` (:func:`_pil_affine`,
+          :func:`_pil_equalize`: bit-equal to :func:`_affine` / :func:`_equalize`, 5–10× faster on the CPU).
         """
         if selected is None:
             selected = selects_on_host(x.device)
-        x = x.float()
+        source, x = x, x.float()
+        if selected and x is source:
+            x = x.clone()  # the selected strategy writes into x: never into the caller's tensor
         b, dev = x.shape[0], x.device
         h, w = x.shape[-2], x.shape[-1]
         fill, _ = self._constants(dev)
@@ -396,16 +409,17 @@ class BatchRandAugment(torch.nn.Module):
     def _layer_selected(self, x: torch.Tensor, ops: torch.Tensor, apply: torch.Tensor, level: torch.Tensor,
                         sign: torch.Tensor, geo: list[int], fill: torch.Tensor,
                         generator: torch.Generator | None) -> torch.Tensor:
-        """One layer, each op computed only for the images that drew it (host-side indexing: CPU tensors). Draws
-        exactly what the whole-batch path draws, in the same order (the ``random`` interpolation's coin included)."""
+        """One layer, each op computed only for the images that drew it (host-side indexing: CPU tensors), written into
+        ``x`` in place. Draws exactly what the whole-batch path draws, in the same order (the ``random``
+        interpolation's coin included)."""
         b, h, w = x.shape[0], x.shape[-2], x.shape[-1]
-        x = x.clone()
         for k, name in enumerate(self.names):
             if k in geo:
                 continue
             idx = torch.nonzero(apply & (ops == k)).view(-1)
             if idx.numel():
-                x[idx] = self._pointwise(name, x[idx], level[idx], sign[idx])
+                x[idx] = (_pil_equalize(x[idx]) if name == "Equalize"
+                          else self._pointwise(name, x[idx], level[idx], sign[idx]))
         if not geo:
             return x
         cubic = None
