@@ -285,8 +285,8 @@ def test_datamodule_says_once_how_the_augmentation_runs(caplog):
         dm._log_augment_strategy(torch.device("cpu"))
         dm._log_augment_strategy(torch.device("cpu"))
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("augmentation on cpu")]
-    assert lines == ["augmentation on cpu: each op on the images that drew it (Pillow's transform for the geometric "
-                     "ops); same draws and pixels either way"]
+    assert lines == ["augmentation on cpu: each op on the images that drew it (Pillow for the geometric ops and "
+                     "Equalize); same draws and pixels either way"]
     plain = ImageDataModule(dataset="fashion_mnist", backend="ffcv", augment={"auto_augment": None})
     with caplog.at_level(logging.INFO):
         plain._log_augment_strategy(torch.device("cpu"))  # nothing to choose: no RandAugment, no jitter

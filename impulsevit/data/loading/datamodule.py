@@ -435,7 +435,7 @@ class ImageDataModule(BaseImageDataModule):
         if self._augment_logged or (aug.rand_augment is None and aug.color_jitter is None):
             return
         self._augment_logged = True
-        how = ("each op on the images that drew it (Pillow's transform for the geometric ops)"
+        how = ("each op on the images that drew it (Pillow for the geometric ops and Equalize)"
                if selects_on_host(device) else "every op on the whole batch, kept per image (sync-free)")
         rank_zero_info(f"augmentation on {device.type}: {how}; same draws and pixels either way")
 
