@@ -5,9 +5,12 @@ Contenders, per image size ``S`` (the recipes' sizes: 28 px ``cpu_deit_aug_backe
 recipes, 224 px the ImageNet-style ones), with the recipes' augmentation ``auto_augment=rand-m9-mstd0.5-inc1`` and
 ``re_prob=0.25``:
 
-- ``device``: :class:`~.device.DeviceAugment` on a uint8 ``(B, 3, S, S)`` batch — RandAugment (every
-  op evaluated on the whole batch, by design), normalise, random erasing — on ``--device`` (the CPU the CPU recipes
-  train on by default; ``cuda`` times it with a synchronisation per batch), ``--threads`` intra-op threads;
+- ``device``: :class:`~.device.DeviceAugment` on a uint8 ``(B, 3, S, S)`` batch — RandAugment, normalise, random
+  erasing — on ``--device`` (the CPU the CPU recipes train on by default; ``cuda`` times it with a synchronisation per
+  batch), ``--threads`` intra-op threads, in the strategy it picks on that device: on the CPU each op runs on the
+  images that drew it (``selected``), elsewhere every op runs on the whole batch (sync-free);
+- ``whole batch``: the same on the same device with every op evaluated on the whole batch (the GPU strategy; same
+  draws and pixels), for comparison;
 - ``timm``: ``timm.data.create_transform(S, is_training=True, auto_augment=..., re_prob=...)`` (bicubic) on one
   ``S × S`` PIL image at a time, one thread — RandomResizedCrop, flip, RandAugment, to tensor, normalise, erasing:
   the whole per-image chain of the torchvision backend (whose workers run it without the erasing, which then runs
@@ -19,8 +22,8 @@ crop in the loader (``benchmarks/loader_speed.py``), so the ``device`` column is
 
     python benchmarks/augment_cost.py [--sizes 28 32 224] [--device cpu] [--threads 1]
 
-The last line is ``ratio: X`` = timm's µs per image / DeviceAugment's at the first size (> 1: the batched device
-augmentation costs less per image than timm's PIL chain).
+The last line is ``ratio: X`` = timm's µs per image / DeviceAugment's (in the strategy it picks) at the first size
+(> 1: the device augmentation costs less per image than timm's PIL chain).
 """
 
 from __future__ import annotations
@@ -96,10 +99,12 @@ def main(argv: list[str] | None = None) -> float:
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     aug = DeviceAugment(MEAN, STD, auto_augment=args.auto_augment, re_prob=args.re_prob)
+    whole = DeviceAugment(MEAN, STD, auto_augment=args.auto_augment, re_prob=args.re_prob, selected=False)
     print(f"augmentation {args.auto_augment} + erasing {args.re_prob}; DeviceAugment on {device} "
           f"({args.threads} intra-op threads on the CPU), timm's PIL chain on 1 CPU thread; median of {args.rounds}; "
           f"malloc: {'large blocks reused (as `impulsevit fit` sets it)' if heap_reuse else 'glibc defaults'}")
-    print(f"{'size':>5} {'batch':>6} {'device µs/img':>14} {'timm µs/img':>12} {'timm / device':>14}")
+    print(f"{'size':>5} {'batch':>6} {'device µs/img':>14} {'whole batch µs/img':>19} {'timm µs/img':>12} "
+          f"{'timm / device':>14}")
     ratios = []
     for k, size in enumerate(args.sizes):
         batch = args.batch_size[min(k, len(args.batch_size) - 1)]
@@ -111,13 +116,15 @@ def main(argv: list[str] | None = None) -> float:
         fix_timm_posterize(tf)  # as the torchvision backend does (PIL 13 refuses posterize to 0 bits)
         pils = [Image.fromarray(a) for a in imgs]
         run_device = partial(augment_batches, aug, batches, iter(range(10**9)))
+        run_whole = partial(augment_batches, whole, batches, iter(range(10**9)))
         run_timm = partial(transform_images, tf, pils)
         torch.set_num_threads(args.threads)
         dev_us = median_seconds(run_device, args.rounds, sync) / len(pils) * 1e6
+        whole_us = median_seconds(run_whole, args.rounds, sync) / len(pils) * 1e6
         torch.set_num_threads(1)
         timm_us = median_seconds(run_timm, args.rounds, lambda: None) / len(pils) * 1e6
         ratios.append(timm_us / dev_us)
-        print(f"{size:>5} {batch:>6} {dev_us:>14.1f} {timm_us:>12.1f} {ratios[-1]:>14.2f}")
+        print(f"{size:>5} {batch:>6} {dev_us:>14.1f} {whole_us:>19.1f} {timm_us:>12.1f} {ratios[-1]:>14.2f}")
     print(f"ratio: {ratios[0]:.2f}")
     return ratios[0]
 

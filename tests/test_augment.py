@@ -4,6 +4,7 @@ normalisation, random erasing and per-rank RNG streams."""
 
 from __future__ import annotations
 
+import logging
 import random
 
 import numpy as np
@@ -222,3 +223,79 @@ def test_datamodule_gives_randaugment_the_recipes_interpolation(interpolation):
     assert dm.device_augment().rand_augment.interpolation == interpolation
     with pytest.raises(ValueError, match="interpolation"):
         BatchRandAugment("rand-m9-mstd0.5-inc1", interpolation="nearest")
+
+
+@pytest.mark.parametrize(("config", "interpolation", "size"), [("rand-m9-mstd0.5-inc1", "bicubic", 48),
+                                                               ("rand-m9-mstd0.5-inc1", "random", 32),
+                                                               ("rand-m10-n3-mstd1", "bilinear", 28)])
+def test_cpu_strategy_equals_the_whole_batch_strategy_bit_for_bit(config, interpolation, size):
+    """The CPU runs each op on the images that drew it (Pillow's transform for the geometric ops); accelerators run
+    every op on the whole batch. Same draws must give the same pixels, on real photos, every op reached."""
+    x = to_batch(BENCH.photos(size))
+    x = torch.cat([x, x.flip(0), x.flip(3)])  # 36 images: every op is drawn by some image in 3 layers x 2 seeds
+    ra = BatchRandAugment(config, interpolation=interpolation)
+    seen = set()
+    for seed in (0, 1):
+        whole = ra(x, torch.Generator().manual_seed(seed), selected=False)
+        picked = ra(x, torch.Generator().manual_seed(seed), selected=True)
+        assert torch.equal(whole, picked), (seed, (whole - picked).abs().max())
+        g = torch.Generator().manual_seed(seed)
+        for _ in range(ra.num_layers):
+            ops, apply, _, _ = ra.draw_layer(x.shape[0], x.device, g)
+            seen |= set(ops[apply].tolist())
+            if interpolation == "random":
+                torch.rand(x.shape[0], generator=g)
+    assert len(seen) >= len(ra.names) - 2  # nearly every op was exercised
+    jitter = BatchColorJitter(0.4)
+    torch.testing.assert_close(jitter(x, torch.Generator().manual_seed(0), selected=True),
+                               jitter(x, torch.Generator().manual_seed(0), selected=False), rtol=0, atol=0)
+    kw = dict(mean=MEAN, std=(0.229, 0.224, 0.225), auto_augment=config, re_prob=0.25, interpolation=interpolation)
+    auto = DeviceAugment(**kw)(x.to(torch.uint8), epoch=2, step=5)  # on the CPU: the selected strategy
+    torch.testing.assert_close(auto, DeviceAugment(**kw, selected=False)(x.to(torch.uint8), epoch=2, step=5),
+                               rtol=0, atol=0)
+
+
+def test_pillow_affine_and_equalize_equal_the_batched_ops_and_a_wrong_matrix_is_caught():
+    from impulsevit.data.augment.device import _pil_affine
+
+    x = to_batch(BENCH.photos(40))
+    ra = BatchRandAugment("rand-m9-mstd0.5-inc1")
+    g = torch.Generator().manual_seed(3)
+    level, sign = torch.rand(x.shape[0], generator=g), torch.where(torch.rand(x.shape[0], generator=g) > 0.5, -1., 1.)
+    fill = torch.tensor(FILL, dtype=torch.float32)
+    for name in _GEOMETRIC:
+        mats = ra._matrix(name, level, sign, 40, 40)
+        for interpolation in ("bicubic", "bilinear"):
+            torch.testing.assert_close(_pil_affine(x, mats, fill, interpolation), _affine(x, mats, fill, interpolation),
+                                       rtol=0, atol=0)
+    from impulsevit.data.augment.device import _equalize, _pil_equalize
+
+    torch.testing.assert_close(_pil_equalize(x), _equalize(x), rtol=0, atol=0)
+    mats = ra._matrix("Rotate", level, sign, 40, 40)
+    nudged = mats.clone()
+    nudged[:, 0, 2] += 0.25  # a quarter-pixel shift: the comparison above would notice it
+    assert not torch.equal(_pil_affine(x, nudged, fill), _affine(x, mats, fill))
+
+
+def test_datamodule_says_once_how_the_augmentation_runs(caplog):
+    from impulsevit.data.loading.datamodule import ImageDataModule
+
+    dm = ImageDataModule(dataset="fashion_mnist", backend="ffcv", augment={"auto_augment": "rand-m9-mstd0.5-inc1"})
+    with caplog.at_level(logging.INFO):
+        dm._log_augment_strategy(torch.device("cpu"))
+        dm._log_augment_strategy(torch.device("cpu"))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("augmentation on cpu")]
+    assert lines == ["augmentation on cpu: each op on the images that drew it (Pillow for the geometric ops and "
+                     "Equalize); same draws and pixels either way"]
+    plain = ImageDataModule(dataset="fashion_mnist", backend="ffcv", augment={"auto_augment": None})
+    with caplog.at_level(logging.INFO):
+        plain._log_augment_strategy(torch.device("cpu"))  # nothing to choose: no RandAugment, no jitter
+    assert len([r for r in caplog.records if r.getMessage().startswith("augmentation on")]) == 1
+
+
+def test_cpu_strategy_leaves_the_callers_batch_untouched():
+    x = to_batch(BENCH.photos(24))
+    before = x.clone()
+    BatchRandAugment("rand-m10-n3-mstd1")(x, torch.Generator().manual_seed(0), selected=True)
+    BatchColorJitter(0.4)(x, torch.Generator().manual_seed(0), selected=True)
+    assert torch.equal(x, before)

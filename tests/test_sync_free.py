@@ -16,6 +16,7 @@ kernel used on GPUs does not); the closure it calls (forward, backward, hooks) i
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import traceback
@@ -121,14 +122,23 @@ DEIT_B_ON_CPU = [
 
 @pytest.mark.ffcv
 @pytest.mark.slow  # ~25 s alone (FFCV conversion of digits, 8 ViT-Ti steps), ~60 s on a loaded machine
-def test_deit_b_recipe_steady_state_step_has_at_most_one_host_sync(tmp_path, monkeypatch):
+def test_deit_b_recipe_steady_state_step_has_at_most_one_host_sync(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("IMPULSEVIT_CACHE", str(tmp_path / "cache"))
+    # the augmentation strategy an accelerator gets (on the CPU each op runs on the images that drew it, indexed on
+    # the host: a synchronisation on CUDA, free on the CPU); its pixels equal the CPU strategy's (test_augment.py)
+    from impulsevit.data.augment import device as augment_device
+    from impulsevit.data.loading import datamodule
+
+    for module in (augment_device, datamodule):
+        monkeypatch.setattr(module, "selects_on_host", lambda device: False)
+    caplog.set_level(logging.INFO)
     cli = run_cli("fit", "--recipe", str(REPO / "recipes" / "deit_base_in1k.yaml"), f"--runs_dir={tmp_path}",
                   "--name=deit_b", *DEIT_B_ON_CPU,
                   # the guard as a GPU run configures it ("auto" picks next_step on CUDA), and the counter
                   "--trainer.callbacks+=impulsevit.callbacks.NonFiniteLossGuard",
                   "--trainer.callbacks.check=next_step",
                   "--trainer.callbacks+=test_sync_free.CountSteps")
+    assert "augmentation on cpu: every op on the whole batch, kept per image (sync-free)" in caplog.text
     counter = next(c for c in cli.trainer.callbacks if type(c).__name__ == "CountSteps")
     assert len(counter.per_step) == 8
     # after the first steps' one-off setup (device constants, FFCV buffers, Lightning's result slots); step 5 logs

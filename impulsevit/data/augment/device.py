@@ -39,6 +39,12 @@ pointwise op on the whole batch (10 for ``rand-m9-mstd0.5-inc1``) and one float6
 ``benchmarks/gpu_check.sh`` is the place to measure it). ``tests/test_sync_free.py`` counts the host-synchronising ops
 of a training step.
 
+On the CPU (:func:`selects_on_host`) that price buys nothing — indexing with the draws costs no synchronisation there
+— and made RandAugment 3–30× dearer than timm's PIL chain per image. There each op runs only on the images that drew
+it, and the geometric ops and Equalize call Pillow itself (bit-equal to the batched :func:`_affine` /
+:func:`_equalize`): same draws, same pixels (``tests/test_augment.py`` compares the two strategies bit for bit on
+photos); ``benchmarks/augment_cost.py`` measures both against timm's chain.
+
 Not supported: AutoAugment policies (``original``/``v0``) and AugMix (raise ``ValueError``); RandAugment's weighted
 op choice (``-tweights``) is supported, ``3a`` op sets are not; devices without float64 (Apple MPS) for the geometric
 ops.
@@ -54,7 +60,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["BatchColorJitter", "BatchRandAugment", "BatchRandomErasing", "DeviceAugment", "augment_seed",
-           "fix_timm_posterize", "normalize"]
+           "fix_timm_posterize", "normalize", "selects_on_host"]
 
 _GEOMETRIC = ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
 _SUPPORTED = {
@@ -235,6 +241,45 @@ def _affine(x: torch.Tensor, matrices: torch.Tensor, fill: torch.Tensor,
     return torch.where(inside.unsqueeze(1), out, fill.view(1, c, 1, 1).float())
 
 
+def selects_on_host(device: torch.device) -> bool:
+    """Whether the augmentations on ``device`` compute each op only for the images that drew it (``True`` on the
+    CPU, where reading the draws to index the batch costs no synchronisation) or every op on the whole batch and keep
+    it with ``torch.where`` (accelerators: sync-free). Both give the same pixels from the same draws."""
+    return device.type == "cpu"
+
+
+def _pil_affine(x: torch.Tensor, matrices: torch.Tensor, fill: torch.Tensor,
+                interpolation: str = "bicubic") -> torch.Tensor:
+    """:func:`_affine` computed by Pillow itself, one image at a time: ``Image.transform(AFFINE)`` of each
+    ``(3, H, W)`` CPU image (integer values 0–255) with the same float64 matrix and fill. Bit-equal to :func:`_affine`
+    (``tests/test_augment.py`` checks both against each other) and, on the CPU, 5–10× faster than its batched
+    gathers: the CPU path of :class:`BatchRandAugment` uses it, :func:`_affine` serves devices Pillow cannot run
+    on."""
+    from PIL import Image
+
+    resample = Image.Resampling.BICUBIC if interpolation == "bicubic" else Image.Resampling.BILINEAR
+    colour = tuple(int(v) for v in fill.tolist())
+    pixels = x.to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+    rows = matrices[:, :2, :].to(torch.float64).tolist()
+    out = np.empty_like(pixels)
+    for i, (m0, m1) in enumerate(rows):
+        image = Image.fromarray(pixels[i])
+        out[i] = np.asarray(image.transform(image.size, Image.Transform.AFFINE, (*m0, *m1), resample,
+                                            fillcolor=colour))
+    return torch.from_numpy(out).permute(0, 3, 1, 2).to(torch.float32)
+
+
+def _pil_equalize(x: torch.Tensor) -> torch.Tensor:
+    """:func:`_equalize` computed by Pillow's ``ImageOps.equalize`` one CPU image at a time: bit-equal (its LUT rule is
+    the one :func:`_equalize` implements; ``tests/test_augment.py`` compares them) and about 8× cheaper than the
+    batched histogram on the CPU at 224 px."""
+    from PIL import Image, ImageOps
+
+    pixels = x.to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+    out = np.stack([np.asarray(ImageOps.equalize(Image.fromarray(p))) for p in pixels])
+    return torch.from_numpy(out).permute(0, 3, 1, 2).to(torch.float32)
+
+
 class BatchRandAugment(torch.nn.Module):
     """timm's RandAugment for batches: ``forward(x)`` with ``x`` ``(B, 3, H, W)`` on the 0–255 scale (uint8 or float)
     returns float32 on the 0–255 scale (integer values). ``img_mean`` is the 0–1 mean used as the fill colour (timm
@@ -314,17 +359,34 @@ class BatchRandAugment(torch.nn.Module):
         sign = torch.where(torch.rand(n, device=device, generator=generator) > 0.5, -1.0, 1.0)
         return ops, apply, level, sign
 
-    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Without data-dependent shapes: every op of a layer runs on the whole batch and ``torch.where`` keeps it for
-        the images that drew it (one op per image per layer, so the order of the ops within a layer is irrelevant);
-        the geometric ops share one ``grid_sample`` with per-image matrices (identity for the others)."""
-        x = x.float()
+    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None,
+                selected: bool | None = None) -> torch.Tensor:
+        """Two evaluation strategies with the same draws and the same pixels (``tests/test_augment.py`` checks they
+        are equal bit for bit):
+
+        - whole batch (the default off the CPU): without data-dependent shapes, every op of a layer runs on the
+          whole batch and ``torch.where`` keeps it for the images that drew it (one op per image per layer, so the
+          order of the ops within a layer is irrelevant); the geometric ops share one resampling with per-image
+          matrices (identity for the others). Sync-free on CUDA, at the price of computing every op for every image;
+        - selected images (``selected=None`` picks it on the CPU, :func:`selects_on_host`): each op runs only on the
+          images that drew it (host-side indexing), about ``len(names)`` times less work, and the geometric ops and
+          Equalize are Pillow's own ``Image.transform`` / ``ImageOps.equalize`` (:func:`_pil_affine`,
+          :func:`_pil_equalize`: bit-equal to :func:`_affine` / :func:`_equalize`, 5–10× faster on the CPU).
+        """
+        if selected is None:
+            selected = selects_on_host(x.device)
+        source, x = x, x.float()
+        if selected and x is source:
+            x = x.clone()  # the selected strategy writes into x: never into the caller's tensor
         b, dev = x.shape[0], x.device
         h, w = x.shape[-2], x.shape[-1]
         fill, _ = self._constants(dev)
         geo = [k for k, n in enumerate(self.names) if n in _GEOMETRIC]
         for _ in range(self.num_layers):
             ops, apply, level, sign = self.draw_layer(b, dev, generator)
+            if selected:
+                x = self._layer_selected(x, ops, apply, level, sign, geo, fill, generator)
+                continue
             chosen = apply.view(-1, 1, 1, 1)
             for k, name in enumerate(self.names):
                 if k not in geo:
@@ -342,6 +404,35 @@ class BatchRandAugment(torch.nn.Module):
                 else:
                     moved = _affine(x, mats, fill, self.interpolation)
                 x = torch.where(chosen & is_geo.view(-1, 1, 1, 1), moved, x)
+        return x
+
+    def _layer_selected(self, x: torch.Tensor, ops: torch.Tensor, apply: torch.Tensor, level: torch.Tensor,
+                        sign: torch.Tensor, geo: list[int], fill: torch.Tensor,
+                        generator: torch.Generator | None) -> torch.Tensor:
+        """One layer, each op computed only for the images that drew it (host-side indexing: CPU tensors), written into
+        ``x`` in place. Draws exactly what the whole-batch path draws, in the same order (the ``random``
+        interpolation's coin included)."""
+        b, h, w = x.shape[0], x.shape[-2], x.shape[-1]
+        for k, name in enumerate(self.names):
+            if k in geo:
+                continue
+            idx = torch.nonzero(apply & (ops == k)).view(-1)
+            if idx.numel():
+                x[idx] = (_pil_equalize(x[idx]) if name == "Equalize"
+                          else self._pointwise(name, x[idx], level[idx], sign[idx]))
+        if not geo:
+            return x
+        cubic = None
+        if self.interpolation == "random":
+            cubic = torch.rand(b, device=x.device, generator=generator) < 0.5
+        for k in geo:
+            sel = apply & (ops == k)
+            for interp in ("bicubic", "bilinear") if cubic is not None else (self.interpolation,):
+                mask = sel if cubic is None else sel & (cubic if interp == "bicubic" else ~cubic)
+                idx = torch.nonzero(mask).view(-1)
+                if idx.numel():
+                    mats = self._matrix(self.names[k], level[idx], sign[idx], h, w)
+                    x[idx] = _pil_affine(x[idx], mats, fill, interp)
         return x
 
     def _pointwise(self, name: str, x: torch.Tensor, lv: torch.Tensor, sg: torch.Tensor) -> torch.Tensor:
@@ -404,7 +495,13 @@ class BatchColorJitter(torch.nn.Module):
             raise ValueError(f"color_jitter must be a float or (brightness, contrast, saturation) >= 0, got {jitter}")
         self.jitter = tuple(float(j) for j in jitter)
 
-    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None,
+                selected: bool | None = None) -> torch.Tensor:
+        """Off the CPU every factor is applied to the whole batch and kept where it is the image's ``pos``-th (no
+        shapes that depend on the draws); on the CPU (``selected=None``) each factor is computed only for the images
+        whose ``pos``-th it is. Same draws, same pixels."""
+        if selected is None:
+            selected = selects_on_host(x.device)
         x = x.float()
         b, dev = x.shape[0], x.device
         fns = (_brightness, _contrast, _saturation)
@@ -413,11 +510,18 @@ class BatchColorJitter(torch.nn.Module):
         for j in self.jitter:
             lo, hi = max(0.0, 1.0 - j), 1.0 + j
             factors.append(lo + (hi - lo) * torch.rand(b, device=dev, generator=generator))
-        for pos in range(3):  # every factor on the whole batch, kept where it is this image's pos-th (no shapes
-            for k, fn in enumerate(fns):  # that depend on the draws)
+        if selected:
+            x = x.clone()
+        for pos in range(3):
+            for k, fn in enumerate(fns):
                 if self.jitter[k] == 0:
                     continue
-                x = torch.where((order[:, pos] == k).view(-1, 1, 1, 1), fn(x, factors[k]), x)
+                if selected:
+                    idx = torch.nonzero(order[:, pos] == k).view(-1)
+                    if idx.numel():
+                        x[idx] = fn(x[idx], factors[k][idx])
+                else:
+                    x = torch.where((order[:, pos] == k).view(-1, 1, 1, 1), fn(x, factors[k]), x)
         return x
 
 
@@ -501,14 +605,16 @@ class DeviceAugment(torch.nn.Module):
     rank)``: replicas draw differently, and a run resumed at any step redraws exactly what the uninterrupted run drew
     (nothing to checkpoint). ``epoch`` / ``step`` default to 0 / the number of earlier calls. Seeding is a host-side
     operation: no device synchronisation. ``interpolation``: RandAugment's geometric filter (the datamodule passes its
-    own ``interpolation``, as timm does).
+    own ``interpolation``, as timm does). ``selected``: the evaluation strategy (see
+    :meth:`BatchRandAugment.forward`); ``None`` picks it from the batch's device (:func:`selects_on_host`).
     """
 
     def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], auto_augment: str | None = None,
                  color_jitter: float | tuple[float, float, float] | None = None, force_color_jitter: bool = False,
                  re_prob: float = 0.0, re_mode: str = "pixel", re_count: int = 1, seed: int = 0, rank: int = 0,
-                 interpolation: str = "bicubic") -> None:
+                 interpolation: str = "bicubic", selected: bool | None = None) -> None:
         super().__init__()
+        self.selected = selected
         self.mean, self.std = tuple(mean), tuple(std)
         self.rand_augment = (BatchRandAugment(auto_augment, img_mean=self.mean, interpolation=interpolation)
                              if auto_augment else None)
@@ -535,9 +641,9 @@ class DeviceAugment(torch.nn.Module):
         g = self.generator(images.device, 0 if epoch is None else epoch, step)
         x = images
         if self.rand_augment is not None:
-            x = self.rand_augment(x, generator=g)
+            x = self.rand_augment(x, generator=g, selected=self.selected)
         if self.color_jitter is not None:
-            x = self.color_jitter(x, generator=g)
+            x = self.color_jitter(x, generator=g, selected=self.selected)
         x = normalize(x, self.mean, self.std)
         if self.erasing is not None:
             x = self.erasing(x, generator=g)

@@ -50,10 +50,11 @@ from typing import Literal
 
 import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from impulsevit.config import as_config
-from impulsevit.data.augment.device import DeviceAugment, fix_timm_posterize, normalize
+from impulsevit.data.augment.device import DeviceAugment, fix_timm_posterize, normalize, selects_on_host
 from impulsevit.data.loading.base import BaseImageDataModule, dist_info, worker_init_fn
 from impulsevit.data.loading.config import AugmentConfig, StorageConfig
 from impulsevit.data.loading.ffcv_loader import build_ffcv_loader, ffcv_available
@@ -226,6 +227,7 @@ class ImageDataModule(BaseImageDataModule):
                        if store.train_beton else {})
         self.download = bool(download)
         self._device_augment: DeviceAugment | None = None
+        self._augment_logged = False
         self._sets: dict[str, SourceDataset] = {}
 
     # ------------------------------------------------------------------ sources and cached files
@@ -427,6 +429,16 @@ class ImageDataModule(BaseImageDataModule):
                 rank=dist_info()[0] if rank is None else int(rank), interpolation=self.interpolation)
         return self._device_augment
 
+    def _log_augment_strategy(self, device: torch.device) -> None:
+        """Say once which way the training augmentation runs on ``device`` (the choice is automatic)."""
+        aug = self.device_augment()
+        if self._augment_logged or (aug.rand_augment is None and aug.color_jitter is None):
+            return
+        self._augment_logged = True
+        how = ("each op on the images that drew it (Pillow for the geometric ops and Equalize)"
+               if selects_on_host(device) else "every op on the whole batch, kept per image (sync-free)")
+        rank_zero_info(f"augmentation on {device.type}: {how}; same draws and pixels either way")
+
     def batch_augment(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """uint8 training batch → augmented, normalised float32 (labels unchanged: mixup is the module's). The draws
         are keyed by (epoch, index of the batch in the epoch), Lightning's restored loop counters on a resumed run."""
@@ -435,6 +447,7 @@ class ImageDataModule(BaseImageDataModule):
             return self.device_augment()(images), labels
         # batch_to_device runs before the loop counts the batch as ready: `ready` is this batch's index in the epoch
         step = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        self._log_augment_strategy(images.device)
         return self.device_augment()(images, epoch=trainer.current_epoch, step=step), labels
 
     def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int):  # noqa: ANN001, ANN201
