@@ -116,6 +116,7 @@ def decode_limit_loader(path: Path, workers: int, batch: int):  # noqa: ANN201 -
     from ffcv.pipeline.compiler import Compiler
     from ffcv.transforms import ToTensor, ToTorchImage
 
+    from impulsevit._compat.ffcv import replaced_os_cache_manager
     from impulsevit.data.loading.ffcv_loader import keep_torch_threads
 
     class DecodeOnly(ResizedCropRGBImageDecoder):
@@ -149,7 +150,7 @@ def decode_limit_loader(path: Path, workers: int, batch: int):  # noqa: ANN201 -
             decode.is_parallel = True
             return decode
 
-    with keep_torch_threads():
+    with keep_torch_threads(), replaced_os_cache_manager():  # as build_ffcv_loader's: numba's types left unedited
         return Loader(str(path), batch_size=batch, num_workers=workers, os_cache=True, order=OrderOption.RANDOM,
                       drop_last=True, pipelines={"image": [DecodeOnly(), ToTensor(), ToTorchImage()],
                                                  "label": [IntDecoder(), ToTensor()]})

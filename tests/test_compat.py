@@ -158,6 +158,7 @@ ENTRY_TESTS = {
     "timm.module_init_fn": "test_compat.py::test_module_init_fn",
     "timm.swin_relative_position_bias": "test_compat.py::test_swin_relative_position_bias",
     "timm.model_card_readme": "test_compat.py::test_model_card_readme",
+    "ffcv.replaced_os_cache_manager": "test_compat.py::test_replaced_os_cache_manager",
     "ffcv.replaced_writer_worker": "test_compat.py::test_replaced_writer_worker",
     "ffcv.resized_crop_decoder_base": "test_compat.py::test_resized_crop_decoder_base",
 }
@@ -422,6 +423,28 @@ def test_replaced_writer_worker():
     with compat_ffcv().replaced_writer_worker(worker, print):
         assert fw.worker_job_indexed_dataset is worker and fw.sleep is print
     assert fw.worker_job_indexed_dataset is original and fw.sleep is sleep
+
+
+def test_replaced_os_cache_manager():
+    """``Loader`` looks its OS-cache manager up as a module global; inside the block that is the subclass, whose
+    reader returns a sample's bytes from a read-only map and which leaves numba's ``uint8[::1]`` writable."""
+    import numba
+    import numpy as np
+
+    fl = pytest.importorskip("ffcv.loader.loader")
+    from ffcv.memory_managers.os_cache import OSCacheManager
+
+    assert "OSCacheManager(self.reader)" in inspect.getsource(fl.Loader.__init__)
+    with compat_ffcv().replaced_os_cache_manager():
+        manager = fl.OSCacheManager
+        assert issubclass(manager, OSCacheManager) and manager is not OSCacheManager
+        read = manager.compile_reader(object.__new__(manager))
+    assert fl.OSCacheManager is OSCacheManager
+    data = np.arange(10, dtype=np.uint8)
+    data.setflags(write=False)
+    ptrs, sizes = np.array([0, 4], dtype=np.uint64), np.array([4, 6], dtype=np.uint64)
+    np.testing.assert_array_equal(read(np.uint64(4), (data, ptrs, sizes)), np.arange(4, 10))
+    assert numba.uint8[::1].mutable
 
 
 def test_resized_crop_decoder_base():

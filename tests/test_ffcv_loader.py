@@ -5,8 +5,10 @@ leave torch's thread count alone; and
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -114,6 +116,38 @@ def test_normalize_channels_last_batch():
     assert torch.equal(x, x.clone())  # input untouched (uint8 stays uint8)
     f = x.float()
     assert torch.equal(normalize(f, mean, std), out) and torch.equal(f, x.float())  # float input not modified
+
+
+def test_os_cached_loader_leaves_numba_types_alone(asymmetric):
+    """Building an OS-cached loader must not edit numba's interned types: a function compiled before for a writable
+    uint8 array still finds its compiled signature (FFCV's own OS-cache manager sets ``mutable = False`` on the shared
+    ``array(uint8, 1d, C)``, which changes the hash of every key holding it)."""
+    import numba
+
+    probe = numba.njit(lambda a: a[0])
+    probe(np.zeros(4, dtype=np.uint8))
+    (signature,) = probe.overloads
+    build_ffcv_loader(asymmetric[0], train=False, image_size=S, batch_size=16, num_workers=1, in_memory=True)
+    assert signature in probe.overloads
+    assert numba.uint8[::1].mutable
+
+
+def test_dropped_loaders_leave_no_finalizer_errors(asymmetric, monkeypatch):
+    """Iterating one OS-cached loader, building a second (train + validation, as a fit does) and dropping both
+    reports no exception from a finalizer: before the fix the first decoder's compiled ``imdecode`` raised
+    ``KeyError`` in numba's dispatcher finalizer when collected (``Exception ignored in: <finalize object ...>``)."""
+    errors = []
+    monkeypatch.setattr(sys, "unraisablehook", errors.append)
+    kw = dict(image_size=8, batch_size=16, num_workers=1, in_memory=True)
+    first = build_ffcv_loader(asymmetric[0], train=True, **kw)
+    for _ in first:  # a whole epoch: FFCV's reader thread ends and lets the loader go
+        pass
+    second = build_ffcv_loader(asymmetric[0], train=False, **kw)
+    collected = weakref.ref(first.loader)
+    del first, second
+    gc.collect()
+    assert collected() is None  # the first loader and its compiled pipeline (FFCV's imdecode included) are gone
+    assert not errors, [f"{e.exc_type.__name__}: {e.exc_value} ({e.err_msg} {e.object!r})" for e in errors]
 
 
 @pytest.mark.ffcv

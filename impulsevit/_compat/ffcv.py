@@ -7,7 +7,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
-__all__ = ["replaced_writer_worker", "resized_crop_decoder_base"]
+import numpy as np
+
+__all__ = ["replaced_os_cache_manager", "replaced_writer_worker", "resized_crop_decoder_base"]
 
 
 @contextlib.contextmanager
@@ -54,3 +56,49 @@ def resized_crop_decoder_base() -> type:
             return None
 
     return CustomCodeRGBDecoder
+
+
+@contextlib.contextmanager
+def replaced_os_cache_manager() -> Iterator[None]:
+    """Within the block, ``ffcv.loader.Loader(..., os_cache=True)`` builds its memory manager from a subclass of
+    FFCV's ``OSCacheManager`` that types its file reader without editing numba's types; restored on exit.
+    Not supported: ``Loader`` constructions in two threads of one process at the same time (the module global is
+    shared).
+
+    Why: FFCV 1.0.2's ``OSCacheManager.state_type`` sets ``mutable = False`` on the object ``numba.uint8[::1]``
+    returns, which is numba's interned ``array(uint8, 1d, C)`` — the one instance of that type the whole process
+    shares. An array type hashes by ``(dtype, ndim, layout, mutable, aligned)``, so every dictionary that already
+    holds it inside a key loses that entry: a dispatcher compiled earlier for a writable uint8 array (FFCV's
+    ``imdecode`` as compiled for the previous loader's decoder) raises ``KeyError`` in its finalizer once collected
+    (``Exception ignored in: <finalize object ...>``), and numba no longer finds that compiled signature. The
+    subclass types the memory map (opened read-only) as its own ``readonly array(uint8, 1d, C)`` and returns that
+    type from the reader: the signature FFCV's reader ends up with, with numba's shared types left as they were.
+
+    Reaches: ``ffcv.loader.loader.OSCacheManager`` (module global, patched); ``OSCacheManager.state_type`` and
+    ``compile_reader`` (overridden; the reader's code is FFCV's)
+    Checked on: ffcv==1.0.2
+    Waits for: an FFCV release whose ``OSCacheManager.state_type`` builds a read-only array type instead of editing
+    the shared one.
+    """
+    import ffcv.loader.loader as fl
+    import numba as nb
+    from ffcv.memory_managers.os_cache import OSCacheManager
+    from ffcv.pipeline.compiler import Compiler
+
+    data = nb.types.Array(nb.types.uint8, 1, "C", readonly=True)  # np.memmap(..., mode="r") of the whole file
+    index = nb.types.Array(nb.types.uint64, 1, "C")  # the sample pointers and sizes
+
+    class ReadOnlyTypedOSCacheManager(OSCacheManager):
+        @property
+        def state_type(self):  # noqa: ANN202 - a numba type
+            return nb.types.Tuple([data, index, index])
+
+        def compile_reader(self):  # noqa: ANN202 - a numba dispatcher
+            def read(address, mem_state):  # noqa: ANN001, ANN202
+                size = mem_state[2][np.searchsorted(mem_state[1], address)]
+                return mem_state[0][address:address + size]
+
+            return Compiler.compile(read, data(nb.types.uint64, self.state_type))
+
+    with mock.patch.object(fl, "OSCacheManager", ReadOnlyTypedOSCacheManager):
+        yield

@@ -385,11 +385,22 @@ def fits_in_memory(path: str | os.PathLike, fraction: float = 0.5) -> bool:
 def _loader_class():  # noqa: ANN202
     from ffcv.loader import Loader
 
+    from impulsevit._compat.ffcv import replaced_os_cache_manager
+
     class SlackLoader(Loader):
         """FFCV's ``Loader`` built with one more output slot than its queue needs (``batches_ahead`` is passed + 1,
         the queue is shrunk back at every epoch): FFCV fills slot ``k + batches_ahead + 2`` while the consumer may
         still hold batch ``k`` and ``k + 1``, so without the spare slot the batch Lightning is training on can be
-        overwritten by the decoder after Lightning prefetched the next one."""
+        overwritten by the decoder after Lightning prefetched the next one.
+
+        Built with :func:`impulsevit._compat.ffcv.replaced_os_cache_manager`: FFCV's OS-cache manager would otherwise
+        edit numba's shared ``array(uint8, 1d, C)`` type, corrupting the compiled-signature table of every dispatcher
+        already holding it (the ``imdecode`` of an earlier loader's decoder then raises ``KeyError`` when collected).
+        """
+
+        def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - FFCV's Loader arguments
+            with replaced_os_cache_manager():
+                super().__init__(*args, **kwargs)
 
         def __iter__(self):  # noqa: ANN204
             iterator = super().__iter__()
