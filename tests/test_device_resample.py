@@ -1,0 +1,114 @@
+"""The device resample (``data.resample_on: device``) computes the worker path's pixels: its coefficients equal the
+numba ones for every line length a crop box can have, its output equals ``resample_crop`` on random boxes (both pass
+orders, up- and down-scaling, unchanged sides, flips, both filters), the canvas holds every box torchvision's
+RandomResizedCrop can draw, and it runs without a host synchronisation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_sync_free import SyncCounter
+
+from impulsevit.data.loading import resample as rs
+from impulsevit.data.loading.device_resample import (
+    canvas_side,
+    coefficients,
+    pack_box,
+    resample_boxes,
+    resample_canvas,
+    taps_for,
+    unpack_canvas,
+)
+
+
+@pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])
+@pytest.mark.parametrize("size", [224, 64, 32])
+def test_coefficients_equal_the_worker_ones_for_every_line_length(size, interpolation):
+    kind, longest = rs.FILTERS[interpolation], 342  # a short256 image's longest box side at ratio 4/3
+    taps = taps_for(longest, size, kind)
+    first, weights = coefficients(torch.arange(1, longest + 1), size, kind, taps)
+    for n in range(1, longest + 1):
+        bounds, ref = rs.coefficients(n, 0.0, float(n), size, 0, size, kind)
+        assert ref.shape[1] <= taps
+        assert np.array_equal(first[n - 1].numpy(), bounds[:, 0]), n
+        assert np.array_equal(weights[n - 1, :, :ref.shape[1]].numpy(), ref), n
+        assert not weights[n - 1, :, ref.shape[1]:].any(), n
+
+
+def _random_boxes(rng: np.random.Generator, batch: int, side: int, size: int) -> tuple[np.ndarray, ...]:
+    """Images larger than the canvas, boxes inside them (some sides equal to ``size``), flips."""
+    images = rng.integers(0, 256, (batch, side + 5, side + 7, 3), dtype=np.uint8)
+    heights, widths = rng.integers(1, side + 1, batch), rng.integers(1, side + 1, batch)
+    heights[:3], widths[2:5] = size, size
+    flips = rng.random(batch) < 0.5
+    tops = np.array([rng.integers(0, side + 5 - h + 1) for h in heights])
+    lefts = np.array([rng.integers(0, side + 7 - w + 1) for w in widths])
+    return images, heights, widths, tops, lefts, flips
+
+
+@pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])
+@pytest.mark.parametrize("size", [32, 48])
+def test_resample_equals_the_worker_resample_on_random_boxes(size, interpolation):
+    rng, side, batch = np.random.default_rng(size), 90, 32
+    images, heights, widths, tops, lefts, flips = _random_boxes(rng, batch, side, size)
+    canvas = rng.integers(0, 256, (batch, side + 1, side, 3), dtype=np.uint8)  # stale memory around the boxes
+    expected = np.zeros((batch, size, size, 3), dtype=np.uint8)
+    for b in range(batch):
+        h, w, t, left = int(heights[b]), int(widths[b]), int(tops[b]), int(lefts[b])
+        canvas[b, :h, :w] = images[b, t:t + h, left:left + w]
+        pack_box(canvas[b, side].reshape(-1), h, w, bool(flips[b]))
+        rs.resample_crop(images[b], t, left, h, w, size, size, 0, 0, expected[b], rs.FILTERS[interpolation],
+                         bool(flips[b]))
+    orders = {bool(rs.vertical_first(int(h), int(w), size, size)) for h, w in zip(heights, widths)}
+    assert orders == {True, False} and (heights < size).any() and (heights > size).any()
+    out = resample_canvas(torch.from_numpy(canvas).permute(0, 3, 1, 2), size, interpolation)
+    assert out.shape == (batch, 3, size, size) and out.dtype == torch.uint8
+    assert out.is_contiguous(memory_format=torch.channels_last)  # the layout FFCV's ToTorchImage yields
+    got = out.permute(0, 2, 3, 1).numpy()
+    assert [b for b in range(batch) if not np.array_equal(got[b], expected[b])] == []
+
+
+def test_unpack_reads_back_what_pack_wrote():
+    canvas = np.zeros((3, 301, 300, 3), dtype=np.uint8)
+    boxes = [(1, 300, True), (300, 1, False), (257, 256, True)]
+    for b, (h, w, f) in enumerate(boxes):
+        pack_box(canvas[b, 300].reshape(-1), h, w, f)
+    view, h, w, f = unpack_canvas(torch.from_numpy(canvas).permute(0, 3, 1, 2))
+    assert view.shape == (3, 3, 300, 300)
+    assert list(zip(h.tolist(), w.tolist(), f.tolist())) == boxes
+    with pytest.raises(ValueError, match=r"canvas batch \(B, 3, K \+ 1, K\)"):
+        unpack_canvas(torch.zeros(2, 3, 8, 8, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("ratio", [(3 / 4, 4 / 3), (0.2, 5.0), (1.0, 1.0)])
+def test_canvas_holds_every_box_random_resized_crop_draws(ratio):
+    lr0, lr1 = float(np.log(ratio[0])), float(np.log(ratio[1]))
+    for height, width in [(256, 256), (256, 341), (256, 1000), (700, 256), (8, 8), (1, 50)]:
+        side = canvas_side(np.array([height]), np.array([width]), ratio)
+        biggest = 0
+        for i in range(3000):
+            scale = (0.08, 1.0) if i % 2 else (0.9, 1.0)  # large areas reach the bound and the fallback
+            _, _, h, w = rs.random_resized_crop(height, width, *scale, lr0, lr1,
+                                                 np.uint64(rs.sample_key(0, 0, 0, i, 0)))
+            biggest = max(biggest, h, w)
+        assert biggest <= side, (height, width, biggest, side)
+        assert side <= max(height, width)
+
+
+def test_resample_reads_nothing_back_from_the_device():
+    side, size, batch = 40, 24, 8
+    canvas = torch.randint(0, 256, (batch, side + 1, side, 3), dtype=torch.uint8)
+    for b in range(batch):
+        pack_box(canvas[b, side].view(-1).numpy(), 1 + 5 * b, side - 4 * b, b % 2 == 0)
+    batch_view = canvas.permute(0, 3, 1, 2)
+    counter = SyncCounter()
+    with counter:
+        resample_canvas(batch_view, size, "bicubic")
+    assert sum(counter.ops.values()) == 0, counter.ops
+
+
+def test_filters_other_than_pils_two_are_refused():
+    with pytest.raises(ValueError, match="interpolation 'lanczos' is not supported"):
+        resample_boxes(torch.zeros(1, 3, 4, 4, dtype=torch.uint8), torch.ones(1, dtype=torch.long),
+                       torch.ones(1, dtype=torch.long), torch.zeros(1, dtype=torch.bool), 4, "lanczos")
