@@ -5,6 +5,10 @@ RandomResizedCrop can draw, and it runs without a host synchronisation."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -112,3 +116,96 @@ def test_filters_other_than_pils_two_are_refused():
     with pytest.raises(ValueError, match="interpolation 'lanczos' is not supported"):
         resample_boxes(torch.zeros(1, 3, 4, 4, dtype=torch.uint8), torch.ones(1, dtype=torch.long),
                        torch.ones(1, dtype=torch.long), torch.zeros(1, dtype=torch.bool), 4, "lanczos")
+
+
+# --------------------------------------------------------------------- through FFCV, the datamodule and the CLI
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    """An ImageFolder of JPEG photos of varied sizes (some with a shorter side over 256: stored shrunk by
+    ``short256``), 2 classes; 36 training and 4 validation images."""
+    pytest.importorskip("ffcv")
+    from PIL import Image
+    from test_ffcv_pixels import photo
+
+    root, rng = tmp_path_factory.mktemp("photos"), np.random.default_rng(3)
+    for split, n in (("train", 36), ("val", 4)):
+        for i in range(n):
+            path = root / split / f"c{i % 2}" / f"{i:03d}.jpg"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(photo(rng, int(rng.integers(40, 330)), int(rng.integers(40, 330)))).save(path, quality=90)
+    return root
+
+
+def _datamodule(photos: Path, resample_on: str, size: int = 48):  # noqa: ANN202
+    from impulsevit.data.loading.datamodule import ImageDataModule
+
+    dm = ImageDataModule("imagefolder", root=str(photos), backend="ffcv", image_size=size, batch_size=8,
+                         num_workers=2, cache_dir=str(photos.parent / f"{photos.name}-cache"), seed=5,
+                         storage={"preset": "short256"}, resample_on=resample_on)
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm
+
+
+@pytest.mark.ffcv
+def test_device_resample_yields_the_workers_training_batches(photos):
+    """Same seed, two epochs: every training batch resampled on the device equals the workers' batch byte for byte
+    (the canvas decoder draws the same boxes and flips, the resample computes the same pixels)."""
+    batches = {}
+    for where in ("workers", "device"):
+        dm = _datamodule(photos, where)
+        loader, out = dm.train_dataloader(), []
+        for epoch in range(2):
+            loader.sampler.set_epoch(epoch)
+            for images, labels in loader:
+                if where == "device":
+                    assert images.shape[2] == images.shape[3] + 1 > dm.image_size  # the canvas batch
+                out.append((dm.train_pixels(images).clone(), labels.clone()))
+        batches[where] = out
+    assert len(batches["workers"]) == len(batches["device"]) == 2 * (36 // 8)
+    for (x, y), (xd, yd) in zip(batches["workers"], batches["device"]):
+        assert x.shape == xd.shape == (8, 3, 48, 48) and torch.equal(y, yd)
+        assert torch.equal(x, xd)
+    assert not torch.equal(batches["workers"][0][0], batches["workers"][4][0])  # the epochs differ
+
+
+@pytest.mark.ffcv
+@pytest.mark.parametrize(("options", "expected"), [
+    (dict(resample_on="gpu"), "data.resample_on must be 'workers' or 'device', got 'gpu'"),
+    (dict(resample_on="device", backend="torchvision"), "data.resample_on='device' needs backend='ffcv'"),
+])
+def test_bad_resample_on_is_a_config_error_naming_the_key(photos, options, expected):
+    from impulsevit.data.loading.datamodule import ImageDataModule
+    from impulsevit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        ImageDataModule("imagefolder", root=str(photos), image_size=32, **{"backend": "ffcv", **options})
+
+
+class CaptureInputs(L.Callback):
+    """Keeps every training batch as the model receives it (after ``on_after_batch_transfer``)."""
+
+    def __init__(self) -> None:
+        self.inputs: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:  # noqa: ANN001
+        self.inputs.append((batch[0].detach().clone(), batch[1].clone()))
+
+
+@pytest.mark.ffcv
+@pytest.mark.slow  # two short CLI fits on CPU
+def test_fit_through_the_cli_feeds_the_model_the_same_batches(photos, tmp_path):
+    from _cli_helpers import run_cli, tiny
+
+    captured = {}
+    for where in ("workers", "device"):
+        data = {"class_path": "impulsevit.data.ImageDataModule",
+                "init_args": {"dataset": "imagefolder", "root": str(photos), "image_size": 32, "batch_size": 8,
+                              "num_workers": 1, "cache_dir": str(tmp_path / "cache"), "seed": 1,
+                              "storage": {"preset": "short256"}, "resample_on": where}}
+        cli = run_cli(*tiny(tmp_path / "runs", where, f"--data={json.dumps(data)}", "--trainer.max_epochs=2",
+                            "--trainer.limit_val_batches=0", "--trainer.callbacks+=test_device_resample.CaptureInputs"))
+        captured[where] = next(c for c in cli.trainer.callbacks if isinstance(c, CaptureInputs)).inputs
+    assert len(captured["workers"]) == len(captured["device"]) == 2 * (36 // 8)
+    for (x, y), (xd, yd) in zip(captured["workers"], captured["device"]):
+        assert x.shape == (8, 3, 32, 32) and torch.equal(y, yd) and torch.equal(x, xd)
