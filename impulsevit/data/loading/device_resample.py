@@ -21,8 +21,10 @@ flip in the horizontal pass). A pass whose line length equals the output size ha
 it is the identity the worker path gets by skipping it.
 
 Sync-free: no data-dependent shapes, no scalar reads, no host tensors; the tap count comes from ``K`` and ``S`` (the
-shapes). Costs: the horizontal pass runs on all ``K`` canvas rows (rows under the box are discarded), so a batch
-costs about ``taps × B × 3 × K × S`` gathers plus ``taps × B × 3 × S²``. Filters: ``bicubic`` and ``bilinear`` only.
+shapes). Costs: each pass gathers whole lines (``index_select`` of contiguous uint8 rows) and multiply-adds them in
+int32; the horizontal pass runs on all ``K`` canvas rows (those under the box are discarded), so a batch costs
+``taps × B × S × 3 × (K + S)`` multiply-adds, ``taps`` = :func:`taps_for` ``(K, S)`` (9 for bicubic at K = 344,
+S = 224). Filters: ``bicubic`` and ``bilinear`` only.
 """
 
 from __future__ import annotations
@@ -119,21 +121,21 @@ def coefficients(in_size: torch.Tensor, out_size: int, kind: int, taps: int) -> 
     return first.long(), fixed.to(torch.int32)
 
 
-def _pass(src: torch.Tensor, dim: int, first: torch.Tensor, weights: torch.Tensor,
-          length: torch.Tensor) -> torch.Tensor:
-    """One separable pass of ``src`` (B, R, C, 3) int32 along ``dim`` (1: rows, 2: columns): output pixel ``o`` of
-    sample ``b`` is ``clip8(Σ_t src[.. first[b, o] + t ..] · weights[b, o, t])`` in int32 with Pillow's rounding;
-    indices are clamped to the sample's line ``length`` (their weights are zero)."""
-    batch, n_out, taps = weights.shape
-    shape = list(src.shape)
-    shape[dim] = n_out
-    view = (batch, n_out, 1, 1) if dim == 1 else (batch, 1, n_out, 1)
+def _lines(src: torch.Tensor, first: torch.Tensor, weights: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+    """One separable pass over whole lines: ``src`` uint8 ``(B, N, L)`` holds ``N`` lines of ``L`` values per sample;
+    output line ``o`` of sample ``b`` is ``clip8(Σ_t src[b, first[b, o] + t] · weights[b, o, t])`` in int32 with
+    Pillow's rounding, uint8 ``(B, S, L)``. Line indices are clamped to the sample's ``length`` lines (their weights
+    are zero); each tap gathers ``B × S`` contiguous lines (``index_select``), as the worker passes run on rows."""
+    batch, n, width = src.shape
+    n_out, taps = weights.shape[1], weights.shape[2]
+    flat = src.reshape(batch * n, width)
+    base = (torch.arange(batch, device=src.device) * n)[:, None]
     last = (length - 1)[:, None]
-    acc = torch.full(shape, 1 << (PRECISION_BITS - 1), dtype=torch.int32, device=src.device)
+    acc = torch.full((batch * n_out, width), 1 << (PRECISION_BITS - 1), dtype=torch.int32, device=src.device)
     for t in range(taps):
-        index = torch.minimum(first + t, last).view(view).expand(shape)
-        acc += torch.gather(src, dim, index) * weights[:, :, t].view(view)
-    return torch.clamp(acc >> PRECISION_BITS, 0, 255)
+        rows = torch.index_select(flat, 0, (base + torch.minimum(first + t, last)).reshape(-1))
+        acc.addcmul_(rows, weights[:, :, t].reshape(-1, 1))  # uint8 · int32, summed in int32 (one kernel)
+    return torch.clamp(acc >> PRECISION_BITS, 0, 255).to(torch.uint8).view(batch, n_out, width)
 
 
 def resample_boxes(canvas: torch.Tensor, height: torch.Tensor, width: torch.Tensor, flip: torch.Tensor, size: int,
@@ -147,20 +149,21 @@ def resample_boxes(canvas: torch.Tensor, height: torch.Tensor, width: torch.Tens
         raise ValueError(f"interpolation {interpolation!r} is not supported; use one of {sorted(FILTERS)}")
     if canvas.dim() != 4 or canvas.shape[1] != 3 or canvas.shape[2] != canvas.shape[3]:
         raise ValueError(f"expected a square canvas batch (B, 3, K, K), got {tuple(canvas.shape)}")
-    kind, k = FILTERS[interpolation], canvas.shape[3]
+    kind, batch, k = FILTERS[interpolation], canvas.shape[0], canvas.shape[3]
     taps = taps_for(k, size, kind)
     x = canvas.permute(0, 2, 3, 1)  # (B, K, K, 3), the memory order of a channels-last batch
     vertical = (size < height) & ((size >= width) | (width < height))  # resample.vertical_first(h, w, S, S)
-    x = torch.where(vertical[:, None, None, None], x.transpose(1, 2), x).to(torch.int32)
-    across = torch.where(vertical, height, width)  # line length of the (transposed) horizontal pass
+    # Every sample runs horizontal-then-vertical on Y (Y = X^T for the vertical-first ones). The horizontal pass
+    # works on Y's columns as lines: Y^T, which is X for the vertical-first samples and X^T for the others.
+    across = torch.where(vertical, height, width)  # Y's line length along its columns
     down = torch.where(vertical, width, height)
-    first, weights = coefficients(across, size, kind, taps)
-    mid = _pass(x, 2, first, weights, across)  # (B, K, S, 3)
-    first, weights = coefficients(down, size, kind, taps)
-    out = _pass(mid, 1, first, weights, down)  # (B, S, S, 3)
+    columns = torch.where(vertical[:, None, None, None], x, x.transpose(1, 2)).reshape(batch, k, k * 3)
+    mid = _lines(columns, *coefficients(across, size, kind, taps), across)  # (B, S, K·3): Y's resampled columns
+    rows = mid.view(batch, size, k, 3).transpose(1, 2).reshape(batch, k, size * 3)
+    out = _lines(rows, *coefficients(down, size, kind, taps), down).view(batch, size, size, 3)
     out = torch.where(vertical[:, None, None, None], out.transpose(1, 2), out)
     out = torch.where(flip[:, None, None, None], out.flip(2), out)
-    return out.to(torch.uint8).contiguous().permute(0, 3, 1, 2)
+    return out.contiguous().permute(0, 3, 1, 2)
 
 
 def resample_canvas(batch: torch.Tensor, size: int, interpolation: str) -> torch.Tensor:
