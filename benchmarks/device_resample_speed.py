@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> float:
             raise SystemExit(f"device resample differs from resample_crop at {size} px")
         dev_us, cpu_us = dev_s / args.batch_size * 1e6, cpu_s / args.batch_size * 1e6
         ratios.append(cpu_us / dev_us)
-        print(f"{size:>5} {args.batch_size:>6} {dev_us:>10.1f} {cpu_us:>9.1f} {ratios[-1]:>6.2f}")
-    print(f"ratio: {ratios[0]:.2f}")
+        print(f"{size:>5} {args.batch_size:>6} {dev_us:>10.1f} {cpu_us:>9.1f} {ratios[-1]:>6.3g}")
+    print(f"ratio: {ratios[0]:.3g}")
     return ratios[0]
 
 

@@ -51,9 +51,10 @@ def _random_boxes(rng: np.random.Generator, batch: int, side: int, size: int) ->
     return images, heights, widths, tops, lefts, flips
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])
 @pytest.mark.parametrize("size", [32, 48])
-def test_resample_equals_the_worker_resample_on_random_boxes(size, interpolation):
+def test_resample_equals_the_worker_resample_on_random_boxes(size, interpolation, device):
     rng, side, batch = np.random.default_rng(size), 90, 32
     images, heights, widths, tops, lefts, flips = _random_boxes(rng, batch, side, size)
     canvas = rng.integers(0, 256, (batch, side + 1, side, 3), dtype=np.uint8)  # stale memory around the boxes
@@ -66,10 +67,10 @@ def test_resample_equals_the_worker_resample_on_random_boxes(size, interpolation
                          bool(flips[b]))
     orders = {bool(rs.vertical_first(int(h), int(w), size, size)) for h, w in zip(heights, widths)}
     assert orders == {True, False} and (heights < size).any() and (heights > size).any()
-    out = resample_canvas(torch.from_numpy(canvas).permute(0, 3, 1, 2), size, interpolation)
-    assert out.shape == (batch, 3, size, size) and out.dtype == torch.uint8
+    out = resample_canvas(torch.from_numpy(canvas).to(device).permute(0, 3, 1, 2), size, interpolation)
+    assert out.shape == (batch, 3, size, size) and out.dtype == torch.uint8 and out.device.type == device
     assert out.is_contiguous(memory_format=torch.channels_last)  # the layout FFCV's ToTorchImage yields
-    got = out.permute(0, 2, 3, 1).numpy()
+    got = out.permute(0, 2, 3, 1).cpu().numpy()
     assert [b for b in range(batch) if not np.array_equal(got[b], expected[b])] == []
 
 

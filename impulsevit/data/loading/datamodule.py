@@ -11,9 +11,10 @@ Backends:
   (:func:`impulsevit.data.storage.convert.convert_split`, atomic, skipped when up to date) under ``cache_dir``; the
   loaders
   are built in the dataloader hooks, after the process group exists, with ``distributed=True`` under DDP (see
-  :mod:`impulsevit.data.loading.ffcv_loader`). RandomResizedCrop + flip run in FFCV's decoder; RandAugment, colour
-  jitter
-  and random erasing run on the device (:class:`impulsevit.data.augment.device.DeviceAugment`).
+  :mod:`impulsevit.data.loading.ffcv_loader`). RandomResizedCrop + flip run in FFCV's decoder (with
+  ``resample_on='device'`` the decoder only draws and copies the crop box, and ``on_after_batch_transfer`` resamples
+  it on the device first: :mod:`impulsevit.data.loading.device_resample`, the same bytes); RandAugment, colour
+  jitter and random erasing run on the device (:class:`impulsevit.data.augment.device.DeviceAugment`).
 - ``torchvision``: timm's ``create_transform`` pipeline (RandomResizedCrop, flip, RandAugment or colour jitter,
   bicubic) in ``DataLoader`` workers, random erasing on the device (as timm's prefetcher does). Under DDP the
   datamodule builds a ``DistributedSampler`` itself.
