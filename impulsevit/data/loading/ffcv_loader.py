@@ -296,10 +296,12 @@ def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scal
     at 224 px, measured), so with it in the threads the loader reaches about a third of the decode-only rate per core.
     On a GPU run the resample can move to the device instead: an exact integer resample (float64 coefficients as
     Pillow computes them, int32 gather-multiply-add passes) answers the lack of a ``grid_sample`` equivalent of
-    PIL's antialiased reduction, and the workers only decode and copy. Its costs: every sample travels as a fixed
+    PIL's antialiased reduction, and the workers only decode and copy (``benchmarks/loader_speed.py``: 0.75 of the
+    decode limit per core, against 0.30 with the resample in the workers). Its costs: every sample travels as a fixed
     ``K × K`` canvas (for ``short256`` and ratio ``4/3``, K <= 344: up to 2.4× the bytes of a 224 px batch), and the
-    device spends the resample (unmeasured here: no GPU). On CPU trainers (tests, small recipes) it would cost the
-    training thread the resize, so the workers' resample stays the default.
+    device spends the resample (unmeasured here: no GPU). On CPU trainers (tests, small recipes) the training thread
+    would pay a resize far slower than numba's (``benchmarks/device_resample_speed.py``), so the workers' resample
+    stays the default.
     """
     from ffcv.fields.rgb_image import IMAGE_MODES
     from ffcv.libffcv import imdecode
