@@ -29,7 +29,9 @@ from impulsevit.data.loading.device_resample import (
 @pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])
 @pytest.mark.parametrize("size", [224, 64, 32])
 def test_coefficients_equal_the_worker_ones_for_every_line_length(size, interpolation):
-    kind, longest = rs.FILTERS[interpolation], 342  # a short256 image's longest box side at ratio 4/3
+    # every line a short256 canvas can hold (shorter side 256, ratio 4/3: the canvas side bounds the box sides)
+    kind, longest = rs.FILTERS[interpolation], canvas_side(np.array([256]), np.array([4096]), (3 / 4, 4 / 3))
+    assert longest == 344
     taps = taps_for(longest, size, kind)
     first, weights = coefficients(torch.arange(1, longest + 1), size, kind, taps)
     for n in range(1, longest + 1):

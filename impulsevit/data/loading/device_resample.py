@@ -109,12 +109,12 @@ def coefficients(in_size: torch.Tensor, out_size: int, kind: int, taps: int) -> 
     center = (torch.arange(out_size, device=in_size.device, dtype=f64)[None] + 0.5) * scale
     first = torch.trunc(center - support + 0.5).clamp(min=0.0)
     count = torch.minimum(torch.trunc(center + support + 0.5), size) - first
-    raw, total = [], torch.zeros_like(center)
-    for t in range(taps):  # in tap order, as Pillow sums them
-        k = torch.where(t < count, _filter(kind, ((first + t) - center + 0.5) * ss), 0.0)
-        total = total + k
-        raw.append(k)
-    k = torch.stack(raw, dim=-1)
+    t = torch.arange(taps, device=in_size.device, dtype=f64)
+    k = torch.where(t < count[..., None], _filter(kind, ((first[..., None] + t) - center[..., None] + 0.5)
+                                                  * ss[..., None]), 0.0)  # (N, S, taps), elementwise as Pillow
+    total = torch.zeros_like(center)
+    for i in range(taps):  # the sum in tap order, as Pillow adds them (not a tree reduction)
+        total = total + k[..., i]
     w = torch.where(total[..., None] != 0.0, k / total[..., None], k)
     one = float(1 << PRECISION_BITS)
     fixed = torch.where(w < 0, torch.trunc(w * one - 0.5), torch.trunc(w * one + 0.5))
