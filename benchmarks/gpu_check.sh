@@ -20,6 +20,9 @@
 #      share of the decode limit)
 #   5. DeviceAugment (RandAugment + erasing) µs per image on the GPU at 224 and 32 px vs timm's PIL chain per image on
 #      one CPU thread (benchmarks/augment_cost.py)
+#   6. the device resample of data.resample_on=device, µs per image on the GPU at 224 and 32 px vs the workers' numba
+#      resample per image on one core, same boxes, bytes checked equal (benchmarks/device_resample_speed.py); row 4's
+#      notes add ffcv:short256+device's share of the decode limit (its workers decode and copy only)
 # CPU_ONLY=1 runs rows 2-5 at toy sizes (ViT-Ti, 64 px, 5 steps; 400 images; 28 px augmentation) so the script
 # itself is tested
 # (tests/test_gpu_check.py); its numbers mean nothing for a GPU.
@@ -74,6 +77,7 @@ if [ -z "${CPU_ONLY:-}" ]; then
   bench=(--model vit_base_patch16_224 --image-size 224 --batch 128 --steps 40 --warmup 10 --device cuda)
   t_bench=240 t_loader=150 t_aug=90
   augment=(--device cuda --sizes 224 32 --batch-size 128 256 --batches 4 --rounds 3)
+  resample=(--device cuda --sizes 224 32 --batch-size 256 --rounds 5) t_resample=120
   loader=(--num-images 3000 --sizes 224 --presets short256 --loader-presets short256 --rounds 2 --no-capped
           --workers "$(( $(nproc) > 12 ? 12 : $(nproc) ))" --batch-size 128)
 else
@@ -81,6 +85,7 @@ else
   bench=(--model vit_tiny_patch16_224 --image-size 64 --batch 16 --steps 5 --warmup 2 --device cpu)
   t_bench=1200 t_loader=1200 t_aug=600  # a shared CPU may be very slow; this mode checks the script, not the numbers
   augment=(--device cpu --sizes 28 --batch-size 16 --batches 1 --rounds 1)
+  resample=(--device cpu --sizes 32 --batch-size 4 --rounds 1) t_resample=600
   loader=(--num-images 400 --sizes 224 --presets short256 --loader-presets short256 --rounds 1 --no-capped
           --workers 2 --batch-size 32)
 fi
@@ -100,7 +105,8 @@ if has ffcv; then
   if [ $rc -eq 0 ]; then
     add "FFCV loader short256@224" "ok" "$(awk '$2 == "ffcv:short256" {v = $3} END {print v}' "$OUT/loader.txt") img/s" \
         "vs torchvision ImageFolder: $(grep '^ratio:' "$OUT/loader.txt" | tail -n 1); of the decode limit: $(
-        awk '$2 == "ratio" && $3 == "ffcv:short256" {v = $6} END {print v}' "$OUT/loader.txt")"
+        awk '$2 == "ratio" && $3 == "ffcv:short256" {v = $6} END {print v}' "$OUT/loader.txt"); +device (workers' side): $(
+        awk '$2 == "ratio" && $3 == "ffcv:short256+device" {v = $6} END {print v}' "$OUT/loader.txt")"
   else
     add "FFCV loader" "FAILED (rc $rc)" "-" "$(tail -n 1 "$OUT/loader.txt")"
   fi
@@ -116,6 +122,16 @@ if [ $rc -eq 0 ]; then
   done < <(awk 'NF == 5 && $1 ~ /^[0-9]+$/' "$OUT/augment.txt")
 else
   add "augment_cost.py" "FAILED (rc $rc)" "-" "$(tail -n 1 "$OUT/augment.txt")"
+fi
+
+timeout "$t_resample" $PY benchmarks/device_resample_speed.py "${resample[@]}" > "$OUT/resample.txt" 2>&1
+rc=$?
+if [ $rc -eq 0 ]; then
+  while read -r size batch dev numba ratio; do
+    add "device resample ${size} px" "ok" "$dev µs/img" "batch $batch; workers' numba resample $numba µs/img (1 core), ratio $ratio"
+  done < <(awk 'NF == 5 && $1 ~ /^[0-9]+$/' "$OUT/resample.txt")
+else
+  add "device_resample_speed.py" "FAILED (rc $rc)" "-" "$(tail -n 1 "$OUT/resample.txt")"
 fi
 
 echo

@@ -17,6 +17,12 @@ share of FFCV's gain that comes from storing smaller images rather than from the
 with the same threads: the floor any loader of those stored images pays; ``ffcv:short256 / decode-limit`` is printed
 per size. Every row shows img/s and img/s per worker core (img/s / ``num_workers``).
 
+``ffcv:short256+device`` is ``data.resample_on=device``: the same ``.beton`` and draws, the workers decode and copy
+each crop box onto a fixed canvas, and the resample runs on the training device — not in this table (no GPU here;
+``benchmarks/device_resample_speed.py`` times it per image). Its consumer takes the canvas batch and does nothing
+else, as a GPU run's host (FFCV's ``ToDevice`` copy, made on GPU runs, is not timed); ``ffcv:short256+device /
+decode-limit`` is printed per size: the workers' side of that mode against the decode floor.
+
 The process runs with the malloc setting ``impulsevit fit`` applies (:mod:`impulsevit.memory`: blocks above 32 MiB,
 such as a normalised 64 × 224² batch, are reused rather than page-faulted in again every batch) — for both
 contenders; ``--default-malloc`` leaves glibc's defaults.
@@ -56,6 +62,7 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 DEFAULT_PRESET = "short256"
 TARGET = 3.0
 LIMIT, LIMIT_TARGET = "decode-limit", 0.7
+DEVICE = f"ffcv:{DEFAULT_PRESET}+device"  # data.resample_on=device: the workers decode and copy, the device resamples
 
 
 def make_jpegs(root: Path, n: int, seed: int = 0) -> None:
@@ -83,11 +90,22 @@ def cap_jpegs(src: Path, dst: Path, max_side: int) -> None:
         img.save(out, quality=90)
 
 
-def time_epoch(loader: Iterable) -> tuple[float, int]:
-    """Seconds and images for one pass over ``loader``, normalising every batch as a consumer would."""
+def normalize_batch(images: torch.Tensor) -> None:
+    """The consumer of a CPU trainer: the datamodule normalises every uint8 batch in the main thread."""
+    normalize(images, MEAN, STD)
+
+
+def take_canvas(images: torch.Tensor) -> None:
+    """The consumer of ``ffcv:<preset>+device`` as a GPU run's host sees it: the canvas batch is handed on (FFCV's
+    ``ToDevice`` copies it; not timed here, no GPU), its resample and normalisation run on the device (timed
+    separately by ``benchmarks/device_resample_speed.py``)."""
+
+
+def time_epoch(loader: Iterable, consume: Callable[[torch.Tensor], None] = normalize_batch) -> tuple[float, int]:
+    """Seconds and images for one pass over ``loader``, every batch handed to ``consume``."""
     start, n = time.perf_counter(), 0
     for images, _labels in loader:
-        normalize(images, MEAN, STD)
+        consume(images)
         n += images.shape[0]
     return time.perf_counter() - start, n
 
@@ -156,14 +174,17 @@ def decode_limit_loader(path: Path, workers: int, batch: int):  # noqa: ANN201 -
                                                  "label": [IntDecoder(), ToTensor()]})
 
 
-def interleaved(loaders: dict[str, Iterable], rounds: int) -> dict[str, float]:
-    """Median images/s of each loader over ``rounds`` timed epochs, interleaved (after one warm-up epoch each)."""
-    for loader in loaders.values():
-        time_epoch(loader)
+def interleaved(loaders: dict[str, Iterable], rounds: int,
+                consumers: dict[str, Callable[[torch.Tensor], None]] | None = None) -> dict[str, float]:
+    """Median images/s of each loader over ``rounds`` timed epochs, interleaved (after one warm-up epoch each);
+    ``consumers`` (by name; default :func:`normalize_batch`) is what the main thread does with each batch."""
+    consumers = consumers or {}
+    for name, loader in loaders.items():
+        time_epoch(loader, consumers.get(name, normalize_batch))
     names, rates = list(loaders), {name: [] for name in loaders}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            seconds, n = time_epoch(loaders[name])
+            seconds, n = time_epoch(loaders[name], consumers.get(name, normalize_batch))
             rates[name].append(n / seconds)
     return {name: statistics.median(v) for name, v in rates.items()}
 
@@ -195,6 +216,7 @@ def main(argv: list[str] | None = None) -> float:
     p.add_argument("--loader-presets", nargs="+", default=["short256", "res256"],
                    help="converted presets whose FFCV loader is timed")
     p.add_argument("--no-capped", action="store_true", help="skip the torchvision@256 context row")
+    p.add_argument("--no-device", action="store_true", help=f"skip the {DEVICE} row")
     p.add_argument("--default-malloc", action="store_true",
                    help="leave glibc malloc at its defaults instead of the setting `impulsevit fit` applies")
     args = p.parse_args(argv)
@@ -222,9 +244,15 @@ def main(argv: list[str] | None = None) -> float:
         mib = convert_table(source, tmp, to_convert, args.workers, args.num_images)
 
         loader_presets = list(dict.fromkeys([DEFAULT_PRESET, *args.loader_presets]))
-        log(f"\n{'size':>5} {'loader':<16} {'img/s':>7} {'img/s/core':>10} {'ratio':>6} {'data MiB':>9}")
         ratios: dict[tuple[int, str], float] = {}
         limits: dict[int, float] = {}
+        device_limits: dict[int, float] = {}
+        if not args.no_device:
+            log(f"\nnote: {DEVICE} (data.resample_on=device): the workers decode and copy each crop box onto a canvas; "
+                f"the resample runs on the training device and is not in this table (benchmarks/"
+                f"device_resample_speed.py times it); its consumer only takes the canvas batch, as a GPU run's host "
+                f"does (FFCV's ToDevice copy is not timed: no GPU here)")
+        log(f"\n{'size':>5} {'loader':<22} {'img/s':>7} {'img/s/core':>10} {'ratio':>6} {'data MiB':>9}")
         for size in args.sizes:
             loaders: dict[str, Iterable] = {
                 "torchvision": torchvision_loader(tmp / "jpegs", size, args.workers, args.batch_size)}
@@ -236,24 +264,36 @@ def main(argv: list[str] | None = None) -> float:
                 loaders[f"ffcv:{name}"] = build_ffcv_loader(tmp / f"{name}.beton", train=True, image_size=size,
                                                             batch_size=args.batch_size, num_workers=args.workers,
                                                             in_memory=True)
-            rates = interleaved(loaders, args.rounds)
+            if not args.no_device:
+                loaders[DEVICE] = build_ffcv_loader(tmp / f"{DEFAULT_PRESET}.beton", train=True, image_size=size,
+                                                    batch_size=args.batch_size, num_workers=args.workers,
+                                                    in_memory=True, resample_on="device")
+            rates = interleaved(loaders, args.rounds, {DEVICE: take_canvas})
             data_mib = {"torchvision": src_bytes / 2**20, **{f"ffcv:{k}": v for k, v in mib.items()},
-                        LIMIT: mib[DEFAULT_PRESET]}
+                        LIMIT: mib[DEFAULT_PRESET], DEVICE: mib[DEFAULT_PRESET]}
             if not args.no_capped:
                 data_mib["torchvision@256"] = sum(f.stat().st_size for f in (tmp / "jpegs256").rglob("*")) / 2**20
             for name, rate in rates.items():
                 ratios[size, name] = rate / rates["torchvision"]
-                log(f"{size:>5} {name:<16} {rate:>7.0f} {rate / args.workers:>10.0f} {ratios[size, name]:>6.2f} "
+                log(f"{size:>5} {name:<22} {rate:>7.0f} {rate / args.workers:>10.0f} {ratios[size, name]:>6.2f} "
                     f"{data_mib[name]:>9.1f}")
             limits[size] = rates[f"ffcv:{DEFAULT_PRESET}"] / rates[LIMIT]
             log(f"{size:>5} ratio ffcv:{DEFAULT_PRESET} / {LIMIT}: {limits[size]:.2f} (img/s per worker core)")
+            if DEVICE in rates:
+                device_limits[size] = rates[DEVICE] / rates[LIMIT]
+                log(f"{size:>5} ratio {DEVICE} / {LIMIT}: {device_limits[size]:.2f} (img/s per worker core; "
+                    f"its resample runs on the training device, timed separately)")
             del loaders
         top = max(args.sizes)
-        met = [name for (size, name), r in ratios.items() if size == top and name.startswith("ffcv:") and r >= TARGET]
+        met = [name for (size, name), r in ratios.items()
+           if size == top and name.startswith("ffcv:") and name != DEVICE and r >= TARGET]
         log(f"\ntarget FFCV >= {TARGET:g}x torchvision at {top} px: "
             + (f"met by {', '.join(met)}" if met else "not met by any preset tried"))
         log(f"target ffcv:{DEFAULT_PRESET} >= {LIMIT_TARGET:g} of the {LIMIT} at {top} px: "
             + ("met" if limits[top] >= LIMIT_TARGET else "not met") + f" ({limits[top]:.2f})")
+        if top in device_limits:
+            log(f"target {DEVICE} >= {LIMIT_TARGET:g} of the {LIMIT} at {top} px (worker side only): "
+                + ("met" if device_limits[top] >= LIMIT_TARGET else "not met") + f" ({device_limits[top]:.2f})")
     ratio = ratios.get((top, f"ffcv:{DEFAULT_PRESET}"), float("nan"))
     print(f"ratio: {ratio:.2f}")
     return ratio

@@ -39,5 +39,7 @@ def test_bare_machine_mode(tmp_path: Path) -> None:
         assert " ok " in row and "img/s" in row, row
     aug = next(line for line in table.splitlines() if line.startswith("DeviceAugment 28 px"))
     assert " ok " in aug and "µs/img" in aug and "timm PIL chain" in aug, aug
+    resample = next(line for line in table.splitlines() if line.startswith("device resample 32 px"))
+    assert " ok " in resample and "µs/img" in resample and "numba resample" in resample, resample
     assert "FAILED" not in table and "Traceback" not in out
     assert not (copy / ".venv").exists()  # nothing was installed into the copy

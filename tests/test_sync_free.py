@@ -107,6 +107,27 @@ class CountSteps(L.Callback):
             opt.step = step
 
 
+class CountResampleSyncs(L.Callback):
+    """Counts, per call, the syncing ops of the datamodule's ``train_pixels`` (the device resample of
+    ``data.resample_on=device``) on its own: the step-level rule allows one sync, this part must have none."""
+
+    def __init__(self) -> None:
+        self.per_call: list[Counter[str]] = []
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        dm = trainer.datamodule
+        resample = dm.train_pixels
+
+        def counted(images: torch.Tensor) -> torch.Tensor:
+            counter = SyncCounter()
+            with counter:
+                out = resample(images)
+            self.per_call.append(counter.ops)
+            return out
+
+        dm.train_pixels = counted
+
+
 DEIT_B_ON_CPU = [
     "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.num_nodes=1", "--trainer.strategy=auto",
     "--trainer.precision=32-true", "--trainer.max_steps=8", "--trainer.log_every_n_steps=5",
@@ -122,7 +143,8 @@ DEIT_B_ON_CPU = [
 
 @pytest.mark.ffcv
 @pytest.mark.slow  # ~25 s alone (FFCV conversion of digits, 8 ViT-Ti steps), ~60 s on a loaded machine
-def test_deit_b_recipe_steady_state_step_has_at_most_one_host_sync(tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("resample_on", ["workers", "device"])  # device: the crop resample runs in the counted step
+def test_deit_b_recipe_steady_state_step_has_at_most_one_host_sync(tmp_path, monkeypatch, caplog, resample_on):
     monkeypatch.setenv("IMPULSEVIT_CACHE", str(tmp_path / "cache"))
     # the augmentation strategy an accelerator gets (on the CPU each op runs on the images that drew it, indexed on
     # the host: a synchronisation on CUDA, free on the CPU); its pixels equal the CPU strategy's (test_augment.py)
@@ -133,14 +155,17 @@ def test_deit_b_recipe_steady_state_step_has_at_most_one_host_sync(tmp_path, mon
         monkeypatch.setattr(module, "selects_on_host", lambda device: False)
     caplog.set_level(logging.INFO)
     cli = run_cli("fit", "--recipe", str(REPO / "recipes" / "deit_base_in1k.yaml"), f"--runs_dir={tmp_path}",
-                  "--name=deit_b", *DEIT_B_ON_CPU,
+                  "--name=deit_b", *DEIT_B_ON_CPU, f"--data.init_args.resample_on={resample_on}",
                   # the guard as a GPU run configures it ("auto" picks next_step on CUDA), and the counter
                   "--trainer.callbacks+=impulsevit.callbacks.NonFiniteLossGuard",
                   "--trainer.callbacks.check=next_step",
-                  "--trainer.callbacks+=test_sync_free.CountSteps")
+                  "--trainer.callbacks+=test_sync_free.CountSteps",
+                  "--trainer.callbacks+=test_sync_free.CountResampleSyncs")
     assert "augmentation on cpu: every op on the whole batch, kept per image (sync-free)" in caplog.text
     counter = next(c for c in cli.trainer.callbacks if type(c).__name__ == "CountSteps")
     assert len(counter.per_step) == 8
+    resample = next(c for c in cli.trainer.callbacks if type(c).__name__ == "CountResampleSyncs").per_call
+    assert len(resample) == 8 and all(sum(c.values()) == 0 for c in resample), resample
     # after the first steps' one-off setup (device constants, FFCV buffers, Lightning's result slots); step 5 logs
     steady = [counter.per_step[i] for i in (2, 3, 5, 6, 7)]
     assert all(sum(c.values()) <= 1 for c in steady), steady
@@ -170,11 +195,13 @@ class SyncDebugSteadySteps(L.Callback):
 
 @pytest.mark.gpu
 @pytest.mark.ffcv
-def test_deit_b_recipe_steady_state_step_does_not_synchronize_on_cuda(tmp_path, monkeypatch):
+@pytest.mark.parametrize("resample_on", ["workers", "device"])
+def test_deit_b_recipe_steady_state_step_does_not_synchronize_on_cuda(tmp_path, monkeypatch, resample_on):
     monkeypatch.setenv("IMPULSEVIT_CACHE", str(tmp_path / "cache"))
     args = [a for a in DEIT_B_ON_CPU if not a.startswith(("--trainer.accelerator", "--trainer.precision"))]
     cli = run_cli("fit", "--recipe", str(REPO / "recipes" / "deit_base_in1k.yaml"), f"--runs_dir={tmp_path}",
                   "--name=deit_b_cuda", *args, "--trainer.accelerator=gpu", "--trainer.precision=bf16-mixed",
+                  f"--data.init_args.resample_on={resample_on}",
                   "--trainer.callbacks+=test_sync_free.SyncDebugSteadySteps")
     check = next(c for c in cli.trainer.callbacks if type(c).__name__ == "SyncDebugSteadySteps")
     assert check.checked >= 4

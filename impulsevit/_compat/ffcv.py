@@ -40,7 +40,9 @@ def resized_crop_decoder_base() -> type:
     sample large enough for the biggest stored image; ``metadata[i]`` has the fields ``mode`` (``IMAGE_MODES``:
     ``jpg`` / ``raw``), ``width``, ``height``, ``data_ptr``; ``self.memory_read(ptr, storage_state)`` returns the
     sample's bytes; ``Compiler.get_iterator()`` is the parallel range. ``get_crop_generator`` (abstract in FFCV, read
-    only by the replaced ``generate_code``) is None here.
+    only by the replaced ``generate_code``) is None here. ``declare_state_and_memory`` finds ``self.metadata`` (the
+    file's per-image ``height`` / ``width`` arrays) set and reads ``self.output_size`` then, so a subclass may size
+    its output from the stored sizes there before calling it (the canvas decoder of ``data.resample_on=device``).
 
     Reaches: ``ffcv.fields.rgb_image.ResizedCropRGBImageDecoder.generate_code`` (overridden) and the memory layout of
     its ``declare_state_and_memory``

@@ -11,9 +11,10 @@ Backends:
   (:func:`impulsevit.data.storage.convert.convert_split`, atomic, skipped when up to date) under ``cache_dir``; the
   loaders
   are built in the dataloader hooks, after the process group exists, with ``distributed=True`` under DDP (see
-  :mod:`impulsevit.data.loading.ffcv_loader`). RandomResizedCrop + flip run in FFCV's decoder; RandAugment, colour
-  jitter
-  and random erasing run on the device (:class:`impulsevit.data.augment.device.DeviceAugment`).
+  :mod:`impulsevit.data.loading.ffcv_loader`). RandomResizedCrop + flip run in FFCV's decoder (with
+  ``resample_on='device'`` the decoder only draws and copies the crop box, and ``on_after_batch_transfer`` resamples
+  it on the device first: :mod:`impulsevit.data.loading.device_resample`, the same bytes); RandAugment, colour
+  jitter and random erasing run on the device (:class:`impulsevit.data.augment.device.DeviceAugment`).
 - ``torchvision``: timm's ``create_transform`` pipeline (RandomResizedCrop, flip, RandAugment or colour jitter,
   bicubic) in ``DataLoader`` workers, random erasing on the device (as timm's prefetcher does). Under DDP the
   datamodule builds a ``DistributedSampler`` itself.
@@ -57,6 +58,7 @@ from impulsevit.config import as_config
 from impulsevit.data.augment.device import DeviceAugment, fix_timm_posterize, normalize, selects_on_host
 from impulsevit.data.loading.base import BaseImageDataModule, dist_info, worker_init_fn
 from impulsevit.data.loading.config import AugmentConfig, StorageConfig
+from impulsevit.data.loading.device_resample import resample_canvas
 from impulsevit.data.loading.ffcv_loader import build_ffcv_loader, ffcv_available
 from impulsevit.data.loading.sampling import EpochSampler, ResumableDataLoader, SampleKey, sample_seed
 from impulsevit.data.sources.image_source import ImageSource
@@ -70,6 +72,7 @@ from impulsevit.errors import ConfigError, DataError, UserError
 __all__ = ["ImageDataModule", "SourceDataset", "default_cache_dir", "seeded_global_rngs"]
 
 Backend = Literal["ffcv", "torchvision"]
+ResampleOn = Literal["workers", "device"]
 
 
 def default_cache_dir() -> Path:
@@ -149,6 +152,11 @@ class ImageDataModule(BaseImageDataModule):
         augment: train-time augmentation (:class:`~impulsevit.data.loading.config.AugmentConfig`: crop scale / ratio,
         flip,
             RandAugment, colour jitter, random erasing, repeated augmentation); a mapping or None (the defaults).
+        resample_on: where the ffcv backend's training crops are resized to S × S: ``workers`` (FFCV's threads,
+            the default) or ``device`` (the threads decode and copy the crop box; ``on_after_batch_transfer``
+            resamples the batch on the training device, to the same bytes — for GPU runs whose loader threads
+            are the bottleneck; on a CPU trainer it costs the training thread the resize). Evaluation always
+            resamples in the threads. Needs ``backend='ffcv'``.
         storage: ``.beton`` storage of the ffcv backend (:class:`~impulsevit.data.loading.config.StorageConfig`: preset,
             page cache, ready-made ``train_beton`` / ``val_beton``, integrity check, conversion limit); a mapping or
             None (the defaults).
@@ -176,6 +184,7 @@ class ImageDataModule(BaseImageDataModule):
         download: bool = False,
         augment: AugmentConfig | None = None,
         storage: StorageConfig | None = None,
+        resample_on: ResampleOn = "workers",
     ) -> None:
         aug: AugmentConfig = as_config(AugmentConfig, augment, "augment", section="data")
         store: StorageConfig = as_config(StorageConfig, storage, "storage", section="data")
@@ -191,6 +200,11 @@ class ImageDataModule(BaseImageDataModule):
         if backend == "ffcv" and interpolation not in ("bicubic", "bilinear"):
             raise ConfigError(f"interpolation {interpolation!r} is not supported on the ffcv backend (bicubic or "
                               f"bilinear); use backend='torchvision' for other filters")
+        if resample_on not in ("workers", "device"):
+            raise ConfigError(f"data.resample_on must be 'workers' or 'device', got {resample_on!r}")
+        if resample_on == "device" and backend != "ffcv":
+            raise ConfigError(f"data.resample_on='device' needs backend='ffcv' (the torchvision backend resizes in "
+                              f"its workers), got backend={backend!r}")
         if not 0 < crop_pct <= 1:
             raise ConfigError(f"data.crop_pct must be in (0, 1], got {crop_pct}")
         if root is not None and not download and store.train_beton is None and not Path(root).is_dir():
@@ -218,6 +232,7 @@ class ImageDataModule(BaseImageDataModule):
         self.augment, self.storage = aug, store
         self.root, self.backend, self.num_workers = root, backend, int(num_workers)
         self.crop_pct, self.interpolation = float(crop_pct), interpolation
+        self.resample_on: ResampleOn = resample_on
         self.train_subset, self.val_subset = train_subset, val_subset
         self.train_split, self.val_split = train_split or info.train_split, val_split or info.val_split
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir() / "ffcv"
@@ -375,7 +390,8 @@ class ImageDataModule(BaseImageDataModule):
                                    scale=self.augment.scale, ratio=self.augment.ratio, hflip=self.augment.hflip,
                                    crop_pct=self.crop_pct, interpolation=self.interpolation, seed=self.seed,
                                    in_memory=self.storage.in_memory,
-                                   repeated_aug=self.augment.repeated_aug if train else 1, device=device)
+                                   repeated_aug=self.augment.repeated_aug if train else 1, device=device,
+                                   resample_on=self.resample_on)
         loader.sampler.set_epoch(epoch)
         return self.stateful_train_loader(loader) if train else loader
 
@@ -439,6 +455,15 @@ class ImageDataModule(BaseImageDataModule):
                if selects_on_host(device) else "every op on the whole batch, kept per image (sync-free)")
         rank_zero_info(f"augmentation on {device.type}: {how}; same draws and pixels either way")
 
+    def train_pixels(self, images: torch.Tensor) -> torch.Tensor:
+        """A training loader's image batch → uint8 ``(B, 3, S, S)``: with ``resample_on='device'`` the FFCV canvas
+        batch ``(B, 3, K + 1, K)`` resampled where it lies
+        (:func:`~impulsevit.data.loading.device_resample.resample_canvas`, the workers' pixels byte for byte), else
+        the batch unchanged."""
+        if self.resample_on != "device":
+            return images
+        return resample_canvas(images, self.image_size, self.interpolation)
+
     def batch_augment(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """uint8 training batch → augmented, normalised float32 (labels unchanged: mixup is the module's). The draws
         are keyed by (epoch, index of the batch in the epoch), Lightning's restored loop counters on a resumed run."""
@@ -461,7 +486,7 @@ class ImageDataModule(BaseImageDataModule):
         images, labels = batch[0], batch[1]
         trainer = getattr(self, "trainer", None)
         if trainer is not None and trainer.training:
-            images, labels = self.batch_augment(images, labels)
+            images, labels = self.batch_augment(self.train_pixels(images), labels)
         else:
             images = normalize(images, self.mean, self.std)
         return images, labels.long()

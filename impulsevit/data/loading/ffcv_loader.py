@@ -5,6 +5,9 @@ Pipelines (``.beton`` fields ``image`` and ``label`` as written by :mod:`impulse
 - train: one decoder stage (:func:`_resample_decoder`) decodes, draws torchvision's RandomResizedCrop box, resamples
   it to S × S with PIL's ``interpolation`` filter (bicubic or bilinear, antialiased when reducing, as timm does) and
   flips with probability ``p`` → ``ToTensor`` → ``ToTorchImage`` (channels-last view) — uint8 ``(B, 3, S, S)``;
+  with ``resample_on="device"`` the stage stops after the draws and yields canvas batches uint8 ``(B, 3, K + 1, K)``
+  (box + flip recorded per sample) that the consumer resamples on its device to the same pixels
+  (:mod:`impulsevit.data.loading.device_resample`);
 - eval: the same stage with timm's eval geometry: shorter side resized to ``floor(S / crop_pct)``, centre ``S × S``
   kept (the pixels of ``timm.data.create_transform(S, crop_pct=..., interpolation=...)`` on the stored image);
 - label: ``IntDecoder`` → ``ToTensor`` → ``Squeeze`` — int64 ``(B,)``;
@@ -263,7 +266,7 @@ def _epoch_reader(state: np.ndarray):  # noqa: ANN202 - a function for numba
 def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scale: tuple[float, float] = (0.08, 1.0),
                       ratio: tuple[float, float] = (3 / 4, 4 / 3), flip_prob: float = 0.0, crop_pct: float = 0.875,
                       seed: int = 0, rank: int = 0, repeated_aug: int = 1,
-                      epoch_state: np.ndarray | None = None):  # noqa: ANN202 - an ffcv Operation
+                      epoch_state: np.ndarray | None = None, canvas: bool = False):  # noqa: ANN202 - an ffcv Operation
     """The image decoder of both pipelines: decode (JPEG via FFCV's libjpeg-turbo call, or raw), crop and resample
     with PIL's filter (:mod:`impulsevit.data.loading.resample`) straight into the ``(S, S, 3)`` batch slot, in FFCV's
     worker threads.
@@ -281,11 +284,24 @@ def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scal
     draws depend on the batch layout too. The epoch is read at the start of every batch from ``epoch_state[0]``,
     which :class:`FFCVLoader` sets before each epoch's first batch is decoded.
 
-    Why this design and not a batched resize on the device: the device variant needs every image decoded onto a
-    fixed canvas (stored sizes vary), moves those larger canvases to the device, and — on the CPU trainers this
-    project's tests and small recipes run on — costs the training thread the resize; PIL's antialiasing when reducing
-    has no ``grid_sample`` equivalent. Here the resample replaces OpenCV's ``INTER_AREA`` call in the same threads;
-    ``benchmarks/loader_speed.py`` measures the result against torchvision.
+    ``canvas`` (train only; ``data.resample_on: device``): the same decode and the same draws, but the crop box is
+    copied unresampled to the top-left of a ``K × K`` canvas and the box and flip are written into an extra row
+    (:func:`impulsevit.data.loading.device_resample.pack_box`): the output is ``(K + 1, K, 3)`` per sample, ``K``
+    = :func:`~impulsevit.data.loading.device_resample.canvas_side` of the stored sizes and ``ratio`` (known when
+    FFCV hands the decoder the file's metadata). The training device then resamples the batch
+    (:func:`~impulsevit.data.loading.device_resample.resample_canvas`), byte-identical to this decoder's own
+    resample.
+
+    Why both: a PIL-exact resample costs a worker core more than the decode (about 340 µs vs 236 µs per stored image
+    at 224 px, measured), so with it in the threads the loader reaches about a third of the decode-only rate per core.
+    On a GPU run the resample can move to the device instead: an exact integer resample (float64 coefficients as
+    Pillow computes them, int32 gather-multiply-add passes) answers the lack of a ``grid_sample`` equivalent of
+    PIL's antialiased reduction, and the workers only decode and copy (``benchmarks/loader_speed.py``: 0.75 of the
+    decode limit per core, against 0.30 with the resample in the workers). Its costs: every sample travels as a fixed
+    ``K × K`` canvas (for ``short256`` and ratio ``4/3``, K <= 344: up to 2.4× the bytes of a 224 px batch), and the
+    device spends the resample (unmeasured here: no GPU). On CPU trainers (tests, small recipes) the training thread
+    would pay a resize far slower than numba's (``benchmarks/device_resample_speed.py``), so the workers' resample
+    stays the default.
     """
     from ffcv.fields.rgb_image import IMAGE_MODES
     from ffcv.libffcv import imdecode
@@ -293,6 +309,7 @@ def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scal
 
     from impulsevit._compat.ffcv import resized_crop_decoder_base
     from impulsevit.data.loading import resample as rs
+    from impulsevit.data.loading.device_resample import canvas_side, pack_box
 
     if interpolation not in rs.FILTERS:
         raise ValueError(f"interpolation {interpolation!r} is not supported by the FFCV decoder; use one of "
@@ -309,11 +326,19 @@ def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scal
     seed_, rank_ = int(seed), int(rank) if repeated_aug > 1 else 0
     batch_tag = repeated_aug > 1
     state = np.zeros(1, dtype=np.int64) if epoch_state is None else epoch_state
+    if canvas and not train:
+        raise ValueError("the canvas output is for training pipelines (evaluation resamples in the workers)")
 
     class ResampleDecoder(resized_crop_decoder_base()):  # FFCV's decoder with our decode code (see its contract)
         def __init__(self) -> None:
             super().__init__((size, size))
             self.epoch_state = state  # keeps the array the compiled code reads alive
+
+        def declare_state_and_memory(self, previous_state):  # noqa: ANN001, ANN202
+            if canvas:  # FFCV has set self.metadata (the file's per-image fields) by now
+                side = canvas_side(self.metadata["height"], self.metadata["width"], ratio)
+                self.output_size = (side + 1, side)
+            return super().declare_state_and_memory(previous_state)
 
         def generate_code(self):  # noqa: ANN202
             jpg = IMAGE_MODES["jpg"]
@@ -323,6 +348,8 @@ def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scal
             read_epoch = Compiler.compile(_epoch_reader(state))
             resample_crop, rrc = rs.resample_crop, rs.random_resized_crop
             key_of, uniform, center = rs.sample_key, rs.uniform, rs.resize_short_crop_center
+            pack = Compiler.compile(pack_box)
+            to_canvas = canvas
 
             def decode(batch_indices, my_storage, metadata, storage_state):  # noqa: ANN001, ANN202
                 destination, temp_storage = my_storage
@@ -351,7 +378,11 @@ def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scal
                         key = key_of(seed_, epoch, rank_, np.int64(source_ix), occurrence * 4294967296 + first)
                         i, j, h, w = rrc(height, width, s0, s1, lr0, lr1, key)
                         flip = p > 0 and uniform(key, 22) < p
-                        resample_crop(image, i, j, h, w, size, size, 0, 0, out, kind, flip)
+                        if to_canvas:
+                            out[:h, :w] = image[i:i + h, j:j + w]
+                            pack(out[out.shape[1]].reshape(-1), h, w, flip)
+                        else:
+                            resample_crop(image, i, j, h, w, size, size, 0, 0, out, kind, flip)
                     else:
                         center(image, height, width, crop, out, kind)
                 return destination[:n]
@@ -414,13 +445,18 @@ def build_ffcv_loader(path: str | os.PathLike, *, train: bool, image_size: int, 
                       scale: tuple[float, float] = (0.08, 1.0), ratio: tuple[float, float] = (3 / 4, 4 / 3),
                       hflip: float = 0.5, crop_pct: float = 0.875, interpolation: str = "bicubic", seed: int = 0,
                       in_memory: bool | None = None, repeated_aug: int = 1, drop_last: bool | None = None,
-                      batches_ahead: int = 3, device: torch.device | str | None = None) -> FFCVLoader:
+                      batches_ahead: int = 3, device: torch.device | str | None = None,
+                      resample_on: str = "workers") -> FFCVLoader:
     """An :class:`FFCVLoader` over ``path`` for training (random resized crop + flip, shuffled) or evaluation (timm's
     resize + centre crop, in order), resampled with ``interpolation`` (``bicubic`` | ``bilinear``, PIL's filters).
     Call it after the process group exists (inside the dataloader hooks); the rank and world size are read from it.
     ``in_memory=None`` chooses OS caching when the file fits in half the available memory. ``device``: a CUDA device
     ends both pipelines in FFCV's ``ToDevice(non_blocking=True)`` (FFCV then owns the pinned staging buffers and
-    orders their reuse after the copies); None or a CPU device leaves the batches in FFCV's host buffers."""
+    orders their reuse after the copies); None or a CPU device leaves the batches in FFCV's host buffers.
+    ``resample_on``: ``workers`` (the threads resample, batches are uint8 ``(B, 3, S, S)``) or ``device`` (training
+    only: the threads yield canvas batches uint8 ``(B, 3, K + 1, K)`` that
+    :func:`impulsevit.data.loading.device_resample.resample_canvas` turns into the same ``(B, 3, S, S)`` pixels on
+    the consumer's device; evaluation loaders ignore it)."""
     from ffcv.fields.basics import IntDecoder
     from ffcv.loader import OrderOption
     from ffcv.transforms import Squeeze, ToDevice, ToTensor, ToTorchImage
@@ -430,6 +466,8 @@ def build_ffcv_loader(path: str | os.PathLike, *, train: bool, image_size: int, 
     if not os.path.isfile(path):
         raise FileNotFoundError(f"FFCV file {path} does not exist (run `impulsevit convert` or the datamodule's "
                                 f"prepare_data first)")
+    if resample_on not in ("workers", "device"):
+        raise ValueError(f"resample_on must be 'workers' or 'device', got {resample_on!r}")
     check_header(path)  # a truncated / foreign file: one line naming it, not an error deep inside FFCV
     rank, world = dist_info()
     distributed = world > 1
@@ -437,7 +475,8 @@ def build_ffcv_loader(path: str | os.PathLike, *, train: bool, image_size: int, 
     epoch_state = np.zeros(1, dtype=np.int64)
     decoder = _resample_decoder(image_size, train=train, interpolation=interpolation, scale=tuple(scale),
                                 ratio=tuple(ratio), flip_prob=hflip if train else 0.0, crop_pct=crop_pct, seed=seed,
-                                rank=rank, repeated_aug=repeated_aug if train else 1, epoch_state=epoch_state)
+                                rank=rank, repeated_aug=repeated_aug if train else 1, epoch_state=epoch_state,
+                                canvas=train and resample_on == "device")
     if train:
         kind = "repeated" if repeated_aug > 1 else "random" if distributed or os_cache else "quasi_random"
         order = _train_order_factory(kind, repeated_aug, rank, world)
