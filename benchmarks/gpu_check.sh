@@ -117,9 +117,10 @@ fi
 timeout "$t_aug" $PY benchmarks/augment_cost.py "${augment[@]}" > "$OUT/augment.txt" 2>&1
 rc=$?
 if [ $rc -eq 0 ]; then
-  while read -r size batch dev timm ratio; do
-    add "DeviceAugment ${size} px" "ok" "$dev µs/img" "batch $batch; timm PIL chain $timm µs/img (1 CPU thread), ratio $ratio"
-  done < <(awk 'NF == 5 && $1 ~ /^[0-9]+$/' "$OUT/augment.txt")
+  while read -r size batch dev whole timm ratio; do
+    add "DeviceAugment ${size} px" "ok" "$dev µs/img" \
+        "batch $batch; whole-batch strategy $whole µs/img; timm PIL chain $timm µs/img (1 CPU thread), ratio $ratio"
+  done < <(awk 'NF == 6 && $1 ~ /^[0-9]+$/' "$OUT/augment.txt")
 else
   add "augment_cost.py" "FAILED (rc $rc)" "-" "$(tail -n 1 "$OUT/augment.txt")"
 fi
