@@ -3,7 +3,7 @@ consume, the CPUs per task the loader needs for it, the gradient all-reduce per 
 which resource bounds each recipe on A100 and H100 nodes. Nothing is measured here; the inputs are cited in
 docs/benchmarks.md ("Scaling model") and can be changed on the command line.
 
-    python benchmarks/scaling_model.py [--per-core 990] [--a100-cores 128] [--h100-cores 112]
+    python benchmarks/scaling_model.py [--per-core 990] [--per-core-device 2505] [--a100-cores 128] [--h100-cores 112]
         [--in21k-tb 1.1] [--staging-gb-s 1.25 3 12.5] [--gpu-figure h100:vit_base_patch16_224=IMG_S ...]
 
 Prints three tables (recipes, all-reduce by model and link, IN-21K staging) and, as the last line, ``ratio: X`` =
@@ -27,6 +27,8 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--per-core", type=float, default=scaling.LOADER_IMG_S_PER_CORE,
                    help="loader img/s per worker core at 224 px (benchmarks/loader_speed.py)")
+    p.add_argument("--per-core-device", type=float, default=scaling.LOADER_IMG_S_PER_CORE_DEVICE_RESAMPLE,
+                   help="the same with data.resample_on=device (the workers decode and copy; the GPU resamples)")
     p.add_argument("--a100-cores", type=int, default=scaling.NODE_CORES["a100"], help="CPU cores of an 8-A100 node")
     p.add_argument("--h100-cores", type=int, default=scaling.NODE_CORES["h100"], help="CPU cores of an 8-H100 node")
     p.add_argument("--in21k-tb", type=float, default=1.1, help="size of the IN-21K train .beton, TB")
@@ -58,9 +60,10 @@ def main() -> None:
     print(f"Recipes (per GPU; loader at {args.per_core:,.0f} img/s per core; 2 CPUs per task for training; "
           f"nodes: A100 {cores['a100']} cores, H100 {cores['h100']} cores per 8 GPUs; gradients as the recipe's "
           "strategy: ddp_bf16 = bf16)")
-    print("| recipe | model | GPUs | batch/GPU | GPU | img/s per GPU | CPUs per task needed | loader cores per GPU "
+    print("| recipe | model | GPUs | batch/GPU | GPU | img/s per GPU | CPUs per task needed | the same with "
+          f"resample_on=device ({args.per_core_device:,.0f} img/s per core) | loader cores per GPU "
           "on the node | step: GPU ms | loader ms | all-reduce ms (link) | bound by |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     worst = (0.0, "")
     in21k: scaling.RecipeLayout | None = None
     no_figure: list[str] = []
@@ -76,6 +79,7 @@ def main() -> None:
                 continue
             print(f"| {layout.name} | {layout.backbone} | {layout.nodes}x{layout.gpus_per_node} | "
                   f"{layout.batch_per_gpu} | {gpu.upper()} | {b.gpu_img_s:,.0f} | {b.cpus_per_task} | "
+                  f"{scaling.cpus_per_task_needed(b.gpu_img_s, args.per_core_device)} | "
                   f"{b.loader_img_s / args.per_core:.0f} | {b.compute_s * 1e3:.1f} | {b.loader_s * 1e3:.1f} | "
                   f"{b.allreduce_s * 1e3:.1f} ({b.link}) | {b.bound} |")
             need = b.cpus_per_task * layout.gpus_per_node / cores[gpu]

@@ -120,3 +120,25 @@ def test_submit_warns_when_cpus_per_task_are_below_the_recipes_need(tmp_path, ca
     # a CPU job, and a model without a figure (ConvMixer at 32 px), get none
     assert _warning(tmp_path, "--gpus-per-node", "0", "--cpus-per-task", "1") is None
     assert _warning(tmp_path, "--recipe", "convmixer_256_8_k3_impulse", "--cpus-per-task", "1") is None
+
+
+def test_resample_on_device_lowers_the_cpus_a_recipe_needs(tmp_path):
+    """With ``data.resample_on=device`` the workers only decode and copy, so one core feeds more images: the model
+    uses that rate for the recipe (read from the file or an override) and the warning stops suggesting the switch."""
+    rate = scaling.gpu_images_per_s("vit_tiny_patch16_224", "h100")
+    need = scaling.cpus_per_task_needed(rate)
+    need_device = scaling.cpus_per_task_needed(rate, scaling.LOADER_IMG_S_PER_CORE_DEVICE_RESAMPLE)
+    assert need_device < need == 19 and need_device == math.ceil(rate / 2505.0) + 2
+    layout = scaling.read_recipe_layout(RECIPES / "deit_tiny_in1k.yaml", ["--data.init_args.resample_on=device"])
+    assert layout.resample_on == "device" and layout.loader_per_core == 2505.0
+    assert scaling.bound(layout, "h100", 1000).cpus_per_task == need_device
+    assert scaling.bound(scaling.read_recipe_layout(RECIPES / "deit_tiny_in1k.yaml"), "h100", 1000).bound == "loader"
+    assert scaling.bound(layout, "h100", 1000).bound == "GPU"  # 12 cores per GPU now feed it
+    # the same through the file: a recipe that sets it
+    recipe = tmp_path / "tiny_device.yaml"
+    text = (RECIPES / "deit_tiny_in1k.yaml").read_text()
+    recipe.write_text(text.replace("    dataset: imagenet\n", "    dataset: imagenet\n    resample_on: device\n", 1))
+    assert scaling.read_recipe_layout(recipe).resample_on == "device"
+    warned = scaling.cpu_request_warning(scaling.read_recipe_layout(RECIPES / "deit_tiny_in1k.yaml"), "h100", 12)
+    assert warned and "data.resample_on=device needs fewer" in warned
+    assert scaling.cpu_request_warning(layout, "h100", 12) is None  # 12 >= need_device

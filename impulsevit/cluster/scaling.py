@@ -24,6 +24,12 @@ LOADER_IMG_S_PER_CORE = 990.0
 """img/s one FFCV worker core delivers for the ``short256`` preset at 224 px (random-resized crop + flip, uint8 batch):
 ``benchmarks/loader_speed.py`` on this project's 2-core machine, quiet: 1,972 img/s with 2 workers."""
 
+LOADER_IMG_S_PER_CORE_DEVICE_RESAMPLE = 2505.0
+"""img/s one FFCV worker core delivers with ``data.resample_on: device`` (the workers decode and copy the crop box;
+the GPU resamples): :data:`LOADER_IMG_S_PER_CORE` × 2.53, the ratio of the two modes' per-core rates measured
+side by side in one ``benchmarks/loader_speed.py`` run (466 vs 184 img/s per core on the busy 2-core machine; 0.75 vs
+0.30 of the decode limit). The GPU's share of the work (the resample) is not in this figure."""
+
 TRAINING_PROCESS_CPUS = 2
 """CPUs per task beside the loader workers: the training thread and Lightning's own (as ``impulsevit submit``)."""
 
@@ -125,10 +131,16 @@ class RecipeLayout:
     batch_per_gpu: int
     dataset: str | None
     grad_bytes: int  # 2: bf16 gradient all-reduce (ddp_bf16); 4: fp32 (ddp, fsdp2's reduce-scatter)
+    resample_on: str = "workers"  # data.resample_on: where the crop's resample runs ("workers" | "device")
 
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def loader_per_core(self) -> float:
+        """img/s per loader worker core for this recipe's ``resample_on``."""
+        return LOADER_IMG_S_PER_CORE_DEVICE_RESAMPLE if self.resample_on == "device" else LOADER_IMG_S_PER_CORE
 
 
 def _whole(value: Any) -> int | None:
@@ -159,12 +171,14 @@ def recipe_layout(name: str, config: dict[str, Any]) -> RecipeLayout | None:
         return None
     return RecipeLayout(name=name, backbone=str(model.get("backbone", "")), image_size=size, nodes=nodes,
                         gpus_per_node=devices, batch_per_gpu=batch, dataset=args.get("dataset"),
-                        grad_bytes=_grad_bytes(trainer.get("strategy", "ddp")))
+                        grad_bytes=_grad_bytes(trainer.get("strategy", "ddp")),
+                        resample_on=str(args.get("resample_on") or "workers"))
 
 
 def read_recipe_layout(path: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> RecipeLayout | None:
     """:func:`recipe_layout` of the recipe file ``path`` after the fit ``overrides`` that change the model's speed
-    (``--model.backbone=``, ``--data.init_args.image_size=`` / ``batch_size=``, ``--trainer.strategy=``); ``None`` for
+    (``--model.backbone=``, ``--data.init_args.image_size=`` / ``batch_size=`` / ``resample_on=``,
+    ``--trainer.strategy=``); ``None`` for
     a CPU recipe or an unreadable file."""
     import yaml
 
@@ -188,6 +202,8 @@ def read_recipe_layout(path: str | Path, overrides: tuple[str, ...] | list[str] 
             changes["batch_per_gpu"] = int(value)
         elif key == "--trainer.strategy" and value:
             changes["grad_bytes"] = _grad_bytes(value)
+        elif key in ("--data.init_args.resample_on", "--data.resample_on") and value:
+            changes["resample_on"] = value
     return RecipeLayout(**{**layout.__dict__, **changes})
 
 
@@ -218,10 +234,11 @@ def recipe_link(layout: RecipeLayout, gpu: str) -> str:
 
 
 def bound(layout: RecipeLayout, gpu: str, num_classes: int, node_cores: int | None = None,
-          per_core: float = LOADER_IMG_S_PER_CORE, link: str | None = None,
+          per_core: float | None = None, link: str | None = None,
           anchors: dict[str, tuple[str, float]] | None = None) -> Bound | None:
     """Which resource bounds ``layout`` on ``gpu`` nodes with ``node_cores`` cores (default :data:`NODE_CORES`),
-    loader workers at ``per_core`` img/s, the gradient all-reduce over ``link`` (default :func:`recipe_link`), GPU
+    loader workers at ``per_core`` img/s (default: the recipe's :attr:`RecipeLayout.loader_per_core`), the gradient
+    all-reduce over ``link`` (default :func:`recipe_link`), GPU
     figures from :func:`gpu_images_per_s` (``anchors``); ``None`` when the model, the GPU or the image size (only
     224 px) has no figure."""
     rate = gpu_images_per_s(layout.backbone, gpu, anchors)
@@ -229,6 +246,7 @@ def bound(layout: RecipeLayout, gpu: str, num_classes: int, node_cores: int | No
     if rate is None or params is None or layout.image_size != 224 or layout.batch_per_gpu <= 0:
         return None
     cores = NODE_CORES[gpu] if node_cores is None else node_cores
+    per_core = layout.loader_per_core if per_core is None else per_core
     link = link or recipe_link(layout, gpu)
     free = max(cores - TRAINING_PROCESS_CPUS * layout.gpus_per_node, 0) / layout.gpus_per_node
     loader_rate = free * per_core
@@ -248,9 +266,11 @@ def gpu_from_constraint(constraint: str | None) -> str:
 
 
 def cpu_request_warning(layout: RecipeLayout, gpu: str, cpus_per_task: int,
-                        per_core: float = LOADER_IMG_S_PER_CORE) -> str | None:
+                        per_core: float | None = None) -> str | None:
     """One line when ``cpus_per_task`` is below what one of ``layout``'s GPUs needs to be fed at full speed (``None``
-    when it is enough, or the model / image size has no figure)."""
+    when it is enough, or the model / image size has no figure). ``per_core``: loader img/s per core, default the
+    recipe's :attr:`RecipeLayout.loader_per_core` (its ``resample_on``)."""
+    per_core = layout.loader_per_core if per_core is None else per_core
     rate = gpu_images_per_s(layout.backbone, gpu)
     if rate is None or layout.image_size != 224:
         return None
@@ -259,4 +279,5 @@ def cpu_request_warning(layout: RecipeLayout, gpu: str, cpus_per_task: int,
         return None
     return (f"recipe {layout.name} needs {need} CPUs per task to feed one {gpu.upper()} ({rate:,.0f} img/s of "
             f"{layout.backbone} at {per_core:,.0f} img/s per loader core, + {TRAINING_PROCESS_CPUS} for training); "
-            f"--cpus-per-task is {cpus_per_task}, so the GPUs will wait for data (docs/benchmarks.md, scaling model)")
+            f"--cpus-per-task is {cpus_per_task}, so the GPUs will wait for data (docs/benchmarks.md, scaling model"
+            + ("" if layout.resample_on == "device" else "; data.resample_on=device needs fewer") + ")")
