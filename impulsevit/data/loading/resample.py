@@ -102,62 +102,113 @@ def _clip8(v: int) -> int:
     return v
 
 
+LANES = 96
+"""Lanes (bytes of a row) per call of :func:`_fir_block`: a compile-time trip count lets the compiler unroll the
+vector loops without runtime checks (~30 % faster than the same loops over a runtime count)."""
+
+
 @njit(cache=True)
-def _vpass(src: np.ndarray, r0: int, c0: int, bounds: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
-    """Vertical pass: ``out[o, x] = Σ_t src[r0 + bounds[o, 0] + t, c0 + x] · weights[o, t]`` (fixed point, int32 as
-    Pillow). The inner loop runs over a contiguous row, every product and sum kept in int32 (numba would widen
-    them to int64, which halves the vector width and costs ~9× here), so the compiler vectorises it."""
+def _fir_block(src: np.ndarray, r0: int, i0: int, bounds: np.ndarray, weights: np.ndarray, acc: np.ndarray,
+               dst: np.ndarray, d0: int) -> None:
+    """:func:`_fir` for the :data:`LANES` lanes ``i0 .. i0 + LANES`` of ``src``, written at ``d0 ..`` of ``dst``."""
     half = np.int32(1 << (PRECISION_BITS - 1))
     shift = np.int32(PRECISION_BITS)
-    n3 = out.shape[1] * 3
-    acc = np.empty(n3, dtype=np.int32)
-    base = c0 * 3
-    for o in range(out.shape[0]):
-        for i in range(n3):
+    for o in range(bounds.shape[0]):
+        for i in range(LANES):
             acc[i] = half
         y0 = r0 + bounds[o, 0]
         for t in range(bounds[o, 1]):
             w = np.int32(weights[o, t])
-            line = src[y0 + t].reshape(-1)[base:base + n3]
-            for i in range(n3):
+            line = src[y0 + t, i0:i0 + LANES]
+            for i in range(LANES):
                 acc[i] = np.int32(acc[i] + np.int32(np.int32(line[i]) * w))
-        row = out[o].reshape(-1)
-        for i in range(n3):
+        row = dst[o, d0:d0 + LANES]
+        for i in range(LANES):
             v = acc[i] >> shift
             row[i] = np.uint8(0 if v < 0 else (255 if v > 255 else v))
 
 
 @njit(cache=True)
-def _transpose(src: np.ndarray, r0: int, c0: int, n_rows: int, n_cols: int, dst: np.ndarray, flip: bool) -> None:
-    """``dst[x, r] = src[r0 + r, c0 + x]`` for the ``n_rows × n_cols`` window (``dst`` ``(n_cols, n_rows, 3)``);
-    with ``flip``, ``dst[x, n_rows - 1 - r]`` instead (the window mirrored along its rows)."""
-    if flip:  # two loops, not a branch per pixel: each compiles to straight copies
-        last = n_rows - 1
-        for x in range(n_cols):
-            for r in range(n_rows):
-                dst[x, last - r, 0] = src[r0 + r, c0 + x, 0]
-                dst[x, last - r, 1] = src[r0 + r, c0 + x, 1]
-                dst[x, last - r, 2] = src[r0 + r, c0 + x, 2]
-    else:
-        for x in range(n_cols):
-            for r in range(n_rows):
-                dst[x, r, 0] = src[r0 + r, c0 + x, 0]
-                dst[x, r, 1] = src[r0 + r, c0 + x, 1]
-                dst[x, r, 2] = src[r0 + r, c0 + x, 2]
+def _fir(src: np.ndarray, r0: int, i0: int, n_lanes: int, bounds: np.ndarray, weights: np.ndarray,
+         acc: np.ndarray, dst: np.ndarray) -> None:
+    """The one resampling kernel of both passes: ``dst[o, i] = clip8(Σ_t src[r0 + bounds[o, 0] + t, i0 + i] ·
+    weights[o, t])`` for ``i < n_lanes`` (``src`` and ``dst`` 2-D uint8, ``acc`` int32 scratch of at least
+    ``max(n_lanes, LANES)``), clip8 = Pillow's rounding shift and clip to 0..255. Every product and sum is kept in
+    int32, Pillow's fixed-point arithmetic (numba would widen them to int64, which halves the vector width and
+    costs ~9× here), and the inner loops run over contiguous lanes, so the compiler vectorises them. Runs in blocks
+    of :data:`LANES` lanes (:func:`_fir_block`: a block's source bytes stay in the L1 cache across its output
+    rows), the rest in one runtime-length pass."""
+    n_full = n_lanes // LANES * LANES
+    for j in range(0, n_full, LANES):
+        _fir_block(src, r0, i0 + j, bounds, weights, acc, dst, j)
+    n = n_lanes - n_full
+    if n == 0:
+        return
+    half = np.int32(1 << (PRECISION_BITS - 1))
+    shift = np.int32(PRECISION_BITS)
+    i1 = i0 + n_full
+    for o in range(bounds.shape[0]):
+        for i in range(n):
+            acc[i] = half
+        y0 = r0 + bounds[o, 0]
+        for t in range(bounds[o, 1]):
+            w = np.int32(weights[o, t])
+            line = src[y0 + t, i1:i1 + n]
+            for i in range(n):
+                acc[i] = np.int32(acc[i] + np.int32(np.int32(line[i]) * w))
+        row = dst[o, n_full:n_lanes]
+        for i in range(n):
+            v = acc[i] >> shift
+            row[i] = np.uint8(0 if v < 0 else (255 if v > 255 else v))
+
+
+@njit(cache=True)
+def _vpass(src: np.ndarray, r0: int, c0: int, bounds: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
+    """Vertical pass: ``out[o, x] = Σ_t src[r0 + bounds[o, 0] + t, c0 + x] · weights[o, t]`` (fixed point, int32 as
+    Pillow), :func:`_fir` over the image rows (the lanes are a row's ``3 · n_out_cols`` bytes)."""
+    n3 = out.shape[1] * 3
+    acc = np.empty(max(n3, LANES), dtype=np.int32)
+    _fir(src.reshape(src.shape[0], -1), r0, c0 * 3, n3, bounds, weights, acc, out.reshape(out.shape[0], -1))
+
+
+HPASS_ROWS = LANES // 3
+"""Rows per block of :func:`_hpass` (one :func:`_fir_block` of lanes; its two small transposes stay in the cache)."""
 
 
 @njit(cache=True)
 def _hpass(src: np.ndarray, r0: int, c0: int, n_rows: int, bounds: np.ndarray, weights: np.ndarray,
            out: np.ndarray, flip: bool = False) -> None:
-    """Horizontal pass ``out[r, o] = Σ_t src[r0 + r, c0 + bounds[o, 0] + t] · weights[o, t]``, run as a vertical
-    pass over the transposed rows (same arithmetic, vectorised). ``flip`` writes output column ``o`` at
-    ``n_out - 1 - o`` (a horizontal flip of the result, for free in the transpose back)."""
-    n_cols = bounds[bounds.shape[0] - 1, 0] + bounds[bounds.shape[0] - 1, 1]
-    src_t = np.empty((n_cols, n_rows, 3), dtype=np.uint8)
-    _transpose(src, r0, c0, n_rows, n_cols, src_t, False)
-    out_t = np.empty((out.shape[1], n_rows, 3), dtype=np.uint8)
-    _vpass(src_t, 0, 0, bounds, weights, out_t)
-    _transpose(out_t, 0, 0, out.shape[1], n_rows, out, flip)
+    """Horizontal pass ``out[r, o] = Σ_t src[r0 + r, c0 + bounds[o, 0] + t] · weights[o, t]`` for ``r < n_rows``.
+
+    Run in blocks of :data:`HPASS_ROWS` source rows: the block's columns ``bounds[0, 0] ..`` are transposed into a
+    small ``(n_cols, 3 · rows)`` tile (each source row read once, in order), :func:`_fir` runs over the tile's
+    columns as over image rows (same arithmetic, vectorised across the block's rows and channels), and the result
+    tile is transposed into the output rows. ``flip`` writes output column ``o`` at ``n_out - 1 - o`` (a
+    horizontal flip of the result, for free in that last transpose)."""
+    n_out = out.shape[1]
+    col0 = bounds[0, 0]
+    n_cols = bounds[n_out - 1, 0] + bounds[n_out - 1, 1] - col0
+    tile = np.zeros((n_cols, LANES), dtype=np.uint8)  # zeros: lanes past a short last block stay finite
+    res = np.empty((n_out, LANES), dtype=np.uint8)
+    acc = np.empty(LANES, dtype=np.int32)
+    tb = bounds.copy()
+    tb[:, 0] -= col0
+    step = -1 if flip else 1
+    for rb in range(0, n_rows, HPASS_ROWS):
+        k = min(HPASS_ROWS, n_rows - rb)
+        for r in range(k):  # loop indices only (a computed index costs a negative-index check per access)
+            line, col = src[r0 + rb + r, c0 + col0:c0 + col0 + n_cols], tile[:, 3 * r:3 * r + 3]
+            for x in range(n_cols):
+                col[x, 0] = line[x, 0]
+                col[x, 1] = line[x, 1]
+                col[x, 2] = line[x, 2]
+        _fir_block(tile, 0, 0, tb, weights, acc, res, 0)
+        for r in range(k):
+            row, col = out[rb + r, ::step], res[:, 3 * r:3 * r + 3]  # a mirrored view when flipping
+            for o in range(n_out):
+                row[o, 0] = col[o, 0]
+                row[o, 1] = col[o, 1]
+                row[o, 2] = col[o, 2]
 
 
 @njit(cache=True)
@@ -225,10 +276,12 @@ def resample_crop(src: np.ndarray, top: int, left: int, height: int, width: int,
         if need_v:
             _vpass(src, top, left + out_left, vb, vk, dst)
         else:
-            for r in range(n_h):
-                for x in range(n_w):
-                    for c in range(3):
-                        dst[r, x, c] = src[top + out_top + r, left + out_left + x, c]
+            n3, c3 = 3 * n_w, 3 * (left + out_left)
+            src2, dst2 = src.reshape(src.shape[0], -1), dst.reshape(n_h, -1)
+            for r in range(n_h):  # over flat row slices, indexed from 0: the copy vectorises
+                line, row = src2[top + out_top + r, c3:c3 + n3], dst2[r]
+                for i in range(n3):
+                    row[i] = line[i]
         if flip:
             hflip(dst)
 
