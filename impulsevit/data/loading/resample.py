@@ -24,7 +24,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
 
 __all__ = [
     "BICUBIC", "BILINEAR", "FILTERS", "center_crop_geometry", "draw_uniform", "hflip", "random_resized_crop",
@@ -171,44 +173,77 @@ def _vpass(src: np.ndarray, r0: int, c0: int, bounds: np.ndarray, weights: np.nd
     _fir(src.reshape(src.shape[0], -1), r0, c0 * 3, n3, bounds, weights, acc, out.reshape(out.shape[0], -1))
 
 
+@intrinsic
+def _load4(typingctx, arr, offset):  # noqa: ANN001, ANN202
+    """The 4 bytes at byte ``offset`` of the contiguous uint8 array ``arr`` as one uint32 (an unaligned load; the
+    caller keeps ``offset + 4`` within the array)."""
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        ptr = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(32).as_pointer())
+        return builder.load(ptr, align=1)
+    return types.uint32(arr, offset), codegen
+
+
+@intrinsic
+def _store4(typingctx, arr, offset, value):  # noqa: ANN001, ANN202
+    """Write the uint32 ``value`` as the 4 bytes at byte ``offset`` of the contiguous uint8 array ``arr``."""
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        ptr = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(32).as_pointer())
+        builder.store(args[2], ptr, align=1)
+        return context.get_dummy_value()
+    return types.void(arr, offset, value), codegen
+
+
 HPASS_ROWS = LANES // 3
 """Rows per block of :func:`_hpass` (one :func:`_fir_block` of lanes; its two small transposes stay in the cache)."""
+_TILE = LANES + 4  # a tile row's bytes: room for a 4-byte store at its last pixel
 
 
 @njit(cache=True)
 def _hpass(src: np.ndarray, r0: int, c0: int, n_rows: int, bounds: np.ndarray, weights: np.ndarray,
            out: np.ndarray, flip: bool = False) -> None:
-    """Horizontal pass ``out[r, o] = Σ_t src[r0 + r, c0 + bounds[o, 0] + t] · weights[o, t]`` for ``r < n_rows``.
+    """Horizontal pass ``out[r, o] = Σ_t src[r0 + r, c0 + bounds[o, 0] + t] · weights[o, t]`` for ``r < n_rows``
+    (``src`` and ``out`` C-contiguous).
 
     Run in blocks of :data:`HPASS_ROWS` source rows: the block's columns ``bounds[0, 0] ..`` are transposed into a
-    small ``(n_cols, 3 · rows)`` tile (each source row read once, in order), :func:`_fir` runs over the tile's
+    small ``(n_cols, 3 · rows)`` tile (each source row read once, in order), :func:`_fir_block` runs over the tile's
     columns as over image rows (same arithmetic, vectorised across the block's rows and channels), and the result
-    tile is transposed into the output rows. ``flip`` writes output column ``o`` at ``n_out - 1 - o`` (a
-    horizontal flip of the result, for free in that last transpose)."""
+    tile is transposed into the output rows. Both transposes move a pixel as one 4-byte load and store whose fourth
+    byte is rewritten by the next pixel (the last pixel of a row byte by byte, so nothing outside the row is read
+    or written). ``flip`` writes output column ``o`` at ``n_out - 1 - o`` (a horizontal flip of the result, for free
+    in that last transpose)."""
     n_out = out.shape[1]
     col0 = bounds[0, 0]
     n_cols = bounds[n_out - 1, 0] + bounds[n_out - 1, 1] - col0
-    tile = np.zeros((n_cols, LANES), dtype=np.uint8)  # zeros: lanes past a short last block stay finite
-    res = np.empty((n_out, LANES), dtype=np.uint8)
+    tile = np.zeros((n_cols, _TILE), dtype=np.uint8)  # zeros: lanes past a short last block stay finite
+    res = np.empty((n_out, _TILE), dtype=np.uint8)
     acc = np.empty(LANES, dtype=np.int32)
+    tile_flat, res_flat = tile.reshape(-1), res.reshape(-1)
     tb = bounds.copy()
     tb[:, 0] -= col0
-    step = -1 if flip else 1
+    xl, ol = n_cols - 1, n_out - 1
     for rb in range(0, n_rows, HPASS_ROWS):
         k = min(HPASS_ROWS, n_rows - rb)
-        for r in range(k):  # loop indices only (a computed index costs a negative-index check per access)
-            line, col = src[r0 + rb + r, c0 + col0:c0 + col0 + n_cols], tile[:, 3 * r:3 * r + 3]
-            for x in range(n_cols):
-                col[x, 0] = line[x, 0]
-                col[x, 1] = line[x, 1]
-                col[x, 2] = line[x, 2]
+        for r in range(k):
+            line = src[r0 + rb + r, c0 + col0:c0 + col0 + n_cols].reshape(-1)
+            for x in range(xl):
+                _store4(tile_flat, x * _TILE + 3 * r, _load4(line, 3 * x))
+            for c in range(3):
+                tile_flat[xl * _TILE + 3 * r + c] = line[3 * xl + c]
         _fir_block(tile, 0, 0, tb, weights, acc, res, 0)
         for r in range(k):
-            row, col = out[rb + r, ::step], res[:, 3 * r:3 * r + 3]  # a mirrored view when flipping
-            for o in range(n_out):
-                row[o, 0] = col[o, 0]
-                row[o, 1] = col[o, 1]
-                row[o, 2] = col[o, 2]
+            row = out[rb + r].reshape(-1)
+            if flip:  # output position p holds column ol - p; positions in increasing order (see above)
+                for p in range(ol):
+                    _store4(row, 3 * p, _load4(res_flat, (ol - p) * _TILE + 3 * r))
+                for c in range(3):
+                    row[3 * ol + c] = res_flat[3 * r + c]
+            else:
+                for p in range(ol):
+                    _store4(row, 3 * p, _load4(res_flat, p * _TILE + 3 * r))
+                for c in range(3):
+                    row[3 * ol + c] = res_flat[ol * _TILE + 3 * r + c]
 
 
 @njit(cache=True)
