@@ -16,7 +16,8 @@ of threads, or on what was drawn before it (no shared generator state). See :fun
 
 Every function here works on numpy arrays and scalars only, so numba compiles it with ``njit`` (FFCV's ``Compiler``);
 called from plain Python it runs (slowly) with the same results, except :func:`sample_key` / :func:`uniform`, whose
-64-bit wrap-around arithmetic needs the compiled form (use :data:`draw_uniform` from Python).
+64-bit wrap-around arithmetic needs the compiled form (use :data:`draw_uniform` from Python), and the horizontal
+pass, whose 4-byte pixel moves are numba intrinsics (compiled code only).
 """
 
 from __future__ import annotations
