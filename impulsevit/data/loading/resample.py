@@ -174,10 +174,18 @@ def _vpass(src: np.ndarray, r0: int, c0: int, bounds: np.ndarray, weights: np.nd
     _fir(src.reshape(src.shape[0], -1), r0, c0 * 3, n3, bounds, weights, acc, out.reshape(out.shape[0], -1))
 
 
+def _flat_bytes(arr: types.Type) -> bool:
+    """Whether ``arr`` is typed as a 1-D C-contiguous uint8 array (what the 4-byte moves address by byte offset)."""
+    return isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C" and arr.dtype == types.uint8
+
+
 @intrinsic
 def _load4(typingctx, arr, offset):  # noqa: ANN001, ANN202
-    """The 4 bytes at byte ``offset`` of the contiguous uint8 array ``arr`` as one uint32 (an unaligned load; the
-    caller keeps ``offset + 4`` within the array)."""
+    """The 4 bytes at byte ``offset`` of the 1-D C-contiguous uint8 array ``arr`` as one uint32 (an unaligned load;
+    the caller keeps ``offset + 4`` within the array). Not typed for any other array."""
+    if not _flat_bytes(arr):
+        return None
+
     def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
         ptr = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(32).as_pointer())
@@ -187,7 +195,10 @@ def _load4(typingctx, arr, offset):  # noqa: ANN001, ANN202
 
 @intrinsic
 def _store4(typingctx, arr, offset, value):  # noqa: ANN001, ANN202
-    """Write the uint32 ``value`` as the 4 bytes at byte ``offset`` of the contiguous uint8 array ``arr``."""
+    """Write the uint32 ``value`` as the 4 bytes at byte ``offset`` of the 1-D C-contiguous uint8 array ``arr``."""
+    if not _flat_bytes(arr):
+        return None
+
     def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
         data = context.make_array(sig.args[0])(context, builder, args[0]).data
         ptr = builder.bitcast(builder.gep(data, [args[1]]), ir.IntType(32).as_pointer())
@@ -217,7 +228,7 @@ def _hpass(src: np.ndarray, r0: int, c0: int, n_rows: int, bounds: np.ndarray, w
     n_out = out.shape[1]
     col0 = bounds[0, 0]
     n_cols = bounds[n_out - 1, 0] + bounds[n_out - 1, 1] - col0
-    tile = np.zeros((n_cols, _TILE), dtype=np.uint8)  # zeros: lanes past a short last block stay finite
+    tile = np.zeros((n_cols, _TILE), dtype=np.uint8)  # zeros: lanes a short block leaves hold defined bytes
     res = np.empty((n_out, _TILE), dtype=np.uint8)
     acc = np.empty(LANES, dtype=np.int32)
     tile_flat, res_flat = tile.reshape(-1), res.reshape(-1)
