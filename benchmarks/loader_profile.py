@@ -10,7 +10,10 @@ stored image:
 - ``decode (PIL)`` / ``decode (cv2)``: the same JPEGs decoded by Pillow and OpenCV from Python, for comparison;
 - ``crop box + RNG``: the per-sample key hash and torchvision's ``RandomResizedCrop`` box (and the flip draw);
 - ``resample``: PIL's bicubic resize of the drawn box to 224 × 224 (:func:`~.resample.resample_crop`),
-  with the flip written by its horizontal pass for the samples whose draw says so; each pass also timed alone;
+  with the flip written by its horizontal pass for the samples whose draw says so; each pass also timed alone, and
+  the filter coefficients of both axes alone;
+- ``eval``: the eval transform (:func:`~.resample.resize_short_crop_center`, crop_pct 0.875) of every stored image
+  (not part of the training path; for ``short256`` images at 224 px the resize keeps the size, so it is the crop);
 - ``flip as a separate pass``: an in-place flip of the 224 × 224 output (what the flip cost before it was folded into
   the resample), for reference;
 - ``copy into batch``: a plain copy of a 224 × 224 × 3 image (the decoder writes straight into the batch slot, so it
@@ -73,6 +76,7 @@ def compiled_stages(kind: int, size: int) -> dict[str, Callable]:
     memcpy_c = njit(nogil=True)(memcpy)
     flip = rs.hflip
     key_of, rrc, uniform, resample_crop = rs.sample_key, rs.random_resized_crop, rs.uniform, rs.resample_crop
+    center = rs.resize_short_crop_center
     s0, s1, lr0, lr1 = 0.08, 1.0, float(np.log(3 / 4)), float(np.log(4 / 3))
 
     @njit(nogil=True)
@@ -112,6 +116,27 @@ def compiled_stages(kind: int, size: int) -> dict[str, Callable]:
         return total
 
     @njit(nogil=True)
+    def coefficients(hs, ws, idx, box):  # noqa: ANN001, ANN202
+        """The filter coefficients of both axes alone (what :func:`~.resample.resample_crop` computes first)."""
+        total = 0
+        for k in range(len(idx)):
+            h, w = box[k, 2], box[k, 3]
+            hb, hk = rs.coefficients(w, 0.0, float(w), size, 0, size, kind)
+            vb, vk = rs.coefficients(h, 0.0, float(h), size, 0, size, kind)
+            total += hb[0, 1] + vb[0, 1] + hk[0, 0] + vk[0, 0]
+        return total
+
+    @njit(nogil=True)
+    def evaluate(decoded, hs, ws, idx, dst):  # noqa: ANN001, ANN202
+        total = 0
+        for k in range(len(idx)):
+            i = idx[k]
+            image = decoded[k].reshape(-1)[:3 * hs[i] * ws[i]].reshape(hs[i], ws[i], 3)
+            center(image, hs[i], ws[i], 0.875, dst, kind)
+            total += dst[0, 0, 0]
+        return total
+
+    @njit(nogil=True)
     def passes(decoded, hs, ws, idx, box, which):  # noqa: ANN001, ANN202 - 0: horizontal alone, 1: vertical alone
         """One pass of each resample alone, on the box's full extent (the other axis left at its crop size)."""
         total = 0
@@ -142,8 +167,9 @@ def compiled_stages(kind: int, size: int) -> dict[str, Callable]:
             memcpy_c(src, dst)
         return dst[0, 0, 0]
 
-    return {"decode": decode, "boxes": boxes, "resample": resample, "passes": passes, "flips": flips,
-            "copies": copies}
+    return {"decode": decode, "boxes": boxes, "resample": resample, "passes": passes, "coefficients": coefficients,
+            "evaluate": evaluate,
+            "flips": flips, "copies": copies}
 
 
 def timed(fn: Callable[[], object], repeats: int) -> float:
@@ -223,6 +249,10 @@ def main(argv: list[str] | None = None) -> float:
         lambda: st["passes"](scratch, hs, ws, idx_all, box, 0), args.repeats), n)
     row("  vertical pass alone (full box)", timed(
         lambda: st["passes"](scratch, hs, ws, idx_all, box, 1), args.repeats), n)
+    row("  filter coefficients (both axes)", timed(
+        lambda: st["coefficients"](hs, ws, idx_all, box), args.repeats), n)
+    row("eval: short side 256, centre 224", timed(
+        lambda: st["evaluate"](scratch, hs, ws, idx_all, dst), args.repeats), n)
     row("flip as a separate pass (ref.)", timed(lambda: st["flips"](n, dst), args.repeats), n)
     src = np.ascontiguousarray(dst[::-1])
     row("copy 224² × 3 into batch (ref.)", timed(lambda: st["copies"](n, src, dst), args.repeats), n)
