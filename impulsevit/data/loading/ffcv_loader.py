@@ -346,7 +346,7 @@ def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scal
             my_range = Compiler.get_iterator()
             imdecode_c = Compiler.compile(imdecode)
             read_epoch = Compiler.compile(_epoch_reader(state))
-            resample_crop, rrc = rs.resample_crop, rs.random_resized_crop
+            resample_crop, rrc, copy_box = rs.resample_crop, rs.random_resized_crop, rs.copy_window
             key_of, uniform, center = rs.sample_key, rs.uniform, rs.resize_short_crop_center
             pack = Compiler.compile(pack_box)
             to_canvas = canvas
@@ -379,7 +379,7 @@ def _resample_decoder(output_size: int, *, train: bool, interpolation: str, scal
                         i, j, h, w = rrc(height, width, s0, s1, lr0, lr1, key)
                         flip = p > 0 and uniform(key, 22) < p
                         if to_canvas:
-                            out[:h, :w] = image[i:i + h, j:j + w]
+                            copy_box(image, i, j, h, w, out)
                             pack(out[out.shape[1]].reshape(-1), h, w, flip)
                         else:
                             resample_crop(image, i, j, h, w, size, size, 0, 0, out, kind, flip)

@@ -30,8 +30,8 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 __all__ = [
-    "BICUBIC", "BILINEAR", "FILTERS", "center_crop_geometry", "draw_uniform", "hflip", "random_resized_crop",
-    "resample_crop", "resize_short_crop_center", "sample_key", "uniform",
+    "BICUBIC", "BILINEAR", "FILTERS", "center_crop_geometry", "copy_window", "draw_uniform", "hflip",
+    "random_resized_crop", "resample_crop", "resize_short_crop_center", "sample_key", "uniform",
 ]
 
 PRECISION_BITS = 32 - 8 - 2  # Pillow's fixed-point precision for 8-bit images
@@ -259,6 +259,19 @@ def _hpass(src: np.ndarray, r0: int, c0: int, n_rows: int, bounds: np.ndarray, w
 
 
 @njit(cache=True)
+def copy_window(src: np.ndarray, top: int, left: int, height: int, width: int, dst: np.ndarray) -> None:
+    """``dst[:height, :width] = src[top:top + height, left:left + width]`` for C-contiguous ``(H, W, 3)`` uint8
+    arrays, as a loop over flat row slices indexed from 0 (the copy vectorises; numba's 3-D slice assignment, or
+    computed indices, which it checks for wrap-around at every access, run 2-3× slower)."""
+    n3, c3 = 3 * width, 3 * left
+    src2, dst2 = src.reshape(src.shape[0], -1), dst.reshape(dst.shape[0], -1)
+    for r in range(height):
+        line, row = src2[top + r, c3:c3 + n3], dst2[r]
+        for i in range(n3):
+            row[i] = line[i]
+
+
+@njit(cache=True)
 def hflip(image: np.ndarray) -> None:
     """Mirror an ``(H, W, 3)`` uint8 image left-right in place."""
     height, width = image.shape[0], image.shape[1]
@@ -323,12 +336,7 @@ def resample_crop(src: np.ndarray, top: int, left: int, height: int, width: int,
         if need_v:
             _vpass(src, top, left + out_left, vb, vk, dst)
         else:
-            n3, c3 = 3 * n_w, 3 * (left + out_left)
-            src2, dst2 = src.reshape(src.shape[0], -1), dst.reshape(n_h, -1)
-            for r in range(n_h):  # over flat row slices, indexed from 0: the copy vectorises
-                line, row = src2[top + out_top + r, c3:c3 + n3], dst2[r]
-                for i in range(n3):
-                    row[i] = line[i]
+            copy_window(src, top + out_top, left + out_left, n_h, n_w, dst)
         if flip:
             hflip(dst)
 
