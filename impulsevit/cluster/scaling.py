@@ -26,9 +26,9 @@ LOADER_IMG_S_PER_CORE = 990.0
 
 LOADER_IMG_S_PER_CORE_DEVICE_RESAMPLE = 2505.0
 """img/s one FFCV worker core delivers with ``data.resample_on: device`` (the workers decode and copy the crop box;
-the GPU resamples): :data:`LOADER_IMG_S_PER_CORE` × 2.53, the ratio of the two modes' per-core rates measured
-side by side in one ``benchmarks/loader_speed.py`` run (466 vs 184 img/s per core on the busy 2-core machine; 0.75 vs
-0.30 of the decode limit). The GPU's share of the work (the resample) is not in this figure."""
+the GPU resamples): :data:`LOADER_IMG_S_PER_CORE` × 2.53, the lowest of three ratios of the two modes' per-core
+rates measured side by side in one ``benchmarks/loader_speed.py`` run each (2.53, 2.62, 3.35; docs/benchmarks.md).
+The GPU's share of the work (the resample) is not in this figure."""
 
 TRAINING_PROCESS_CPUS = 2
 """CPUs per task beside the loader workers: the training thread and Lightning's own (as ``impulsevit submit``)."""
