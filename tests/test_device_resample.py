@@ -6,6 +6,7 @@ RandomResizedCrop can draw, and it runs without a host synchronisation."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -163,7 +164,11 @@ def test_device_resample_yields_the_workers_training_batches(photos):
             for images, labels in loader:
                 if where == "device":
                     assert images.shape[2] == images.shape[3] + 1 > dm.image_size  # the canvas batch
-                out.append((dm.train_pixels(images).clone(), labels.clone()))
+                with warnings.catch_warnings(record=True) as seen:
+                    warnings.simplefilter("always")
+                    out.append((dm.train_pixels(images).clone(), labels.clone()))
+                said = [w for w in seen if "resample_on='device' on a CPU trainer" in str(w.message)]
+                assert len(said) == (where == "device" and len(out) == 1)  # said once, on the CPU only
         batches[where] = out
     assert len(batches["workers"]) == len(batches["device"]) == 2 * (36 // 8)
     for (x, y), (xd, yd) in zip(batches["workers"], batches["device"]):

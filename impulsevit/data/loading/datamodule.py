@@ -51,7 +51,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from impulsevit.config import as_config
@@ -155,8 +155,8 @@ class ImageDataModule(BaseImageDataModule):
         resample_on: where the ffcv backend's training crops are resized to S × S: ``workers`` (FFCV's threads,
             the default) or ``device`` (the threads decode and copy the crop box; ``on_after_batch_transfer``
             resamples the batch on the training device, to the same bytes — for GPU runs whose loader threads
-            are the bottleneck; on a CPU trainer it costs the training thread the resize). Evaluation always
-            resamples in the threads. Needs ``backend='ffcv'``.
+            are the bottleneck; on a CPU trainer it costs the training thread the resize, and a warning says
+            so). Evaluation always resamples in the threads. Needs ``backend='ffcv'``.
         storage: ``.beton`` storage of the ffcv backend (:class:`~impulsevit.data.loading.config.StorageConfig`: preset,
             page cache, ready-made ``train_beton`` / ``val_beton``, integrity check, conversion limit); a mapping or
             None (the defaults).
@@ -243,6 +243,7 @@ class ImageDataModule(BaseImageDataModule):
         self.download = bool(download)
         self._device_augment: DeviceAugment | None = None
         self._augment_logged = False
+        self._cpu_resample_warned = False
         self._sets: dict[str, SourceDataset] = {}
 
     # ------------------------------------------------------------------ sources and cached files
@@ -462,6 +463,11 @@ class ImageDataModule(BaseImageDataModule):
         the batch unchanged."""
         if self.resample_on != "device":
             return images
+        if images.device.type == "cpu" and not self._cpu_resample_warned:
+            self._cpu_resample_warned = True
+            rank_zero_warn("data.resample_on='device' on a CPU trainer: the crop resample runs in the training thread "
+                           "with torch, 10-50x the workers' cost per image (docs/benchmarks.md); it is meant for GPU "
+                           "runs, 'workers' gives the same pixels faster here")
         return resample_canvas(images, self.image_size, self.interpolation)
 
     def batch_augment(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
