@@ -32,6 +32,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from impulsevit.io import TEMP_RE, atomic_write, atomic_write_text, commit, remove, temp_path
+from impulsevit.safe_load import UntrustedFileError, load_checkpoint, trust_requested
 
 __all__ = [
     "AtomicCheckpointIO",
@@ -64,12 +65,19 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     atomic_write(path, lambda fh: torch.save(obj, fh))
 
 
+def _storage_as_saved(storage: Any, location: str) -> Any:
+    """``map_location`` of Lightning's ``TorchCheckpointIO.load_checkpoint``: each storage as deserialized."""
+    return storage
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning ``CheckpointIO`` whose ``save_checkpoint`` is atomic (temp file + fsync + rename).
 
     Used by every strategy that saves through a ``CheckpointIO`` (single device, DDP, FSDP2 with full-state
-    checkpoints). Loading and removal are Lightning's. ``storage_options`` are not supported (as in Lightning's
-    ``TorchCheckpointIO``), nor are remote paths.
+    checkpoints). Loading goes through :func:`impulsevit.safe_load.load_checkpoint` (``weights_only=True`` and the
+    project's allow-list; ``weights_only=False`` from the caller, ``--trust-checkpoint`` or
+    ``IMPULSEVIT_TRUST_CHECKPOINT=1`` trust the file); removal is Lightning's. ``storage_options`` are not supported
+    (as in Lightning's ``TorchCheckpointIO``), nor are remote paths.
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None) -> None:
@@ -80,16 +88,29 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             )
         atomic_torch_save(checkpoint, path)
 
+    def load_checkpoint(self, path: str | Path, map_location: Any = _storage_as_saved,
+                        weights_only: bool | None = None) -> dict[str, Any]:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"Checkpoint file not found: {path}")  # Lightning's contract (and message)
+        trust = trust_requested(True if weights_only is False else None)
+        return load_checkpoint(path, map_location=map_location, trust=trust)
+
 
 RUN_KEY = "impulsevit_run"
 """Checkpoint entry written by :class:`~impulsevit.callbacks.run_checkpoint.RunCheckpoint`: how the saving run was
 limited."""
 
 
-def _load_head(path: Path) -> dict | None:
-    """The checkpoint dict (memory-mapped: tensors are not read) when it loads and has ``global_step``, else None."""
+def _load_head(path: Path, refuse: bool = False) -> dict | None:
+    """The checkpoint dict (memory-mapped: tensors are not read) when it loads and has ``global_step``, else None.
+    A file that would run code when loaded is never loaded (:mod:`impulsevit.safe_load`): with ``refuse`` its
+    :class:`~impulsevit.safe_load.UntrustedFileError` is raised, else it counts as not loading."""
     try:
-        obj = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        obj = load_checkpoint(path, mmap=True)
+    except UntrustedFileError:
+        if refuse:
+            raise
+        return None
     except Exception:  # noqa: BLE001 - any failure to load means "not a usable checkpoint"
         return None
     return obj if isinstance(obj, dict) and "global_step" in obj else None
@@ -125,7 +146,12 @@ def resume_candidate(run_dir: str | os.PathLike, extra_dirs: tuple[str | os.Path
                      limits: dict[str, Any] | None = None) -> tuple[Path | None, list[str]]:
     """``--resume auto``: the furthest complete checkpoint (highest stored step) of a run directory whose run limits
     match ``limits`` (see :func:`smoke_reason`), and one line per candidate before it that was skipped
-    (``path: why``)."""
+    (``path: why``).
+
+    Raises:
+        UntrustedFileError: a candidate would run code when loaded (:mod:`impulsevit.safe_load`); it is refused, not
+            skipped, so a legacy checkpoint that needs ``--trust-checkpoint`` never makes ``fit`` start afresh.
+    """
     skipped = []
     for candidate in checkpoint_candidates(run_dir, extra_dirs):
         if candidate.is_dir():
@@ -133,7 +159,7 @@ def resume_candidate(run_dir: str | os.PathLike, extra_dirs: tuple[str | os.Path
                 return candidate, skipped
             skipped.append(f"{candidate}: an unfinished distributed checkpoint")
             continue
-        head = _load_head(candidate) if candidate.stat().st_size > 0 else None
+        head = _load_head(candidate, refuse=True) if candidate.stat().st_size > 0 else None
         if head is None:
             skipped.append(f"{candidate}: not a complete checkpoint (truncated, empty or unreadable)")
             continue
@@ -155,9 +181,10 @@ def is_distributed_checkpoint(path: str | os.PathLike) -> bool:
 def is_complete_checkpoint(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a finished Lightning checkpoint that can be resumed from.
 
-    A file must not be a temp file, and must load (``torch.load(mmap=True)``: the zip directory at the end of the file
-    and the pickle are read, tensors are not) into a dict with ``global_step``. A distributed-checkpoint directory must
-    hold DCP's ``.metadata`` and a loadable ``meta.pt`` that is at least as new as every other file in it.
+    A file must not be a temp file, and must load (:func:`impulsevit.safe_load.load_checkpoint` memory-mapped: the zip
+    directory at the end of the file and the pickle are read, tensors are not) into a dict with ``global_step``. A
+    distributed-checkpoint directory must hold DCP's ``.metadata`` and a loadable ``meta.pt`` that is at least as new
+    as every other file in it.
     """
     path = Path(path)
     if _TMP_RE.search(path.name):

@@ -1,4 +1,5 @@
-"""``impulsevit export CKPT OUT [--ema] [--format folder|state-dict] [--overwrite] [--push-to-hub ORG/NAME]``.
+"""``impulsevit export CKPT OUT [--ema] [--format folder|state-dict] [--overwrite] [--push-to-hub ORG/NAME]
+[--trust-checkpoint]``.
 
 A Lightning checkpoint of ``ImageClassifier`` (single file or FSDP2 distributed-checkpoint folder) becomes:
 
@@ -33,7 +34,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,13 @@ from impulsevit._compat.timm import model_card_readme
 from impulsevit.checkpointing import atomic_torch_save
 from impulsevit.errors import ConfigError, UserError
 from impulsevit.io import commit, disk_errors, remove, temp_path
+from impulsevit.safe_load import (
+    TRUST_FLAG,
+    TRUST_HELP,
+    UntrustedFileError,
+    load_checkpoint,
+    load_distributed_checkpoint,
+)
 
 __all__ = ["EXPORT_FILES", "backbone_state_dict", "build_model", "data_config", "export_checkpoint",
            "export_folder", "is_export_folder", "load_checkpoint_file", "main", "model_card", "push_to_hub",
@@ -62,14 +69,16 @@ CITATION = """@inproceedings{zheng2025structured,
 
 
 # ---------------------------------------------------------------------------------------------- reading a checkpoint
-def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
-    """The checkpoint as one dict (``state_dict``, ``hyper_parameters``, ``callbacks``, ...), on CPU.
+def load_checkpoint_file(path: str | os.PathLike, trust: bool | None = None) -> dict[str, Any]:
+    """The checkpoint as one dict (``state_dict``, ``hyper_parameters``, ``callbacks``, ...), on CPU, read through
+    :mod:`impulsevit.safe_load` (``trust``: see :func:`impulsevit.safe_load.load_checkpoint`).
 
     A distributed-checkpoint folder (FSDP2) is converted to a single in-memory dict; its ``meta.pt`` supplies the
     hyperparameters and callback states.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
+        UntrustedFileError: the file (or the folder's metadata) would run code when loaded; nothing of it ran.
         ValueError: ``path`` cannot be read (truncated, corrupt, not a torch file) or is not a Lightning checkpoint
             (no ``state_dict``); the message names the file.
     """
@@ -78,17 +87,11 @@ def load_checkpoint_file(path: str | os.PathLike) -> dict[str, Any]:
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
     try:
         if path.is_dir():
-            from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-            with tempfile.TemporaryDirectory() as tmp:
-                merged = Path(tmp) / "merged.pt"
-                dcp_to_torch_save(path, merged)
-                ckpt = torch.load(merged, map_location="cpu", weights_only=True)
-            meta = path / "meta.pt"
-            if meta.is_file():
-                ckpt = {**torch.load(meta, map_location="cpu", weights_only=True), **ckpt}
+            ckpt = load_distributed_checkpoint(path, trust=trust)
         else:
-            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+            ckpt = load_checkpoint(path, trust=trust)
+    except UntrustedFileError:
+        raise
     except Exception as e:  # noqa: BLE001 - torch.load raises RuntimeError / UnpicklingError / EOFError / ...
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ValueError(f"checkpoint {str(path)!r} cannot be read (truncated or not a torch checkpoint?): "
@@ -365,7 +368,7 @@ def _check_folder_target(out: Path, overwrite: bool) -> None:
 
 
 def export_folder(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike, ema: bool = False,
-                  overwrite: bool = False) -> dict[str, Any]:
+                  overwrite: bool = False, trust: bool | None = None) -> dict[str, Any]:
     """Write the timm model folder of ``ckpt_path`` to ``out_dir`` (see the module docstring); atomic.
 
     Returns ``{"backbone", "num_classes", "params", "data_config", "label_names", "model", "model_config",
@@ -380,7 +383,7 @@ def export_folder(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike, ema:
 
     out = Path(out_dir)
     _check_folder_target(out, overwrite)
-    ckpt = load_checkpoint_file(ckpt_path)
+    ckpt = load_checkpoint_file(ckpt_path, trust=trust)
     model = build_model(ckpt, ema=ema)
     dc = data_config(ckpt)
     model_config = _timm_model_config(ckpt, ckpt_path, ema)
@@ -402,7 +405,8 @@ def export_folder(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike, ema:
             "card": card}
 
 
-def export_checkpoint(ckpt_path: str | os.PathLike, out_path: str | os.PathLike, ema: bool = False) -> dict[str, Any]:
+def export_checkpoint(ckpt_path: str | os.PathLike, out_path: str | os.PathLike, ema: bool = False,
+                      trust: bool | None = None) -> dict[str, Any]:
     """Write the plain timm state dict of ``ckpt_path`` to ``out_path`` (atomically).
 
     Returns ``{"backbone", "num_classes", "backbone_kwargs", "tensors", "params"}`` (what ``timm.create_model`` needs
@@ -414,7 +418,7 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out_path: str | os.PathLike,
     if Path(out_path).is_dir():
         raise ConfigError(f"{out_path} is a folder; --format state-dict writes one file (give a file path like "
                           f"model.pth)")
-    ckpt = load_checkpoint_file(ckpt_path)
+    ckpt = load_checkpoint_file(ckpt_path, trust=trust)
     state = backbone_state_dict(ckpt, ema=ema)
     atomic_torch_save(state, out_path)
     hp = ckpt.get("hyper_parameters") or {}
@@ -493,7 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--push-to-hub", metavar="ORG/NAME", default=None,
                         help="also upload the model to the Hugging Face Hub (timm's push_to_hf_hub)")
     parser.add_argument("--private", action="store_true", help="with --push-to-hub: create a private repo")
+    parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
+    trust = True if args.trust_checkpoint else None
     if args.format is None:  # `export CKPT vit.pth` means a file, as it always did; anything else a folder
         args.format = "state-dict" if Path(args.out).suffix in (".pth", ".pt") else "folder"
     from impulsevit.io import WriteError
@@ -504,9 +510,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError("--push-to-hub needs --format folder")
             check_repo_id(args.push_to_hub)
         if args.format == "state-dict":
-            info = export_checkpoint(args.ckpt, args.out, ema=args.ema)
+            info = export_checkpoint(args.ckpt, args.out, ema=args.ema, trust=trust)
         else:
-            info = export_folder(args.ckpt, args.out, ema=args.ema, overwrite=args.overwrite)
+            info = export_folder(args.ckpt, args.out, ema=args.ema, overwrite=args.overwrite, trust=trust)
     except (FileNotFoundError, KeyError, ValueError, ConfigError) as e:
         print(f"impulsevit export: error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2

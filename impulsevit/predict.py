@@ -1,4 +1,5 @@
-"""``impulsevit predict MODEL IMAGES [--out predictions.csv] [--ema] [--batch-size N] [--workers N]``.
+"""``impulsevit predict MODEL IMAGES [--out predictions.csv] [--ema] [--batch-size N] [--workers N]
+[--trust-checkpoint]``.
 
 Classifies every image under the folder ``IMAGES`` (recursively; timm's image extensions) with ``MODEL``, either a
 Lightning checkpoint of a run (file or FSDP2 folder) or a folder written by ``impulsevit export``, and writes a CSV
@@ -29,15 +30,19 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from impulsevit.errors import ConfigError
+from impulsevit.safe_load import TRUST_FLAG, TRUST_HELP
 
 __all__ = ["find_images", "load_predictor", "main", "predict_folder"]
 
 
-def load_predictor(path: str | os.PathLike, ema: bool = False) -> tuple[nn.Module, dict[str, Any], list[str]]:
-    """``(model in eval mode, timm data config, class names)`` for a checkpoint or an exported folder.
+def load_predictor(path: str | os.PathLike, ema: bool = False,
+                   trust: bool | None = None) -> tuple[nn.Module, dict[str, Any], list[str]]:
+    """``(model in eval mode, timm data config, class names)`` for a checkpoint or an exported folder (a checkpoint
+    is read through :mod:`impulsevit.safe_load`; ``trust``: see :func:`impulsevit.safe_load.load_checkpoint`).
 
     Raises:
         FileNotFoundError / ValueError / KeyError: the path is missing, unreadable or not a model (names it).
+        UntrustedFileError: the checkpoint would run code when loaded (a ``ValueError`` too); nothing of it ran.
     """
     import timm
 
@@ -55,7 +60,7 @@ def load_predictor(path: str | os.PathLike, ema: bool = False) -> tuple[nn.Modul
     else:
         from impulsevit.export import build_model, data_config, load_checkpoint_file, run_record
 
-        ckpt = load_checkpoint_file(path)
+        ckpt = load_checkpoint_file(path, trust=trust)
         model = build_model(ckpt, ema=ema)
         names = run_record(ckpt).get("class_names")
         model.pretrained_cfg = {**model.pretrained_cfg, **data_config(ckpt), "num_classes": model.num_classes,
@@ -151,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ema", action="store_true", help="checkpoints: use the EMA weights")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (default 0)")
+    parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
     from impulsevit.io import WriteError, atomic_write_text
 
@@ -158,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         if Path(args.out).is_dir():
             raise ConfigError(f"--out {args.out} is a folder; give a .csv file path")
         files = find_images(args.images)
-        model, cfg, names = load_predictor(args.model, ema=args.ema)
+        model, cfg, names = load_predictor(args.model, ema=args.ema, trust=True if args.trust_checkpoint else None)
     except (FileNotFoundError, KeyError, ValueError, ConfigError) as e:
         print(f"impulsevit predict: error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from impulsevit.errors import ConfigError
+from impulsevit.safe_load import UntrustedFileError, check_distributed_checkpoint, load_checkpoint
 
 __all__ = ["META_DRY_RUN_PARAMS", "check_classes", "check_init", "check_resume", "config_diff"]
 
@@ -146,9 +147,11 @@ def _settings_text(diff: list[str]) -> str:
 def check_resume(path: str | os.PathLike, model: nn.Module, hparams: dict[str, Any] | None = None) -> None:
     """Raise :class:`ConfigError` when the checkpoint at ``path`` cannot be loaded into ``model``.
 
-    Reads the checkpoint memory-mapped (tensors are not read); distributed checkpoint folders are not checked here.
-    A file that does not load is named as truncated or not a checkpoint; differing keys or shapes are counted with one
-  example, followed by the differing model settings
+    Reads the checkpoint memory-mapped (tensors are not read) through :mod:`impulsevit.safe_load`: a file that would
+    run code when loaded is refused (:class:`~impulsevit.safe_load.UntrustedFileError`, naming ``--trust-checkpoint``).
+    Of a distributed checkpoint folder only that is checked (``.metadata``, the non-tensor entries, ``meta.pt``); its
+    tensors are checked by torch.distributed.checkpoint. A file that does not load is named as truncated or not a
+    checkpoint; differing keys or shapes are counted with one example, followed by the differing model settings
     (from the checkpoint's ``hyper_parameters`` vs ``hparams``).
     """
     path = Path(path)
@@ -156,9 +159,18 @@ def check_resume(path: str | os.PathLike, model: nn.Module, hparams: dict[str, A
         if not (path / ".metadata").is_file():
             raise ConfigError(f"--resume {path}: a folder, not a checkpoint (give a .ckpt file, or a distributed "
                               f"checkpoint folder holding a .metadata file)")
-        return  # a distributed (FSDP2) checkpoint folder: its shards are checked by torch.distributed.checkpoint
+        try:
+            check_distributed_checkpoint(path)
+        except (OSError, ValueError) as exc:
+            if isinstance(exc, UntrustedFileError):
+                raise
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(f"--resume {path}: not a readable distributed checkpoint ({first})") from exc
+        return
     try:
-        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        ckpt = load_checkpoint(path, mmap=True)
+    except UntrustedFileError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any failure means the file is not a usable checkpoint
         raise ConfigError(f"--resume {path}: not a readable checkpoint (truncated or another format: "
                           f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
@@ -206,7 +218,7 @@ def check_resume_loader(path: str | os.PathLike, datamodule: Any) -> None:
     if path.is_dir() or not hasattr(datamodule, "batch_size"):
         return
     try:
-        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        ckpt = load_checkpoint(path, mmap=True)
     except Exception:  # noqa: BLE001 - an unreadable file is check_resume's to report
         return
     state = (ckpt.get(type(datamodule).__qualname__) or {}).get("train_loader") if isinstance(ckpt, dict) else None
@@ -225,7 +237,7 @@ def stored_step(path: str | os.PathLike) -> float:
     checkpoint folder, an unreadable file)."""
     path = Path(path)
     try:
-        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=False) if path.is_file() else None
+        ckpt = load_checkpoint(path, mmap=True) if path.is_file() else None
         return float(ckpt["global_step"]) if isinstance(ckpt, dict) else float("inf")
     except Exception:  # noqa: BLE001 - unknown means "never take this run's files back"
         return float("inf")
@@ -237,7 +249,7 @@ def finished_run(path: str | os.PathLike, max_epochs: int | None, max_steps: int
     file). An epoch counts as done once its training batches were processed (Lightning's ``epoch_progress``)."""
     path = Path(path)
     try:
-        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=False) if path.is_file() else None
+        ckpt = load_checkpoint(path, mmap=True) if path.is_file() else None
         done = int(ckpt["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"]) if ckpt else None
         step = int(ckpt["global_step"]) if ckpt else None
     except Exception:  # noqa: BLE001 - unknown: let Lightning decide

@@ -23,6 +23,7 @@ not see whole tensors at ``on_fit_start`` — and the name is left as Lightning 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy, StrategyRegistry
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 
 from impulsevit._compat.lightning import CommHookOnAnyDeviceDDPStrategy, default_data_parallel_to_world
+from impulsevit.safe_load import check_distributed_checkpoint, trust_requested
 
 __all__ = ["BF16DDPStrategy", "FSDP2Strategy", "check_strategy", "default_precision", "STRATEGY_NAMES"]
 
@@ -38,6 +40,12 @@ STRATEGY_NAMES = ("auto", "ddp", "ddp_bf16", "fsdp2")
 
 class FSDP2Strategy(ModelParallelStrategy):
     """``ModelParallelStrategy`` whose data-parallel size defaults to the world size (tensor-parallel size 1).
+
+    A distributed checkpoint folder is checked by :func:`impulsevit.safe_load.check_distributed_checkpoint` before
+    Lightning and torch.distributed.checkpoint read it (DCP unpickles its ``.metadata`` and non-tensor entries without
+    ``weights_only``): a folder that would run code is refused unless trusted (``weights_only=False`` given to the
+    trainer, ``--trust-checkpoint`` or ``IMPULSEVIT_TRUST_CHECKPOINT=1``, which also load ``meta.pt`` and a full
+    checkpoint file with ``weights_only=False``).
 
     Not supported: tensor parallelism (use Lightning's ``ModelParallelStrategy`` directly for that), EMA weights.
     """
@@ -49,6 +57,12 @@ class FSDP2Strategy(ModelParallelStrategy):
     def setup_environment(self) -> None:
         default_data_parallel_to_world(self)
         super().setup_environment()
+
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        trust = trust_requested(True if weights_only is False else None)
+        if Path(checkpoint_path).is_dir():
+            check_distributed_checkpoint(checkpoint_path, trust=trust)
+        return super().load_checkpoint(checkpoint_path, weights_only=False if trust else weights_only)
 
 
 class BF16DDPStrategy(CommHookOnAnyDeviceDDPStrategy):

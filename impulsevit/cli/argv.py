@@ -12,7 +12,8 @@ from impulsevit.errors import ConfigError
 from impulsevit.recipes import resolve_recipe
 
 _CONFIG_FLAGS = ("--recipe", "--config", "-c")
-_NO_VALUE_FLAGS = ("-h", "--help", "--print_config", "--overwrite", "--untrained")
+_NO_VALUE_FLAGS = ("-h", "--help", "--print_config", "--overwrite", "--untrained", "--trust-checkpoint",
+                   "--trust_checkpoint")
 
 
 def _option_name(token: str) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from impulsevit.errors import ConfigError, UserError
 from impulsevit.io import WriteError, disk_oserror, write_error
 from impulsevit.preflight import finished_run
 from impulsevit.rundir import RunDirLock, check_name, check_runs_dir, launch_rank, run_files
+from impulsevit.safe_load import TRUST_FLAG, split_trust_flag, trust_requested, trusting
 from impulsevit.strategies import check_strategy, default_precision
 
 log = logging.getLogger("impulsevit")
@@ -47,6 +49,11 @@ class ImpulseCLI(SubcommandRunHookCLI):
     :class:`~impulsevit.checkpointing.AtomicCheckpointIO` plugin, ``precision`` = bf16-mixed on GPU / 32-true on CPU,
     ``strategy: fsdp`` (FSDP1) refused in favour of ``fsdp2`` and ``seed_everything: 0``. Every other callback comes
     from the model (:func:`impulsevit.callbacks.standard_callbacks`), as for a plain ``Trainer``.
+
+    Every checkpoint it reads (``--resume``, ``--ckpt_path``, the candidates of ``--resume auto``) is read through
+    :mod:`impulsevit.safe_load`: one that would run code is refused in one line, unless the command line holds
+    ``--trust-checkpoint`` (taken out before parsing, so it is never part of ``config.yaml``) or
+    ``IMPULSEVIT_TRUST_CHECKPOINT=1`` is set; then Lightning loads it with ``weights_only=False``.
     """
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
@@ -58,9 +65,12 @@ class ImpulseCLI(SubcommandRunHookCLI):
         self.run_lock: RunDirLock | None = None
         self.start_step: float = 0  # the resumed checkpoint's global step (inf: unknown)
         self.finished: str | None = None  # `fit --resume auto` found a finished run: why it is finished
+        args, flag = _without_trust_flag(args)
+        self.trust = trust_requested(True if flag else None)
         failed = True
         try:
-            self._start(args, run, kwargs)
+            with trusting(flag):  # for the whole command: every loader, Lightning's and the DDP ranks it starts
+                self._start(args, run, kwargs)
             failed = False
         except Exception as e:
             disk = disk_oserror(e)
@@ -118,7 +128,8 @@ class ImpulseCLI(SubcommandRunHookCLI):
         parser.add_argument("--runs_dir", "--runs-dir", type=str, default="runs", help="Parent of run directories.")
         parser.add_argument("--resume", type=str | None, default=None,
                             help="'auto': newest complete checkpoint of the run directory (fresh start if none); "
-                                 "or a checkpoint path.")
+                                 "or a checkpoint path. A checkpoint that would run code when loaded is refused "
+                                 f"unless {TRUST_FLAG} is given (trusted sources only).")
         # bare flags (``--overwrite``), as the error messages suggest them; ``--overwrite=true`` / ``--no_overwrite``
         # work too
         parser.add_argument("--overwrite", action=ActionYesNo(yes_prefix="", no_prefix="no_"), nargs="?",
@@ -271,12 +282,16 @@ class ImpulseCLI(SubcommandRunHookCLI):
                 self.start_step = stored_step(path)
             log.info("impulsevit: %s %s", "resuming from" if self.subcommand == "fit" else "evaluating", path)
             sub_init["ckpt_path"] = str(path)
+            if self.trust:  # checked by safe_load above, and trusted: Lightning loads it as it is
+                sub_init["weights_only"] = False
         elif sub_init.get("ckpt_path") is not None:
             path = Path(sub_init["ckpt_path"])
             check_resume(path, model, dict(model.hparams))
             if self.subcommand == "fit":
                 check_resume_loader(path, self.datamodule)
                 self.start_step = stored_step(path)
+            if self.trust:
+                sub_init["weights_only"] = False
         return path
 
     def _resume_path(self) -> Path | None:
@@ -310,6 +325,17 @@ class ImpulseCLI(SubcommandRunHookCLI):
         requeued = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
         if not resuming and not requeued:
             start_new_run(self.run_dir, overwrite=self._value(self.config, "overwrite"))
+
+
+def _without_trust_flag(args: Any) -> tuple[Any, bool]:
+    """``args`` (a list, or None: ``sys.argv[1:]``) without :data:`~impulsevit.safe_load.TRUST_FLAG`, and whether it
+    was there (a dict of arguments is returned as it is)."""
+    if args is None:
+        rest, flag = split_trust_flag(sys.argv[1:])
+        return (rest if flag else None), flag
+    if isinstance(args, list | tuple):
+        return split_trust_flag(list(args))
+    return args, False
 
 
 def fit_summary(trainer: Trainer, run_dir: Path) -> str:

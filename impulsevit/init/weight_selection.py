@@ -19,6 +19,7 @@ from torch import nn
 
 from impulsevit.init.api import InitResult, check_options, read_full, register
 from impulsevit.init.baselines import write_values
+from impulsevit.safe_load import load_checkpoint
 
 __all__ = ["selection_indices", "select_tensor", "load_teacher_state", "weight_selection_values", "WS_DEFAULTS"]
 
@@ -52,8 +53,12 @@ def load_teacher_state(teacher: nn.Module | Mapping[str, torch.Tensor] | str | o
     """The teacher's state dict (CPU, full tensors) from a model, a state dict, or a ``.pth``/``.pt``/``.safetensors``
     file (a ``{'model': ...}`` / ``{'state_dict': ...}`` wrapper is unwrapped).
 
+    A ``.pth``/``.pt`` file is read through :mod:`impulsevit.safe_load` (``weights_only``; a file that would run code
+    is refused unless ``--trust-checkpoint`` / ``IMPULSEVIT_TRUST_CHECKPOINT=1``).
+
     Raises:
-        ValueError: unreadable file or not a mapping of tensors.
+        ValueError: unreadable file or not a mapping of tensors (:class:`~impulsevit.safe_load.UntrustedFileError`:
+            a file that would run code).
     """
     if isinstance(teacher, nn.Module):
         state = teacher.state_dict()
@@ -68,7 +73,7 @@ def load_teacher_state(teacher: nn.Module | Mapping[str, torch.Tensor] | str | o
 
             state = load_file(path)
         else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            state = load_checkpoint(path, what="weight_selection teacher")
         for key in ("state_dict", "model", "state_dict_ema"):
             if isinstance(state, Mapping) and key in state and isinstance(state[key], Mapping):
                 state = state[key]

@@ -46,13 +46,13 @@ import functools
 import gzip
 import json
 import os
-import pickle
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from impulsevit.data.sources.image_source import ArraySource, FileSource, ImageSource, Problem, image_folder_source
+from impulsevit.safe_load import UntrustedFileError, load_restricted_pickle
 
 __all__ = [
     "read_cifar",
@@ -81,10 +81,24 @@ def _need(path: Path, what: str) -> Path:
     return path
 
 
+CIFAR_PICKLE_GLOBALS = frozenset({
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    *((f"numpy.{core}.multiarray", n) for core in ("core", "_core") for n in ("_reconstruct", "scalar")),
+    *((f"numpy.{core}.numeric", "_frombuffer") for core in ("core", "_core")),
+    ("_codecs", "encode"),  # bytes in a protocol-2 pickle written by python 3
+})
+"""What a CIFAR python batch may name when unpickled: numpy arrays, scalars and dtypes (numpy 1 and 2 spellings).
+Anything else (a pickle that would call a function) is refused, naming the file (:mod:`impulsevit.safe_load`)."""
+
+
 def _unpickle(path: Path) -> dict:
     with open(_need(path, "CIFAR python pickle"), "rb") as fh:
         try:
-            obj = pickle.load(fh, encoding="bytes")
+            obj = load_restricted_pickle(fh, CIFAR_PICKLE_GLOBALS, source=path, what="CIFAR python batch",
+                                         holds="a CIFAR python batch holds only numpy arrays and plain values",
+                                         encoding="bytes")
+        except UntrustedFileError:
+            raise
         except Exception as exc:  # pickle raises many types on garbage
             raise ValueError(f"{path}: not a CIFAR python pickle ({type(exc).__name__}: {exc})") from exc
     if not isinstance(obj, dict):

@@ -1,0 +1,327 @@
+"""The one loader of every file impulsevit reads that can hold a pickle: no code runs from a hostile file.
+
+A pickle can call any function while it loads (``os.system`` included), and researchers load checkpoints from
+colleagues and papers. Everything impulsevit reads that may be a pickle goes through this module
+(``tests/test_safe_load.py`` enumerates the calls by AST and fails on a ``torch.load`` / ``pickle`` load elsewhere):
+
+- :func:`load_checkpoint`: a ``torch.save`` file (a Lightning ``.ckpt``, a distributed checkpoint's ``meta.pt``, a
+  ``.pth`` state dict) with ``torch.load(weights_only=True)``: tensors, storages, ``OrderedDict`` and plain Python
+  values, plus :data:`SAFE_GLOBALS` (the allow-list of what impulsevit's own checkpoints hold beyond those: nothing
+  today; every writer stores plain types, see ``callbacks/run_record.py`` and ``callbacks/rng_state.py``).
+- :func:`check_distributed_checkpoint` / :func:`load_distributed_checkpoint`: a ``torch.distributed.checkpoint``
+  (DCP) folder. DCP reads its ``.metadata`` with plain ``pickle.load`` and the non-tensor entries of its shards with
+  ``torch.load(weights_only=False)``; the check reads ``.metadata`` with a restricted unpickler
+  (:data:`DCP_METADATA_GLOBALS`: DCP's metadata classes, ``torch.Size``, dtypes, layouts, memory formats, paths) and
+  every non-tensor entry with ``weights_only=True`` before DCP touches the folder.
+- :func:`load_restricted_pickle`: a plain pickle whose globals are checked against an allow-list given by the
+  caller (the CIFAR python batches: numpy arrays and dtypes only).
+
+Anything else is refused before it runs, as :class:`UntrustedFileError` (a :class:`ConfigError`, exit status 2), one
+line naming the file, what it would have called, and the opt-in: ``--trust-checkpoint`` on ``fit``, ``validate``,
+``test``, ``predict`` and ``export`` (or ``IMPULSEVIT_TRUST_CHECKPOINT=1``) loads a checkpoint from a trusted source
+with ``weights_only=False`` (legacy files, files of other frameworks). There is no opt-in for data files.
+
+Not supported: protecting against a file replaced between the check of a distributed checkpoint folder and DCP's own
+read of it (a race with another user who can write the folder); remote (fsspec URL) paths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pickle
+import re
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from impulsevit.errors import ConfigError
+
+__all__ = ["DCP_METADATA_GLOBALS", "SAFE_GLOBALS", "TRUST_ENV", "TRUST_FLAG", "TRUST_HELP", "UntrustedFileError",
+           "check_distributed_checkpoint", "load_checkpoint", "load_distributed_checkpoint", "load_restricted_pickle",
+           "read_dcp_metadata", "split_trust_flag", "trust_requested", "trusting"]
+
+TRUST_FLAG = "--trust-checkpoint"
+"""The command-line opt-in (``--trust_checkpoint`` is accepted too) that loads checkpoints with
+``weights_only=False``."""
+TRUST_ENV = "IMPULSEVIT_TRUST_CHECKPOINT"
+"""The environment opt-in: ``1`` (or ``true`` / ``yes``) trusts every checkpoint the process loads."""
+TRUST_HELP = (f"load checkpoints that hold more than tensors and plain values (weights_only=False): such a file can "
+              f"run code, so only for one from a trusted source (also {TRUST_ENV}=1)")
+"""The ``--help`` text of :data:`TRUST_FLAG`."""
+
+SAFE_GLOBALS: tuple[Any, ...] = ()
+"""What impulsevit's own checkpoints hold beyond what ``torch.load(weights_only=True)`` accepts by default (tensors,
+storages, ``OrderedDict``, ``torch.Size``, dtypes, devices and plain Python values): nothing. A writer that needs
+another class adds it here (``torch.serialization.safe_globals`` form), with a test that a real checkpoint loads;
+prefer storing plain types."""
+
+DCP_METADATA_GLOBALS: frozenset[tuple[str, str]] = frozenset({
+    *(("torch.distributed.checkpoint.metadata", n) for n in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),  # a layout by name (torch.strided), as torch pickles layouts
+    ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"), ("pathlib", "PureWindowsPath"),
+    ("collections", "OrderedDict"),
+})
+"""The globals a DCP ``.metadata`` pickle may name, besides ``torch.<dtype>`` / ``torch.<memory_format>`` /
+``torch.<layout>`` objects (found by saving a real FSDP2 checkpoint; ``tests/test_safe_load.py`` checks it)."""
+
+_TRUE = ("1", "true", "yes", "on")
+_GLOBAL_RE = re.compile(r"GLOBAL ([\w.]+)")
+
+
+class UntrustedFileError(ConfigError):
+    """A file would run code (or build objects impulsevit does not write) when loaded, and was not loaded; the message
+    names the file, what it would have called and the opt-in. Exit status 2."""
+
+
+def trust_requested(trust: bool | None = None) -> bool:
+    """``trust`` when given, else whether :data:`TRUST_ENV` is set to a true value."""
+    if trust is not None:
+        return bool(trust)
+    return os.environ.get(TRUST_ENV, "").strip().lower() in _TRUE
+
+
+def split_trust_flag(argv: list[str]) -> tuple[list[str], bool]:
+    """``argv`` without ``--trust-checkpoint`` / ``--trust_checkpoint`` (bare flags), and whether one was there."""
+    rest = [a for a in argv if a not in (TRUST_FLAG, "--trust_checkpoint")]
+    return rest, len(rest) != len(argv)
+
+
+@contextlib.contextmanager
+def trusting(enabled: bool) -> Iterator[None]:
+    """Within the block (a whole command), every load trusts its files when ``enabled``: :data:`TRUST_ENV` is set in
+    this process's environment (so the processes it starts, e.g. DDP ranks, inherit it) and put back afterwards."""
+    if not enabled:
+        yield
+        return
+    before = os.environ.get(TRUST_ENV)
+    os.environ[TRUST_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(TRUST_ENV, None)
+        else:
+            os.environ[TRUST_ENV] = before
+
+
+def _opt_in() -> str:
+    return f"if you trust whoever made it, pass {TRUST_FLAG} (or set {TRUST_ENV}=1)"
+
+
+def _refusal(path: str | os.PathLike, what: str, detail: str,
+             holds: str = "an impulsevit checkpoint holds only tensors and plain values",
+             opt_in: bool = True) -> UntrustedFileError:
+    tail = f"; {_opt_in()}" if opt_in else ""
+    return UntrustedFileError(f"{path}: refused to load this {what}: {detail} ({holds}){tail}")
+
+
+def _weights_only_detail(exc: BaseException) -> str:
+    """What torch's ``weights_only`` unpickler refused, in a few words (``it would call posix.system``)."""
+    text = str(exc)
+    found = _GLOBAL_RE.search(text)
+    if found:
+        return f"it would call {found.group(1)} while loading"
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("Weights only load failed")]
+    return lines[0] if lines else "it holds objects that are not tensors or plain values"
+
+
+class _WeightsOnlyRefused(Exception):
+    """torch's ``weights_only`` unpickler refused the file; ``args[0]`` says what it would have called."""
+
+
+def _load_weights_only(src: str | os.PathLike | IO[bytes], map_location: Any, mmap: bool) -> Any:
+    import torch
+
+    try:
+        with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+            return torch.load(src, map_location=map_location, mmap=mmap, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "Weights only load failed" in str(exc):
+            raise _WeightsOnlyRefused(_weights_only_detail(exc)) from None
+        raise
+
+
+def load_checkpoint(path: str | os.PathLike | IO[bytes], *, mmap: bool = False, map_location: Any = "cpu",
+                    trust: bool | None = None, what: str = "checkpoint") -> Any:
+    """A ``torch.save`` file, loaded with ``weights_only=True`` and :data:`SAFE_GLOBALS` (``trust``, or
+    :data:`TRUST_ENV` when ``trust`` is None: ``weights_only=False``). ``mmap``: tensors are memory-mapped, not read
+    (a file path of the zip format only).
+
+    Raises:
+        UntrustedFileError: the file holds something else (a global that could run code); nothing of it ran.
+        Anything ``torch.load`` raises for a missing, truncated or foreign file (callers name it).
+    """
+    if trust_requested(trust):
+        import torch
+
+        return torch.load(path, map_location=map_location, mmap=mmap, weights_only=False)
+    try:
+        return _load_weights_only(path, map_location, mmap)
+    except _WeightsOnlyRefused as exc:
+        name = path if isinstance(path, str | os.PathLike) else getattr(path, "name", "<stream>")
+        raise _refusal(name, what, exc.args[0]) from None
+
+
+# ---------------------------------------------------------------------------------------------- restricted pickles
+class _Refused(pickle.UnpicklingError):
+    def __init__(self, module: str, name: str) -> None:
+        super().__init__(f"{module}.{name}")
+        self.module, self.name = module, name
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """``pickle.Unpickler`` whose ``find_class`` resolves only the globals ``allowed(module, name)`` accepts; any
+    other raises :class:`_Refused` before it is imported or called."""
+
+    def __init__(self, fh: IO[bytes], allowed: Callable[[str, str], bool], **kwargs: Any) -> None:
+        super().__init__(fh, **kwargs)
+        self._allowed = allowed
+
+    def find_class(self, module: str, name: str) -> Any:
+        if not self._allowed(module, name):
+            raise _Refused(module, name)
+        return super().find_class(module, name)
+
+
+def load_restricted_pickle(fh: IO[bytes], allowed: Callable[[str, str], bool] | Iterable[tuple[str, str]], *,
+                           source: str | os.PathLike, what: str, holds: str, encoding: str = "ASCII",
+                           opt_in: bool = False) -> Any:
+    """Unpickle ``fh`` resolving only the globals in ``allowed`` (pairs ``(module, name)`` or a predicate).
+
+    ``source`` and ``what`` name the file in the error, ``holds`` says what such a file holds (``"a CIFAR python
+    batch holds only numpy arrays and plain values"``); ``opt_in`` adds the
+    :data:`TRUST_FLAG` hint (checkpoints only, not data files). ``encoding`` is ``pickle.load``'s (``"bytes"`` for
+    python-2 pickles).
+
+    Raises:
+        UntrustedFileError: the pickle names another global (nothing was imported or called).
+        Anything ``pickle`` raises for a damaged file.
+    """
+    if callable(allowed):
+        pred = allowed
+    else:
+        pairs = frozenset(allowed)
+
+        def pred(module: str, name: str) -> bool:
+            return (module, name) in pairs
+
+    try:
+        return _RestrictedUnpickler(fh, pred, encoding=encoding).load()
+    except _Refused as exc:
+        raise _refusal(source, what, f"it would call {exc.module}.{exc.name} while loading", holds=holds,
+                       opt_in=opt_in) from None
+
+
+def _dcp_global(module: str, name: str) -> bool:
+    if (module, name) in DCP_METADATA_GLOBALS:
+        return True
+    if module == "torch" and "." not in name and not name.startswith("_"):
+        import torch
+
+        return isinstance(getattr(torch, name, None), torch.dtype | torch.memory_format | torch.layout)
+    return False
+
+
+# ---------------------------------------------------------------------------------------------- distributed checkpoints
+_DCP_METADATA = ".metadata"
+_LIGHTNING_META = "meta.pt"  # Lightning's non-tensor part of a distributed checkpoint
+
+
+def read_dcp_metadata(folder: str | os.PathLike) -> Any:
+    """The ``torch.distributed.checkpoint`` ``Metadata`` of ``folder``, unpickled with only
+    :data:`DCP_METADATA_GLOBALS` (and torch dtypes, layouts, memory formats).
+
+    Raises:
+        UntrustedFileError: ``.metadata`` names another global. FileNotFoundError: no ``.metadata``.
+        ValueError: it is damaged or not DCP metadata (names the file).
+    """
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    path = Path(folder) / _DCP_METADATA
+    with open(path, "rb") as fh:
+        try:
+            meta = load_restricted_pickle(fh, _dcp_global, source=path, what="distributed checkpoint metadata",
+                                          holds="DCP metadata holds only its own classes, sizes, dtypes and paths",
+                                          opt_in=True)
+        except UntrustedFileError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - pickle raises many types on garbage
+            raise ValueError(f"{path}: not a distributed checkpoint's metadata (damaged? "
+                             f"{type(exc).__name__}: {exc})") from exc
+    if not isinstance(meta, Metadata):
+        raise ValueError(f"{path}: not a distributed checkpoint's metadata (it holds a {type(meta).__name__})")
+    return meta
+
+
+def _byte_entries(folder: Path, meta: Any) -> Iterator[tuple[str, bytes]]:
+    """``(key, bytes)`` of every non-tensor entry of the DCP folder (DCP ``torch.load``s these with
+    ``weights_only=False``)."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    root = folder.resolve()
+    for index, info in (getattr(meta, "storage_data", None) or {}).items():
+        fqn = getattr(index, "fqn", None)
+        if not isinstance(meta.state_dict_metadata.get(fqn), BytesStorageMetadata):
+            continue
+        if getattr(info, "transform_descriptors", None):
+            raise _refusal(folder / _DCP_METADATA, "distributed checkpoint",
+                           f"entry {fqn} is stored with transforms {list(info.transform_descriptors)}, which "
+                           "impulsevit does not write")
+        shard = (folder / str(info.relative_path)).resolve()
+        if shard.parent != root:
+            raise _refusal(folder / _DCP_METADATA, "distributed checkpoint",
+                           f"entry {fqn} points outside the folder ({info.relative_path})")
+        with open(shard, "rb") as fh:
+            fh.seek(int(info.offset))
+            yield fqn, fh.read(int(info.length))
+
+
+def check_distributed_checkpoint(folder: str | os.PathLike, *, trust: bool | None = None) -> None:
+    """Refuse a DCP folder whose ``.metadata``, non-tensor entries or ``meta.pt`` hold anything that could run code,
+    before DCP (or Lightning) reads it. With ``trust`` (or :data:`TRUST_ENV`) nothing is checked.
+
+    Raises:
+        UntrustedFileError: what would run, naming the file (and the entry).
+        FileNotFoundError / ValueError: no ``.metadata``, a damaged one or a missing shard.
+    """
+    if trust_requested(trust):
+        return
+    folder = Path(folder)
+    meta = read_dcp_metadata(folder)
+    for fqn, data in _byte_entries(folder, meta):
+        try:
+            _load_weights_only(io.BytesIO(data), "cpu", False)
+        except _WeightsOnlyRefused as exc:
+            raise _refusal(folder, "distributed checkpoint", f"its entry {fqn}: {exc.args[0]}") from None
+    if (folder / _LIGHTNING_META).is_file():
+        load_checkpoint(folder / _LIGHTNING_META, mmap=True)
+
+
+def load_distributed_checkpoint(folder: str | os.PathLike, *, trust: bool | None = None) -> dict[str, Any]:
+    """A DCP folder as one in-memory dict (``dcp_to_torch_save``, after :func:`check_distributed_checkpoint`), with
+    Lightning's ``meta.pt`` (hyperparameters, callback states) merged in, on CPU.
+
+    Raises:
+        UntrustedFileError / FileNotFoundError / ValueError: see :func:`check_distributed_checkpoint`; anything DCP
+        raises for a damaged folder.
+    """
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    folder = Path(folder)
+    check_distributed_checkpoint(folder, trust=trust)
+    with tempfile.TemporaryDirectory() as tmp:
+        merged = Path(tmp) / "merged.pt"
+        dcp_to_torch_save(folder, merged)
+        ckpt = load_checkpoint(merged, trust=trust)
+    meta = folder / _LIGHTNING_META
+    if meta.is_file():
+        ckpt = {**load_checkpoint(meta, trust=trust), **ckpt}
+    return ckpt
