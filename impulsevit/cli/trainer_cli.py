@@ -31,7 +31,14 @@ from impulsevit.errors import ConfigError, UserError
 from impulsevit.io import WriteError, disk_oserror, write_error
 from impulsevit.preflight import finished_run
 from impulsevit.rundir import RunDirLock, check_name, check_runs_dir, launch_rank, run_files
-from impulsevit.safe_load import TRUST_FLAG, split_trust_flag, trust_requested, trusting
+from impulsevit.safe_load import (
+    TRUST_FLAG,
+    UntrustedFileError,
+    load_checkpoint,
+    split_trust_flag,
+    trust_requested,
+    trusting,
+)
 from impulsevit.strategies import check_strategy, default_precision
 
 log = logging.getLogger("impulsevit")
@@ -171,6 +178,29 @@ class ImpulseCLI(SubcommandRunHookCLI):
             self.config = parser.parse_object(args)
         else:
             self.config = parser.parse_args(args)
+        self._check_ckpt_path_file()
+
+    def _check_ckpt_path_file(self) -> None:
+        """``--ckpt_path FILE``: LightningCLI reads the file's hyperparameters into the config right after parsing
+        (``torch.load(weights_only=True)``, a traceback when that fails); read it through :mod:`impulsevit.safe_load`
+        first, so a file that would run code, or does not load, is one line. A file that only a trusted load reads is
+        to be given as ``--resume`` (LightningCLI's read cannot be trusted)."""
+        sub = self.config.get("subcommand")
+        ckpt_path = self.config.get(sub, {}).get("ckpt_path") if sub else None
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        try:
+            load_checkpoint(ckpt_path, mmap=True, trust=False)
+        except UntrustedFileError:
+            if not self.trust:
+                raise
+            raise ConfigError(f"--ckpt_path {ckpt_path}: LightningCLI reads this file's hyperparameters with "
+                              f"weights_only=True, which it does not pass; give it as --resume {ckpt_path} "
+                              f"{TRUST_FLAG}") from None
+        except Exception as exc:  # noqa: BLE001 - any failure means the file is not a usable checkpoint
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(f"--ckpt_path {ckpt_path}: not a readable checkpoint (truncated or another format: "
+                              f"{type(exc).__name__}: {first})") from exc
 
     def before_instantiate_classes(self) -> None:
         """Checks on the parsed configuration, before any class is built (the datamodule's constructor already reads
