@@ -261,25 +261,35 @@ def read_dcp_metadata(folder: str | os.PathLike) -> Any:
 
 def _byte_entries(folder: Path, meta: Any) -> Iterator[tuple[str, bytes]]:
     """``(key, bytes)`` of every non-tensor entry of the DCP folder (DCP ``torch.load``s these with
-    ``weights_only=False``)."""
+    ``weights_only=False``); every entry, tensor or not, must lie in a file of the folder itself.
+
+    Raises:
+        UntrustedFileError: an entry points outside the folder, or is stored with transforms.
+        ValueError: the metadata is not shaped as DCP writes it.
+    """
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
+    storage, entries = getattr(meta, "storage_data", None), getattr(meta, "state_dict_metadata", None)
+    if not isinstance(storage, dict) or not isinstance(entries, dict):
+        raise ValueError(f"{folder / _DCP_METADATA}: not a distributed checkpoint's metadata (no storage table)")
     root = folder.resolve()
-    for index, info in (getattr(meta, "storage_data", None) or {}).items():
-        fqn = getattr(index, "fqn", None)
-        if not isinstance(meta.state_dict_metadata.get(fqn), BytesStorageMetadata):
+    for index, info in storage.items():
+        fqn, rel = getattr(index, "fqn", None), getattr(info, "relative_path", None)
+        offset, length = getattr(info, "offset", None), getattr(info, "length", None)
+        if not (isinstance(rel, str) and isinstance(offset, int) and isinstance(length, int)):
+            raise ValueError(f"{folder / _DCP_METADATA}: not a distributed checkpoint's metadata (entry {fqn})")
+        if (folder / rel).resolve().parent != root:
+            raise _refusal(folder / _DCP_METADATA, "distributed checkpoint metadata",
+                           f"entry {fqn} points outside the folder ({rel})")
+        if not isinstance(entries.get(fqn), BytesStorageMetadata):
             continue
         if getattr(info, "transform_descriptors", None):
-            raise _refusal(folder / _DCP_METADATA, "distributed checkpoint",
+            raise _refusal(folder / _DCP_METADATA, "distributed checkpoint metadata",
                            f"entry {fqn} is stored with transforms {list(info.transform_descriptors)}, which "
                            "impulsevit does not write")
-        shard = (folder / str(info.relative_path)).resolve()
-        if shard.parent != root:
-            raise _refusal(folder / _DCP_METADATA, "distributed checkpoint",
-                           f"entry {fqn} points outside the folder ({info.relative_path})")
-        with open(shard, "rb") as fh:
-            fh.seek(int(info.offset))
-            yield fqn, fh.read(int(info.length))
+        with open(folder / rel, "rb") as fh:
+            fh.seek(offset)
+            yield fqn, fh.read(length)
 
 
 def check_distributed_checkpoint(folder: str | os.PathLike, *, trust: bool | None = None) -> None:

@@ -260,6 +260,14 @@ def test_dcp_metadata_allow_list_covers_what_torch_writes(tmp_path):
     assert "w" in meta.state_dict_metadata
     safe_load.check_distributed_checkpoint(folder)
 
+    original = (folder / ".metadata").read_bytes()
+    info = next(iter(meta.storage_data.values()))
+    info.relative_path = "../outside.distcp"  # an entry read from a file outside the folder
+    (folder / ".metadata").write_bytes(pickle.dumps(meta))
+    with pytest.raises(UntrustedFileError, match="points outside the folder"):
+        safe_load.check_distributed_checkpoint(folder)
+    (folder / ".metadata").write_bytes(original)
+
     marker = tmp_path / "ran"
     (folder / ".metadata").write_bytes(pickle.dumps(_Marker(marker)))
     with pytest.raises(UntrustedFileError, match=r"\.metadata.*posix\.system.*--trust-checkpoint"):
