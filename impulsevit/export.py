@@ -22,6 +22,10 @@ A Lightning checkpoint of ``ImageClassifier`` (single file or FSDP2 distributed-
   weights, config and card (``huggingface_hub``; token from ``HF_TOKEN`` or ``hf auth login``, endpoint from
   ``HF_ENDPOINT``). Offline or unauthenticated: one line, exit 1, the local folder stays.
 
+The checkpoint is read through :mod:`impulsevit.safe_load`: one that would run code when loaded (or holds objects
+other than tensors and plain values) is refused in one line, exit 2, unless ``--trust-checkpoint`` (or
+``IMPULSEVIT_TRUST_CHECKPOINT=1``) says its source is trusted.
+
 ``--ema`` exports the EMA weights (``ema.module.*``). Checkpoints written before runs recorded a ``RunRecord`` get the
 data config from the datamodule's saved hyperparameters and a card without metrics / cost. Not supported: models whose
 ``backbone_kwargs`` are not JSON-serialisable (timm refuses them in ``config.json``).
