@@ -117,6 +117,7 @@ def test_torchvision_split_smaller_than_a_batch_then_the_fixed_retry_trains(tmp_
 
 
 @pytest.mark.ffcv
+@pytest.mark.slow
 def test_ffcv_cached_split_smaller_than_a_batch_then_the_fixed_retry_trains(tmp_path):
     """The ffcv backend converting into ``cache_dir`` itself: refused before the conversion (no cache, no run); the
     retry with a batch that fits converts and trains, though its validation split (6 images) is smaller than the
