@@ -254,6 +254,7 @@ def test_stage_to_copies_betons_once_per_node_and_fit_reads_the_copies(tmp_path,
     shared.mkdir()
     (shared / "train.beton").write_bytes(b"t" * 1000)
     (shared / "val.beton").write_bytes(b"v" * 10)
+    (shared / "train.manifest.json").write_text("{}")  # travels with its file (val has none)
     args = ["--recipe", "vit_base_in21k", "--nodes", "2", "--gpus-per-node", "8", "--runs-dir", str(tmp_path),
             "--slurm-config", str(tmp_path / "none.yaml"), "--dry-run", "--stage-to", str(local)]
     assert main([*args, f"--data.init_args.storage.train_beton={shared / 'train.beton'}",
@@ -267,6 +268,7 @@ def test_stage_to_copies_betons_once_per_node_and_fit_reads_the_copies(tmp_path,
     # run the node prologue's shell code for real: copies, then keeps a same-size copy, replaces a stale one
     subprocess.run(["bash", "-c", f"bash -c {body}"], check=True)
     assert (local / "train.beton").read_bytes() == b"t" * 1000 and (local / "val.beton").read_bytes() == b"v" * 10
+    assert (local / "train.manifest.json").read_text() == "{}" and not (local / "val.manifest.json").exists()
     before = (local / "train.beton").stat().st_mtime_ns
     (local / "val.beton").write_bytes(b"old")
     subprocess.run(["bash", "-c", f"bash -c {body}"], check=True)

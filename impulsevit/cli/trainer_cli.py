@@ -292,11 +292,14 @@ class ImpulseCLI(SubcommandRunHookCLI):
                 log.info("%s", fit_summary(self.trainer, self.run_dir))
 
     def _check_data_fits_model(self) -> None:
-        """The data has at least 2 classes (named with its dataset and root). Its image size is the model's
+        """The data has at least 2 classes (named with its dataset and root), and for ``fit`` at least one training
+        batch per process (:meth:`BaseImageDataModule.check_fits_batch`). Its image size is the model's
         (``data.image_size`` is linked to ``model.img_size`` and checked against the backbone when it is built)."""
         from impulsevit.preflight import check_classes
 
         check_classes(self.datamodule.num_classes, _describe_data(self._value(self.config, "data")))
+        if self.subcommand == "fit" and isinstance(self.datamodule, BaseImageDataModule):
+            self.datamodule.check_fits_batch(int(self.trainer.world_size))
 
     def _checkpoint_to_load(self) -> Path | None:
         """The checkpoint ``--resume`` names (made the subcommand's ``ckpt_path``) or the ``--ckpt_path`` given,

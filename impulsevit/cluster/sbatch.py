@@ -27,8 +27,8 @@ with the decoders; the script says where the number came from.
 Node-local staging (``stage_to``, ``impulsevit submit --stage-to DIR``): the ``.beton`` files named by the fit
 overrides ``--data.init_args.storage.train_beton=…`` / ``storage.val_beton=…`` are copied to ``DIR`` on every node
 before training (one copy per node, skipped when a file of the same size is already there, written under a temporary
-name first), and the fit reads the local copies. For IN-21K-sized files (≈1.1 TB) that do not fit the page cache:
-random reads from node-local NVMe instead of the shared file system.
+name first; the manifest next to each file is copied with it), and the fit reads the local copies. For IN-21K-sized
+files (≈1.1 TB) that do not fit the page cache: random reads from node-local NVMe instead of the shared file system.
 
 Not supported: heterogeneous jobs, per-node GPU counts that differ, GPU types (use ``constraint`` or ``extra_sbatch``).
 """
@@ -266,8 +266,11 @@ def _stage_lines(pairs: list[tuple[str, str]]) -> list[str]:
     """Prologue copying each shared ``.beton`` to its node-local path on every node (once per node)."""
     if not pairs:
         return []
+    # the manifest next to each file travels with it (the datamodule checks the run against it)
     body = ("stage() { mkdir -p \"$(dirname \"$2\")\" && if [ \"$(stat -c %s \"$1\")\" != \"$(stat -c %s \"$2\" "
-            "2>/dev/null)\" ]; then cp \"$1\" \"$2.partial.$$\" && mv \"$2.partial.$$\" \"$2\"; fi; }; "
+            "2>/dev/null)\" ]; then cp \"$1\" \"$2.partial.$$\" && mv \"$2.partial.$$\" \"$2\"; fi && "
+            "m=\"${1%.beton}.manifest.json\" && n=\"${2%.beton}.manifest.json\" && if [ -f \"$m\" ]; then "
+            "cp \"$m\" \"$n.partial.$$\" && mv \"$n.partial.$$\" \"$n\"; fi; }; "
             + "; ".join(f"stage {shlex.quote(src)} {shlex.quote(dst)}" for src, dst in pairs))
     return [
         "# stage the .beton files on node-local disk (one copy per node; kept when already there with the same size)",

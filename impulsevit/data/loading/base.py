@@ -19,7 +19,9 @@ from typing import Any
 import lightning as L
 import torch
 
-__all__ = ["BaseImageDataModule", "dist_info", "worker_init_fn"]
+from impulsevit.errors import ConfigError
+
+__all__ = ["BaseImageDataModule", "check_train_batches", "dist_info", "worker_init_fn"]
 
 
 def dist_info() -> tuple[int, int]:
@@ -70,6 +72,27 @@ def worker_init_fn(rank: int = 0) -> Callable[[int], None]:
     return functools.partial(_worker_init, rank, os.environ.get("PL_SEED_WORKERS", "0") == "1")
 
 
+def check_train_batches(num_samples: int, batch_size: int, world_size: int = 1, *, repeats: int = 1,
+                        what: str = "the training data", more: str = "use more training samples") -> None:
+    """Raise :class:`ConfigError` when a training epoch over ``num_samples`` samples would have no step: fewer samples
+    per rank than one batch of ``batch_size`` (both backends drop the last partial training batch; under
+    ``world_size`` processes each rank gets its share, see :func:`~impulsevit.data.loading.sampling.samples_per_rank`).
+    The message names ``what`` (the split), its count, the batch size × processes and the fix (a smaller
+    ``data.batch_size``, or ``more``). A run that would "finish" without a step or checkpoint is refused instead."""
+    from impulsevit.data.loading.sampling import samples_per_rank, train_batches
+
+    if train_batches(num_samples, batch_size, world_size, repeats) > 0:
+        return
+    per_rank = samples_per_rank(num_samples, world_size, repeats) if num_samples > 0 else 0
+    procs = f"{world_size} processes" if world_size != 1 else "1 process"
+    share = f" ({per_rank} per process)" if world_size != 1 else ""
+    aug = f" with data.augment.repeated_aug={repeats}" if repeats > 1 else ""
+    fix = f"set data.batch_size to at most {per_rank}, or {more}" if per_rank > 0 else more
+    raise ConfigError(f"{what} has {num_samples} sample(s){share}{aug}, fewer than one batch of data.batch_size "
+                      f"{batch_size} x {procs}: an epoch would have no training step (the last partial batch is "
+                      f"dropped) and the run would end without a checkpoint; {fix}")
+
+
 class BaseImageDataModule(L.LightningDataModule):
     """Common attributes: ``num_classes``, ``image_size`` (pixels, square), ``mean``/``std`` (per channel, 0–1 scale),
     ``batch_size`` (per device). Subclasses implement the ``*_dataloader`` hooks."""
@@ -108,6 +131,25 @@ class BaseImageDataModule(L.LightningDataModule):
     def describe(self) -> str:
         """A short description of the data for model cards (the class name here)."""
         return type(self).__name__
+
+    # ------------------------------------------------------------------ checks before work
+    def train_samples(self) -> int | None:
+        """Training samples per epoch (before sharding), as known before any data is prepared or file written; None
+        when it is not known then (the training loader checks its real count, :meth:`check_train_loader`)."""
+        return None
+
+    def check_fits_batch(self, world_size: int = 1) -> None:
+        """:class:`ConfigError` when a training epoch under ``world_size`` processes would have no step (fewer
+        samples per process than one batch; :func:`check_train_batches`). ``impulsevit fit`` calls it before it
+        writes anything; the training loaders check again with their real count."""
+        n = self.train_samples()
+        if n is not None:
+            self.check_train_loader(n, world_size)
+
+    def check_train_loader(self, num_samples: int, world_size: int) -> None:
+        """:func:`check_train_batches` for this datamodule's batch size, repeats and wording (subclasses name their
+        split and the key that adds samples)."""
+        check_train_batches(num_samples, self.batch_size, world_size)
 
     # ------------------------------------------------------------------ training-loader state in checkpoints
     def stateful_train_loader(self, loader: Any) -> Any:

@@ -122,7 +122,11 @@ class StorageConfig:
             cache); None: True when the file fits in half the available memory.
         train_beton / val_beton: paths of ``.beton`` files written by ``impulsevit convert``, used as they are instead
             of converting ``dataset`` (give both or neither); ``dataset`` then only supplies the normalisation
-            statistics (``imagefolder``: ImageNet's) and the class count comes from the manifest.
+            statistics (``imagefolder``: ImageNet's) and the class count comes from the manifest. A file whose
+            manifest names another dataset, class count, ``preset`` (when given), statistics or ``train_subset`` /
+            ``val_subset`` than the run, or a train and val file with different class lists, is refused before any
+            work (:meth:`~impulsevit.data.loading.datamodule.ImageDataModule.check_betons`); a file without a
+            manifest (converted elsewhere) is used with one warning saying what cannot be checked.
         beton_check: at setup, check each ``.beton`` against its manifest's checksum
             (:mod:`impulsevit.data.storage.integrity`): ``sampled`` (header, size and sampled chunks; the first use of a
             file

@@ -56,7 +56,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from impulsevit.config import as_config
 from impulsevit.data.augment.device import DeviceAugment, fix_timm_posterize, normalize, selects_on_host
-from impulsevit.data.loading.base import BaseImageDataModule, dist_info, worker_init_fn
+from impulsevit.data.loading.base import BaseImageDataModule, check_train_batches, dist_info, worker_init_fn
 from impulsevit.data.loading.config import AugmentConfig, StorageConfig
 from impulsevit.data.loading.device_resample import resample_canvas
 from impulsevit.data.loading.ffcv_loader import build_ffcv_loader, ffcv_available
@@ -64,8 +64,8 @@ from impulsevit.data.loading.sampling import EpochSampler, ResumableDataLoader, 
 from impulsevit.data.sources.image_source import ImageSource
 from impulsevit.data.sources.registry import DatasetInfo, Verify, get_dataset
 from impulsevit.data.storage.convert import convert_split, subset_indices
-from impulsevit.data.storage.integrity import verify_beton
-from impulsevit.data.storage.manifest import beton_num_classes, read_manifest
+from impulsevit.data.storage.integrity import BetonError, check_header, verify_beton
+from impulsevit.data.storage.manifest import beton_num_classes, identity_mismatches, manifest_path, read_manifest
 from impulsevit.data.storage.presets import PRESETS, default_preset
 from impulsevit.errors import ConfigError, DataError, UserError
 
@@ -245,6 +245,9 @@ class ImageDataModule(BaseImageDataModule):
         self._augment_logged = False
         self._cpu_resample_warned = False
         self._sets: dict[str, SourceDataset] = {}
+        self._explicit_norm = mean is not None or std is not None
+        if self.betons:
+            self.check_betons()
 
     # ------------------------------------------------------------------ sources and cached files
     def load_source(self, split: str) -> ImageSource:
@@ -303,6 +306,7 @@ class ImageDataModule(BaseImageDataModule):
             k = self.train_subset if split == self.train_split else self.val_subset
             convert_split(self.load_source(split), self.beton_path(split), self.preset,
                           workers=max(1, self.num_workers), on_error="skip", progress=False,
+                          normalization=(self.info.mean, self.info.std),
                           request={"dataset": self.info.name, "root": self._root_tag(), "split": split, "subset": k})
 
     def _root_tag(self) -> str:
@@ -336,6 +340,103 @@ class ImageDataModule(BaseImageDataModule):
         splits = dict.fromkeys((self.train_split, self.val_split))
         return [s for s in splits if read_manifest(self.beton_path(s)) is None]
 
+    def check_betons(self) -> None:
+        """Refuse (:class:`ConfigError`, one line naming each file, the field, its value and the run's) ``.beton``
+        files whose manifests contradict the run: converted from another dataset, with another class count than the
+        dataset's fixed one, another storage preset than an explicit ``data.storage.preset``, other statistics than
+        the run's (unless ``data.mean`` / ``data.std`` are given: then they are deliberate), a ``train_subset`` /
+        ``val_subset`` the given file does not have (a given ``.beton`` is used whole), or a train and val file with
+        different class lists. ``verify='warn'`` / ``'off'`` allow a given file with another class count (a
+        modified copy). Run on given files at construction (before any file is written) and on the cached
+        files at ``setup``. A given file without a manifest (converted elsewhere) is used with one warning naming
+        what cannot be checked."""
+        splits = list(dict.fromkeys((self.train_split, self.val_split)))
+        paths = {split: self.beton_path(split) for split in splits}
+        manifests = {split: read_manifest(path, check_size=False) for split, path in paths.items()}
+        explicit = bool(self.betons)
+        what = {split: (f"data.storage.{'train' if split == self.train_split else 'val'}_beton {paths[split]}"
+                        if explicit else f"cached {paths[split]}") for split in splits}
+        unchecked = [str(paths[s]) for s in splits if manifests[s] is None]
+        if explicit and unchecked:
+            rank_zero_warn(f"{' and '.join(unchecked)}: no manifest ({manifest_path(unchecked[0]).name}; not written "
+                           f"by `impulsevit convert`): the dataset, class list, storage preset and statistics it was "
+                           f"converted with cannot be checked against this run (data.dataset {self.info.name!r} "
+                           f"supplies mean/std, the labels the class count)")
+        # a dataset's fixed class count, for given files under verify='error' (a cached file was converted from the
+        # source under the run's own `verify`, which may accept a modified copy)
+        fixed = self.info.num_classes if (explicit and self.verify == "error" and self.info.num_classes > 0
+                                          and self.info.tree_classes is None) else None
+        problems: dict[str, list[str]] = {}  # phrase -> the files it applies to
+        for split in splits:
+            manifest = manifests[split]
+            if manifest is None:
+                continue
+            found = identity_mismatches(
+                self._canonical(manifest), dataset=self.info.name, num_classes=fixed,
+                preset=self.storage.preset if explicit else None,
+                normalization=None if self._explicit_norm else (self.mean, self.std))
+            k = self.train_subset if split == self.train_split else self.val_subset
+            kept = (manifest.get("request") or {}).get("subset")
+            if explicit and k and kept != k and int(manifest.get("num_samples", 0)) > k:
+                key = "train_subset" if split == self.train_split else "val_subset"
+                found.append(f"holds {manifest['num_samples']} images (converted with subset {kept}) but the run's "
+                             f"data.{key} is {k}; a given .beton is used whole: convert it with --subset {k}, or "
+                             f"drop data.{key}")
+            for phrase in found:
+                problems.setdefault(phrase, []).append(what[split])
+        classes = [manifests[s].get("classes") for s in splits if manifests[s] is not None]
+        if len(classes) == 2 and classes[0] and classes[1] and list(classes[0]) != list(classes[1]):
+            only = [c for c in classes[0] if c not in classes[1]][:3] or [c for c in classes[1]
+                                                                           if c not in classes[0]][:3]
+            problems[f"hold different class lists ({len(classes[0])} vs {len(classes[1])} classes"
+                     + (f", e.g. {only}" if only else ", in another order")
+                     + "): a label would name another class in validation than in training"] = \
+                [what[splits[0]], what[splits[1]]]
+        if problems:
+            hint = (" (set data.dataset to the one the files were converted from, or give .beton files of this run's "
+                    "dataset)" if any("data.dataset" in p for p in problems) else "")
+            raise ConfigError("; ".join(f"{' and '.join(files)}: {phrase}" for phrase, files in problems.items())
+                              + hint)
+
+    @staticmethod
+    def _canonical(manifest: dict) -> dict:
+        """``manifest`` with its ``request.dataset`` as the registry's canonical name (an alias or an unregistered
+        name as it is)."""
+        name = (manifest.get("request") or {}).get("dataset")
+        if name is None:
+            return manifest
+        try:
+            name = get_dataset(str(name)).name
+        except (KeyError, ValueError):
+            return manifest
+        return {**manifest, "request": {**manifest["request"], "dataset": name}}
+
+    def train_samples(self) -> int | None:
+        """Training images per epoch, before any conversion or write: a given ``.beton``'s manifest (else its
+        header), a complete cached ``.beton``'s manifest, else the split's published count or listing after
+        ``train_subset``; None when the split cannot be read yet (``setup`` then says why)."""
+        split = self.train_split
+        try:
+            if self.backend == "ffcv":
+                path = self.beton_path(split)
+                manifest = read_manifest(path, check_size=not self.betons)
+                if manifest is not None:
+                    return int(manifest["num_samples"])
+                if self.betons:
+                    return check_header(path)
+            return self._split_size(split)
+        except (OSError, ValueError, KeyError, BetonError):
+            return None
+
+    def check_train_loader(self, num_samples: int, world_size: int) -> None:
+        split, k = self.train_split, self.train_subset
+        where = f" (data.storage.train_beton {self.betons[split]})" if split in self.betons else \
+            f" (data.train_subset={k})" if k else ""
+        check_train_batches(num_samples, self.batch_size, world_size, repeats=self.augment.repeated_aug,
+                            what=f"the training split {split!r} of dataset {self.info.name!r}{where}",
+                            more="raise data.train_subset" if k and split not in self.betons
+                            else "use more training images")
+
     def setup(self, stage: str | None = None) -> None:
         if self.backend == "ffcv":
             for split in dict.fromkeys((self.train_split, self.val_split)):
@@ -348,6 +449,8 @@ class ImageDataModule(BaseImageDataModule):
                 verify_beton(path, manifest, self.storage.beton_check, first_use_full=True)
                 if manifest is not None and manifest.get("classes") and self.class_names is None:
                     self.class_names = [str(c) for c in manifest["classes"]]  # the train split's, listed first
+            if not self.betons:
+                self.check_betons()  # the given files were checked at construction
             return
         train_tf, eval_tf = self._timm_transforms()
         if stage in (None, "fit"):
@@ -393,6 +496,8 @@ class ImageDataModule(BaseImageDataModule):
                                    in_memory=self.storage.in_memory,
                                    repeated_aug=self.augment.repeated_aug if train else 1, device=device,
                                    resample_on=self.resample_on)
+        if train:
+            self.check_train_loader(len(loader.loader.indices), dist_info()[1])
         loader.sampler.set_epoch(epoch)
         return self.stateful_train_loader(loader) if train else loader
 
@@ -409,6 +514,7 @@ class ImageDataModule(BaseImageDataModule):
                       persistent_workers=self.num_workers > 0, pin_memory=torch.cuda.is_available(),
                       worker_init_fn=worker_init_fn(rank))
         if train:
+            self.check_train_loader(len(ds), world)
             # The order is a function of (seed, epoch) and the epoch is set here: on a resumed run Lightning fetches
             # the first batch before its own set_epoch call.
             sampler = EpochSampler(ds, num_replicas=world, rank=rank, seed=self.seed,

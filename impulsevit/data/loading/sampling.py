@@ -50,7 +50,9 @@ __all__ = [
     "repeated_aug_order",
     "resumed_shard",
     "sample_seed",
+    "samples_per_rank",
     "shard_order",
+    "train_batches",
     "trainer_position",
 ]
 
@@ -62,19 +64,34 @@ def epoch_sequence(num_samples: int, *, epoch: int, seed: int, world_size: int =
     if repeats < 1 or world_size < 1 or num_samples < 1:
         raise ValueError(f"need repeats >= 1, world_size >= 1 and num_samples >= 1; got {repeats}, {world_size}, "
                          f"{num_samples}")
+    per_rank = samples_per_rank(num_samples, world_size, repeats)
     if repeats > 1:
         perm = np.random.default_rng([seed, epoch]).permutation(num_samples)
         items = np.repeat(perm, repeats)
         full = int(math.ceil(num_samples * repeats / world_size))
-        keep = num_samples // 256 * 256 // world_size if num_samples >= 256 else num_samples // world_size
-        per_rank = min(full, max(1, keep))
     else:
         if shuffle:
             items = torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed + epoch)).numpy()
         else:
             items = np.arange(num_samples)
-        full = per_rank = int(math.ceil(num_samples / world_size))
+        full = per_rank
     return np.resize(items.astype(np.int64), full * world_size), per_rank  # np.resize pads by wrapping around
+
+
+def samples_per_rank(num_samples: int, world_size: int = 1, repeats: int = 1) -> int:
+    """How many samples each of ``world_size`` ranks visits in an epoch of :func:`epoch_sequence` over
+    ``num_samples`` (``repeats`` > 1: repeated augmentation); ``num_samples >= 1``."""
+    if repeats > 1:
+        full = int(math.ceil(num_samples * repeats / world_size))
+        keep = num_samples // 256 * 256 // world_size if num_samples >= 256 else num_samples // world_size
+        return min(full, max(1, keep))
+    return int(math.ceil(num_samples / world_size))
+
+
+def train_batches(num_samples: int, batch_size: int, world_size: int = 1, repeats: int = 1) -> int:
+    """Full batches per rank in a training epoch of both backends' loaders (the last partial batch is dropped): 0
+    means an epoch without a training step."""
+    return samples_per_rank(num_samples, world_size, repeats) // batch_size if num_samples > 0 else 0
 
 
 def shard_order(num_samples: int, rank: int, world_size: int, epoch: int, seed: int, repeats: int = 1,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from impulsevit.data.loading.base import BaseImageDataModule, dist_info, worker_init_fn
+from impulsevit.data.loading.base import BaseImageDataModule, check_train_batches, dist_info, worker_init_fn
 from impulsevit.data.loading.sampling import EpochSampler, ResumableDataLoader
 
 __all__ = ["SyntheticDataModule"]
@@ -43,6 +43,13 @@ class SyntheticDataModule(BaseImageDataModule):
         return (f"synthetic Gaussian blobs ({self.num_classes} classes, {self.num_train} train / {self.num_val} val "
                 f"images, seed {self.seed})")
 
+    def train_samples(self) -> int:
+        return int(self.num_train)
+
+    def check_train_loader(self, num_samples: int, world_size: int) -> None:
+        check_train_batches(num_samples, self.batch_size, world_size, what="the synthetic training split "
+                            "(data.num_train)", more="raise data.num_train")
+
     def _split(self, n: int, offset: int) -> TensorDataset:
         g = torch.Generator().manual_seed(self.seed)
         means = torch.randn(self.num_classes, 3, self.image_size, self.image_size, generator=g)
@@ -61,6 +68,7 @@ class SyntheticDataModule(BaseImageDataModule):
         # one. A DistributedSampler (sharded by rank under DDP) is left in place by Lightning.
         # The loader is stateful (a resumed run continues the interrupted epoch, see impulsevit.data.loading.sampling).
         rank, world = dist_info()
+        self.check_train_loader(len(self.train_set), world)
         sampler = EpochSampler(self.train_set, num_replicas=world, rank=rank, seed=self.seed,
                                batch_size=self.batch_size, keys=False)
         sampler.set_epoch(self.trainer.current_epoch if self.trainer is not None else 0)

@@ -31,7 +31,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -327,7 +327,8 @@ def _one_writer(convert: Callable[..., dict]) -> Callable[..., dict]:
 @_one_writer
 def convert_split(source: ImageSource, out: str | os.PathLike, preset: Preset, *, workers: int = 1,
                   on_error: OnError = "skip", progress: bool = True, request: dict | None = None, force: bool = False,
-                  log: Callable[[str], None] = print, check_free_space: bool = True) -> dict:
+                  log: Callable[[str], None] = print, check_free_space: bool = True,
+                  normalization: tuple[Sequence[float], Sequence[float]] | None = None) -> dict:
     """Write ``source`` to the ``.beton`` ``out`` (atomically) and its manifest; return the manifest.
 
     ``request`` is recorded in the manifest and, together with the preset and the source's stat fingerprint, decides
@@ -335,7 +336,8 @@ def convert_split(source: ImageSource, out: str | os.PathLike, preset: Preset, *
     ``"skipped_existing": True``). Raises :class:`ConversionError` for bad inputs with ``on_error='fail'``, and
     :class:`impulsevit.io.WriteError` (one line: the path, the bytes needed and free) when the filesystem is full,
     read-only or forbidden — before writing when the expected size does not fit (``check_free_space``), else as soon
-    as a writer process fails; no temp file is left either way.
+    as a writer process fails; no temp file is left either way. ``normalization``: the dataset's ``(mean, std)``,
+    recorded so that a run normalising differently is refused (not part of the up-to-date check).
     """
     from ffcv.fields import IntField
     from ffcv.writer import DatasetWriter
@@ -423,6 +425,9 @@ def convert_split(source: ImageSource, out: str | os.PathLike, preset: Preset, *
         "write_images_per_second": round(len(good) / max(write_seconds, 1e-9), 1),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if normalization is not None:
+        manifest["normalization"] = {"mean": [float(v) for v in normalization[0]],
+                                     "std": [float(v) for v in normalization[1]]}
     atomic_write_json(manifest_path(out), manifest)
     log(f"{out}: {manifest['bytes'] / 2**20:.1f} MiB, {len(good)} images in {manifest['seconds']:.1f} s "
         f"({manifest['write_images_per_second']:.0f} img/s written)")

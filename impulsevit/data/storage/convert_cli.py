@@ -175,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"[convert] {info.name} split {split!r} from {root}: {len(source)} images, "
                   f"{len(source.classes)} classes -> {out}")
             convert_split(source, out, preset, workers=args.workers, on_error=args.on_error,
-                          progress=not args.no_progress, force=args.force,
+                          progress=not args.no_progress, force=args.force, normalization=(info.mean, info.std),
                           request={"dataset": info.name, "root": str(root), "split": split, "subset": args.subset})
     except (ConversionError, WriteError) as exc:
         print(f"impulsevit convert: {exc}", file=sys.stderr)
