@@ -333,7 +333,7 @@ OutputKind = Literal["file", "folder", "into"]
 
 
 def claim_output(path: str | os.PathLike, overwrite: bool, kind: OutputKind, what: str = "output",
-                 replaceable: Callable[[Path], bool] | None = None) -> bool:
+                 replaceable: Callable[[Path], bool] | None = None, ours: str = "output") -> bool:
     """The one policy for an output path a command is about to write, checked before any work. Returns whether
     ``path`` exists (and may be replaced, or written into).
 
@@ -346,8 +346,10 @@ def claim_output(path: str | os.PathLike, overwrite: bool, kind: OutputKind, wha
     - ``"into"``: an existing folder is used as it is.
     - ``"file"``: an existing file (or link) is replaced only with ``overwrite``.
     - ``"folder"``: an empty folder is free; a non-empty one is replaced only with ``overwrite`` and only when
-      ``replaceable(path)`` says this program wrote it (e.g. an earlier export); any other non-empty folder is
-      refused, with or without ``overwrite``.
+      ``replaceable(path)`` says this program wrote it (an earlier impulsevit ``ours``, e.g. ``"export"``); any other
+      non-empty folder is refused, with or without ``overwrite``.
+
+    Not supported: URLs (fsspec paths), checked by the writers themselves.
 
     Raises:
         ConfigError: one line naming ``what``, the path and the ``--overwrite`` flag where it would help.
@@ -360,15 +362,13 @@ def claim_output(path: str | os.PathLike, overwrite: bool, kind: OutputKind, wha
     existing = _kind(path)
     if existing is None:
         return False
-    if path.is_symlink() and not path.exists() and kind != "file":
-        raise ConfigError(f"{what} {path} is a broken link, not a folder; give another path (it is left as it is)")
-    wanted = "file" if kind == "file" else "directory"
     if kind != "file" and path.is_symlink() and path.is_dir():
         existing = "directory"  # a link to a folder is written into as that folder
-    if existing != wanted:
-        shown = "folder" if existing == "directory" else "file"
-        raise ConfigError(f"{what} {path} is an existing {shown}, where a {'file' if kind == 'file' else 'folder'} "
-                          f"goes; give another path (it is left as it is)")
+    if existing != ("file" if kind == "file" else "directory"):
+        shown = "a folder (an existing directory)" if existing == "directory" else (
+            "a broken link" if not path.exists() else "an existing file")
+        raise ConfigError(f"{what} {path} is {shown}, where a {'file' if kind == 'file' else 'folder'} goes; give "
+                          f"another path (it is left as it is)")
     if kind == "into":
         return True
     if kind == "file":
@@ -379,8 +379,8 @@ def claim_output(path: str | os.PathLike, overwrite: bool, kind: OutputKind, wha
         return True
     if replaceable is not None and replaceable(path):
         if not overwrite:
-            raise ConfigError(f"{what} {path} holds an earlier output of impulsevit; pass --overwrite to replace it, "
-                              f"or give a new folder (nothing was written)")
+            raise ConfigError(f"{what} {path} holds an earlier impulsevit {ours}; pass --overwrite to replace it, or "
+                              f"give a new folder (nothing was written)")
         return True
-    raise ConfigError(f"{what} {path} is a non-empty folder impulsevit did not write; give a new or empty folder "
-                      f"(it is never replaced, not even with --overwrite)")
+    raise ConfigError(f"{what} {path} exists and is not empty, and impulsevit did not write it; give a new or empty "
+                      f"folder (nothing was written; it is never replaced, not even with --overwrite)")
