@@ -95,6 +95,15 @@ def test_submit_refuses_a_run_name_that_leaves_runs_dir(tmp_path):
     _refused_and_nothing_written(tmp_path, before, res, "--name")
 
 
+@pytest.mark.parametrize("split", ["../x", "a/b"])
+def test_convert_refuses_a_split_name_that_would_put_the_beton_elsewhere(images, tmp_path, split):
+    work = tmp_path / "work"
+    work.mkdir()
+    before = snapshot(tmp_path)
+    res = run("convert", images, work / "dst", "--split", split, "--no-progress", cwd=work)
+    _refused_and_nothing_written(tmp_path, before, res, "--split", "one name")
+
+
 def test_a_run_name_that_is_a_link_out_of_runs_dir_is_refused(tmp_path):
     """``runs/evil -> ../outside``: the name is one component, but the folder it names is elsewhere."""
     runs, outside = tmp_path / "runs", tmp_path / "outside"

@@ -45,7 +45,7 @@ from impulsevit.data.storage.convert import ConversionError, convert_split, subs
 from impulsevit.data.storage.integrity import BetonError, verify_beton
 from impulsevit.data.storage.manifest import read_manifest
 from impulsevit.data.storage.presets import PRESETS, Preset, default_preset
-from impulsevit.io import WriteError, claim_output
+from impulsevit.io import WriteError, check_child_name, claim_output
 
 __all__ = ["build_parser", "check_main", "choose_preset", "claim_outputs", "default_splits", "main", "output_path",
            "resolve_source"]
@@ -78,7 +78,13 @@ def default_splits(info: DatasetInfo, root: Path | None) -> list[str]:
 
 
 def output_path(dst: str, split: str, multiple: bool) -> Path:
-    """Where ``split`` is written for ``DST`` (see the module docstring); ``multiple``: more than one split."""
+    """Where ``split`` is written for ``DST`` (see the module docstring); ``multiple``: more than one split. A split is
+    one name (:func:`impulsevit.io.check_child_name`), so the file stays in ``DST``'s folder.
+
+    Raises:
+        ConfigError: ``split`` is not one folder name (``../x``, ``a/b``, ...).
+    """
+    check_child_name(split, "--split", "a split is one name (e.g. train, val)")
     d = Path(dst)
     if d.suffix == ".beton":
         return d.with_name(f"{d.stem}_{split}.beton") if multiple else d
