@@ -298,6 +298,8 @@ def check_child_name(name: Any, what: str, rule: str | None = None) -> str:
         bad = "contains control characters"
     elif os.path.isabs(name) or name.startswith(("/", "\\")):
         bad = "is an absolute path"
+    elif ".." in re.split(r"[/\\]", name):
+        bad = "climbs out of its folder with '..'"
     elif any(sep in name for sep in {"/", "\\", os.sep, os.altsep or "/"}):
         bad = "contains a path separator ('/' nests folders); use e.g. 'exp-a'"
     elif name in (".", "..") or name.startswith(".."):

@@ -94,7 +94,7 @@ def resolve_recipe(name_or_path: str | os.PathLike) -> Path:
     close = difflib.get_close_matches(name, list(recipes), n=3, cutoff=0.4)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     if len(close) > 1:
-        hint += f" (or {', '.join(repr(c) for c in close[1:])})"
+        hint = f"{hint[:-1]} (or {', '.join(repr(c) for c in close[1:])})?"
     raise RecipeNotFoundError(f"unknown recipe {str(name_or_path)!r}: not a file and not a recipe name.{hint} See "
                               f"`impulsevit recipes` for the {len(recipes)} available recipes.")
 
