@@ -13,10 +13,11 @@ A Lightning checkpoint of ``ImageClassifier`` (single file or FSDP2 distributed-
   ``RunRecord`` and ``Initializer`` states and the run directory's ``config.yaml``). Loads with
   ``timm.create_model("local-dir:OUT", pretrained=True)`` (impulsevit's own architectures, e.g. ConvMixer, need
   ``import impulsevit.models`` first). ``OUT`` must not exist or be empty; a folder written by an earlier export is
-  replaced only with ``--overwrite``; anything else is refused, untouched. The folder is written next to ``OUT`` under a
-  temp name and renamed into place (:mod:`impulsevit.io`): an interrupted export leaves no half folder.
+  replaced only with ``--overwrite``; anything else is refused, untouched (:func:`impulsevit.io.claim_output`). The
+  folder is written next to ``OUT`` under a temp name and renamed into place (:mod:`impulsevit.io`): an interrupted
+  export leaves no half folder.
 - ``--format state-dict`` (the default when ``OUT`` ends in ``.pth`` or ``.pt``): the backbone's plain ``state_dict``
-  (``torch.save``, atomic), loaded with
+  (``torch.save``, atomic; an existing ``OUT`` file is replaced only with ``--overwrite``), loaded with
   ``timm.create_model(backbone, num_classes=C, checkpoint_path=OUT, **backbone_kwargs)`` (the line is printed).
 - ``--push-to-hub ORG/NAME`` (folder format): after the local folder, timm's ``push_to_hf_hub`` uploads the same
   weights, config and card (``huggingface_hub``; token from ``HF_TOKEN`` or ``hf auth login``, endpoint from
@@ -47,7 +48,7 @@ from torch import nn
 from impulsevit._compat.timm import model_card_readme
 from impulsevit.checkpointing import atomic_torch_save
 from impulsevit.errors import ConfigError, UserError
-from impulsevit.io import commit, disk_errors, remove, temp_path
+from impulsevit.io import claim_output, commit, disk_errors, remove, temp_path
 from impulsevit.safe_load import (
     TRUST_FLAG,
     TRUST_HELP,
@@ -355,22 +356,6 @@ def is_export_folder(path: str | os.PathLike) -> bool:
         return False
 
 
-def _check_folder_target(out: Path, overwrite: bool) -> None:
-    """Refuse an output that would replace something this program did not write (before any work)."""
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise ConfigError(f"{out} exists and is not a folder; the folder format writes a new folder there (give a "
-                          f"new path, or --format state-dict for a single .pth file)")
-    if not out.is_dir() or not any(out.iterdir()):
-        return
-    if is_export_folder(out):
-        if not overwrite:
-            raise ConfigError(f"{out} holds an earlier impulsevit export; pass --overwrite to replace it, or give a "
-                              f"new folder")
-        return
-    raise ConfigError(f"{out} exists and is not empty (and is not an impulsevit export folder); nothing was written: "
-                      f"give a new or empty folder")
-
-
 def export_folder(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike, ema: bool = False,
                   overwrite: bool = False, trust: bool | None = None) -> dict[str, Any]:
     """Write the timm model folder of ``ckpt_path`` to ``out_dir`` (see the module docstring); atomic.
@@ -386,7 +371,7 @@ def export_folder(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike, ema:
     from timm.models import save_for_hf
 
     out = Path(out_dir)
-    _check_folder_target(out, overwrite)
+    claim_output(out, overwrite, "folder", what="OUT", replaceable=is_export_folder, ours="export")
     ckpt = load_checkpoint_file(ckpt_path, trust=trust)
     model = build_model(ckpt, ema=ema)
     dc = data_config(ckpt)
@@ -410,18 +395,18 @@ def export_folder(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike, ema:
 
 
 def export_checkpoint(ckpt_path: str | os.PathLike, out_path: str | os.PathLike, ema: bool = False,
-                      trust: bool | None = None) -> dict[str, Any]:
-    """Write the plain timm state dict of ``ckpt_path`` to ``out_path`` (atomically).
+                      overwrite: bool = False, trust: bool | None = None) -> dict[str, Any]:
+    """Write the plain timm state dict of ``ckpt_path`` to ``out_path`` (atomically); an existing file there is
+    replaced only with ``overwrite`` (:func:`impulsevit.io.claim_output`, before the checkpoint is read).
 
     Returns ``{"backbone", "num_classes", "backbone_kwargs", "tensors", "params"}`` (what ``timm.create_model`` needs
     to load it; ``backbone``/``backbone_kwargs`` are ``None``/``{}`` when the checkpoint has no hyperparameters).
 
     Raises:
-        ConfigError: ``out_path`` is a folder (it is never replaced by a file).
+        ConfigError: ``out_path`` is a folder (it is never replaced by a file), or an existing file without
+            ``overwrite``.
     """
-    if Path(out_path).is_dir():
-        raise ConfigError(f"{out_path} is a folder; --format state-dict writes one file (give a file path like "
-                          f"model.pth)")
+    claim_output(out_path, overwrite, "file", what="OUT")
     ckpt = load_checkpoint_file(ckpt_path, trust=trust)
     state = backbone_state_dict(ckpt, ema=ema)
     atomic_torch_save(state, out_path)
@@ -497,7 +482,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--format", choices=("folder", "state-dict"), default=None,
                         help="folder: timm model folder (config.json, model.safetensors, README.md); state-dict: "
                              "a plain .pth (default: state-dict when OUT ends in .pth or .pt, else folder)")
-    parser.add_argument("--overwrite", action="store_true", help="replace a folder an earlier export wrote")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing OUT: a .pth file, or a folder an earlier export wrote (any other "
+                             "non-empty folder is never replaced)")
     parser.add_argument("--push-to-hub", metavar="ORG/NAME", default=None,
                         help="also upload the model to the Hugging Face Hub (timm's push_to_hf_hub)")
     parser.add_argument("--private", action="store_true", help="with --push-to-hub: create a private repo")
@@ -514,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError("--push-to-hub needs --format folder")
             check_repo_id(args.push_to_hub)
         if args.format == "state-dict":
-            info = export_checkpoint(args.ckpt, args.out, ema=args.ema, trust=trust)
+            info = export_checkpoint(args.ckpt, args.out, ema=args.ema, overwrite=args.overwrite, trust=trust)
         else:
             info = export_folder(args.ckpt, args.out, ema=args.ema, overwrite=args.overwrite, trust=trust)
     except (FileNotFoundError, KeyError, ValueError, ConfigError) as e:

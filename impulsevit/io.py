@@ -12,6 +12,15 @@
 - :func:`disk_errors`: turns ENOSPC / EDQUOT / EROFS / EACCES / EPERM into :class:`WriteError`, one line naming the path
   (and the bytes needed and free, where known). :func:`require_free_space` fails before a write that cannot fit.
 
+Names and outputs, the two checks every command runs before its work (one place each):
+
+- :func:`child_path`: ``<parent>/<name>`` for a name the user gives (a run, a study, a method in a folder name): one
+  path component that stays inside ``parent`` — no absolute name, ``..``, path separator, NUL or control character,
+  empty name, or a link that leads out of ``parent``; else :class:`~impulsevit.errors.ConfigError` naming the option.
+- :func:`claim_output`: an output path the user names (an export, a predictions CSV, a preview, a ``.beton``, a
+  download folder) is free, or is replaced only with ``--overwrite``; a file where a folder goes (or the reverse) is
+  refused, with or without it. Nothing else is ever replaced.
+
 Temp names all match :data:`TEMP_RE`, so discovery code (checkpoints, ``.beton`` caches) can skip them.
 Not supported: remote (fsspec URL) paths.
 """
@@ -27,15 +36,21 @@ import shutil
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
+
+from impulsevit.errors import ConfigError
 
 __all__ = [
     "TEMP_RE",
+    "OutputKind",
     "WriteError",
     "atomic_path",
     "atomic_write",
     "atomic_write_json",
     "atomic_write_text",
+    "check_child_name",
+    "child_path",
+    "claim_output",
     "commit",
     "disk_errors",
     "disk_oserror",
@@ -266,3 +281,108 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> None:
     """Write ``obj`` as JSON (plus a final newline) to ``path`` atomically."""
     atomic_write_text(path, json.dumps(obj, indent=indent) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------- names and outputs
+def check_child_name(name: Any, what: str, rule: str | None = None) -> str:
+    """``name`` when it is one usable path component, else :class:`ConfigError` (one line: ``what``, the value, why,
+    and ``rule`` — what is allowed). Refused: not a string, empty or blank, NUL or other control characters, an
+    absolute path, a path separator (``/``, ``\\``), ``.`` / ``..`` (or a name starting with ``..``), a leading ``-``
+    (it would read as an option). The string check only; :func:`child_path` also follows links."""
+    bad = None
+    if not isinstance(name, str) or not name.strip():
+        bad = "is empty"
+    elif "\0" in name:
+        bad = "contains a NUL character"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in name):
+        bad = "contains control characters"
+    elif os.path.isabs(name) or name.startswith(("/", "\\")):
+        bad = "is an absolute path"
+    elif ".." in re.split(r"[/\\]", name):
+        bad = "climbs out of its folder with '..'"
+    elif any(sep in name for sep in {"/", "\\", os.sep, os.altsep or "/"}):
+        bad = "contains a path separator ('/' nests folders); use e.g. 'exp-a'"
+    elif name in (".", "..") or name.startswith(".."):
+        bad = "refers to a parent folder or the folder itself"
+    elif name.startswith("-"):
+        bad = "starts with '-'"
+    if bad:
+        raise ConfigError(f"{what} {name!r} {bad}: {rule or 'it must be a single folder name'}")
+    return name
+
+
+def child_path(parent: str | os.PathLike, name: Any, what: str, rule: str | None = None) -> Path:
+    """``Path(parent) / name`` for a user-supplied ``name`` (the option it came from: ``what``, e.g. ``--name``):
+    :func:`check_child_name`, and the path must stay inside ``parent`` after links are followed (a link named
+    ``name`` that leads elsewhere is refused). The path is returned unresolved; nothing is created.
+
+    Raises:
+        ConfigError: one line naming ``what``, the value and ``rule`` (default: one folder name inside ``parent``).
+    """
+    rule = rule or f"it must be a single folder name inside {parent}"
+    check_child_name(name, what, rule)
+    path = Path(parent) / name
+    try:
+        inside = path.resolve().parent == Path(parent).resolve()
+    except (OSError, RuntimeError):  # a link loop
+        inside = False
+    if not inside:
+        raise ConfigError(f"{what} {name!r} leads outside {parent} (a link to {os.path.realpath(path)}): {rule}")
+    return path
+
+
+OutputKind = Literal["file", "folder", "into"]
+
+
+def claim_output(path: str | os.PathLike, overwrite: bool, kind: OutputKind, what: str = "output",
+                 replaceable: Callable[[Path], bool] | None = None, ours: str = "output") -> bool:
+    """The one policy for an output path a command is about to write, checked before any work. Returns whether
+    ``path`` exists (and may be replaced, or written into).
+
+    ``kind``: ``"file"`` (one file, replaced atomically), ``"folder"`` (a whole folder, replaced atomically) or
+    ``"into"`` (a folder the command writes its own files into; each of them is claimed as a ``"file"``).
+
+    - Every existing folder above ``path`` must be a folder, not a file.
+    - Nothing there: free. A file where a folder goes, or a folder where a file goes: refused, even with
+      ``overwrite`` (nothing is deleted for an output of another kind).
+    - ``"into"``: an existing folder is used as it is.
+    - ``"file"``: an existing file (or link) is replaced only with ``overwrite``.
+    - ``"folder"``: an empty folder is free; a non-empty one is replaced only with ``overwrite`` and only when
+      ``replaceable(path)`` says this program wrote it (an earlier impulsevit ``ours``, e.g. ``"export"``); any other
+      non-empty folder is refused, with or without ``overwrite``.
+
+    Not supported: URLs (fsspec paths), checked by the writers themselves.
+
+    Raises:
+        ConfigError: one line naming ``what``, the path and the ``--overwrite`` flag where it would help.
+    """
+    path = Path(path)
+    for p in reversed(path.parents):
+        if (p.exists() or p.is_symlink()) and not p.is_dir():
+            raise ConfigError(f"{what} {path}: {p} is {'a broken link' if not p.exists() else 'a file'}, not a "
+                              f"folder; give another path (it is left as it is)")
+    existing = _kind(path)
+    if existing is None:
+        return False
+    if kind != "file" and path.is_symlink() and path.is_dir():
+        existing = "directory"  # a link to a folder is written into as that folder
+    if existing != ("file" if kind == "file" else "directory"):
+        shown = "a folder (an existing directory)" if existing == "directory" else (
+            "a broken link" if not path.exists() else "an existing file")
+        raise ConfigError(f"{what} {path} is {shown}, where a {'file' if kind == 'file' else 'folder'} goes; give "
+                          f"another path (it is left as it is)")
+    if kind == "into":
+        return True
+    if kind == "file":
+        if not overwrite:
+            raise ConfigError(f"{what} {path} already exists; pass --overwrite to replace it (nothing was written)")
+        return True
+    if not any(path.iterdir()):
+        return True
+    if replaceable is not None and replaceable(path):
+        if not overwrite:
+            raise ConfigError(f"{what} {path} holds an earlier impulsevit {ours}; pass --overwrite to replace it, or "
+                              f"give a new folder (nothing was written)")
+        return True
+    raise ConfigError(f"{what} {path} exists and is not empty, and impulsevit did not write it; give a new or empty "
+                      f"folder (nothing was written; it is never replaced, not even with --overwrite)")

@@ -1,14 +1,15 @@
-"""``impulsevit predict MODEL IMAGES [--out predictions.csv] [--ema] [--batch-size N] [--workers N]
+"""``impulsevit predict MODEL IMAGES [--out predictions.csv] [--overwrite] [--ema] [--batch-size N] [--workers N]
 [--trust-checkpoint]``.
 
 Classifies every image under the folder ``IMAGES`` (recursively; timm's image extensions) with ``MODEL``, either a
 Lightning checkpoint of a run (file or FSDP2 folder) or a folder written by ``impulsevit export``, and writes a CSV
-(atomically): ``path`` (relative to ``IMAGES``), then ``class_1, prob_1, …, class_5, prob_5`` (the top-5 class names
-and softmax probabilities; fewer for models with fewer classes). Preprocessing is the model's own data config:
+(atomically; an existing ``--out`` file is replaced only with ``--overwrite``, checked before any work): ``path``
+(relative to ``IMAGES``), then ``class_1, prob_1, …, class_5, prob_5`` (the top-5 class names and softmax
+probabilities; fewer for models with fewer classes). Preprocessing is the model's own data config:
 ``timm.data.resolve_data_config({}, model=m)`` + ``timm.data.create_transform(**cfg)`` — for an exported folder the
-``pretrained_cfg`` of its ``config.json``, for a checkpoint the run's evaluation transform it records (the same
-values ``export`` writes). Images are opened with PIL and converted to RGB; unreadable ones are skipped, listed on
-stderr with a count. A progress bar (stderr, on a terminal) shows on folders of more than one batch.
+``pretrained_cfg`` of its ``config.json``, for a checkpoint the run's evaluation transform it records (the same values
+``export`` writes). Images are opened with PIL and converted to RGB; unreadable ones are skipped, listed on stderr
+with a count. A progress bar (stderr, on a terminal) shows on folders of more than one batch.
 
 Without a positional ``MODEL``, ``impulsevit predict --recipe …`` stays LightningCLI's ``predict`` subcommand (the
 recipe's validation split through ``ImageClassifier.predict_step``). Weights: the raw model; ``--ema`` the EMA copy
@@ -153,16 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", help="checkpoint (.ckpt file or FSDP2 folder) or a folder from impulsevit export")
     parser.add_argument("images", help="folder of images (searched recursively)")
     parser.add_argument("--out", default="predictions.csv", help="CSV to write (default: predictions.csv)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     parser.add_argument("--ema", action="store_true", help="checkpoints: use the EMA weights")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (default 0)")
     parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
-    from impulsevit.io import WriteError, atomic_write_text
+    from impulsevit.io import WriteError, atomic_write_text, claim_output
 
     try:
-        if Path(args.out).is_dir():
-            raise ConfigError(f"--out {args.out} is a folder; give a .csv file path")
+        claim_output(args.out, args.overwrite, "file", what="--out")  # before any work: never replaced unasked
         files = find_images(args.images)
         model, cfg, names = load_predictor(args.model, ema=args.ema, trust=True if args.trust_checkpoint else None)
     except (FileNotFoundError, KeyError, ValueError, ConfigError) as e:

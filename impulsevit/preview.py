@@ -2,7 +2,7 @@
 
 Usage::
 
-    impulsevit data preview --recipe R [fit overrides …] --split train|val [--num N] [--out DIR]
+    impulsevit data preview --recipe R [fit overrides …] --split train|val [--num N] [--out DIR] [--overwrite]
 
 The command line is parsed exactly as ``impulsevit fit`` parses it (LightningCLI / jsonargparse: the recipe, every
 ``--dotted.key=value`` override, key-typo suggestions); only the ``data`` section is instantiated — trainer and model
@@ -26,6 +26,9 @@ Outputs, for ``S`` = the recipe's ``image_size``:
 
 ``val`` keeps the split's order (the first ``N`` samples: for an ImageFolder, sorted classes then sorted files);
 ``train`` shows the first ``N`` samples of epoch 0 in the loader's shuffled order.
+
+Both files are written atomically; an existing ``DIR/<split>.pt`` or ``.png`` is replaced only with ``--overwrite``,
+and a ``DIR`` that is a file is refused — checked before any work (:func:`impulsevit.io.claim_output`).
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["build_datamodule", "class_names", "collect", "main", "render_grid", "write_preview"]
+__all__ = ["build_datamodule", "claim_preview", "class_names", "collect", "main", "preview_paths", "render_grid",
+           "write_preview"]
 
 
 def build_datamodule(cli_args: list[str]):  # noqa: ANN201 - any BaseImageDataModule
@@ -247,14 +251,36 @@ def render_grid(images: torch.Tensor, labels: torch.Tensor, classes: list[str] |
     return canvas
 
 
+def preview_paths(out: str | Path, split: str) -> tuple[Path, Path]:
+    """``(<out>/<split>.pt, <out>/<split>.png)``."""
+    return Path(out) / f"{split}.pt", Path(out) / f"{split}.png"
+
+
+def claim_preview(out: str | Path, split: str, overwrite: bool) -> None:
+    """Before any work: ``out`` is a folder (or nothing yet) and its two files are free, or ``overwrite``.
+
+    Raises:
+        ConfigError: ``out`` is a file, or a file of the preview exists without ``overwrite`` (one line).
+    """
+    from impulsevit.io import claim_output
+
+    claim_output(out, False, "into", what="--out")
+    for path in preview_paths(out, split):
+        claim_output(path, overwrite, "file", what="--out")
+
+
 def write_preview(result: dict[str, Any], out: str | Path, classes: list[str] | None = None) -> tuple[Path, Path]:
-    """Write ``<out>/<split>.pt`` and ``<out>/<split>.png`` (:func:`render_grid`, labelled with ``classes``);
-    returns both paths."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    pt, png = out / f"{result['split']}.pt", out / f"{result['split']}.png"
-    torch.save(result, pt)
-    render_grid(result["images"], result["labels"], classes).save(png)
+    """Write ``<out>/<split>.pt`` and ``<out>/<split>.png`` (:func:`render_grid`, labelled with ``classes``), each
+    atomically (:func:`impulsevit.io.atomic_path`); returns both paths. The caller checks them first
+    (:func:`claim_preview`)."""
+    from impulsevit.io import atomic_path
+
+    pt, png = preview_paths(out, result["split"])
+    with atomic_path(pt) as tmp:
+        torch.save(result, tmp)
+    grid = render_grid(result["images"], result["labels"], classes)
+    with atomic_path(png) as tmp:
+        grid.save(tmp, format="PNG")
     return pt, png
 
 
@@ -283,10 +309,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--split", choices=["train", "val"], required=True)
     p.add_argument("--num", type=int, default=16, help="number of images (default 16)")
     p.add_argument("--out", default="preview", help="output folder (default ./preview)")
+    p.add_argument("--overwrite", action="store_true", help="replace the split's files of an earlier preview in --out")
     return p
 
 
-USAGE = "usage: impulsevit data preview --recipe R [fit overrides ...] --split train|val [--num N] [--out DIR]"
+USAGE = ("usage: impulsevit data preview --recipe R [fit overrides ...] --split train|val [--num N] [--out DIR] "
+         "[--overwrite]")
 
 
 def main(argv: list[str]) -> int:
@@ -303,6 +331,7 @@ def main(argv: list[str]) -> int:
         return 2
     torch.set_grad_enabled(False)
     try:
+        claim_preview(args.out, args.split, args.overwrite)
         dm = build_datamodule(rest)
         result = collect(dm, args.split, args.num)
     except (ValueError, FileNotFoundError, KeyError) as exc:

@@ -20,14 +20,17 @@ import os
 from importlib import resources
 from pathlib import Path
 
+from impulsevit.errors import ConfigError
+
 __all__ = ["RecipeNotFoundError", "packaged_recipes_dir", "recipe_dirs", "available_recipes", "describe",
            "resolve_recipe", "format_listing"]
 
 _SUFFIXES = (".yaml", ".yml")
 
 
-class RecipeNotFoundError(ValueError):
-    """A recipe name that is neither a file nor a recipe in any recipe directory."""
+class RecipeNotFoundError(ConfigError):
+    """A recipe name that is neither a file nor a recipe in any recipe directory (a :class:`ConfigError`, so a
+    ``ValueError``: one line, exit 2)."""
 
 
 def packaged_recipes_dir() -> Path:
@@ -76,8 +79,8 @@ def resolve_recipe(name_or_path: str | os.PathLike) -> Path:
     """The file a ``--recipe`` value refers to: an existing file as given, else a recipe name (``.yaml`` optional).
 
     Raises:
-        RecipeNotFoundError: no such file and no such recipe; the message lists the available recipes and the
-            closest name.
+        RecipeNotFoundError: no such file and no such recipe; one line with the (up to 3) closest names and a pointer
+            to ``impulsevit recipes`` (the full list).
     """
     given = Path(name_or_path)
     if given.is_file():
@@ -88,14 +91,12 @@ def resolve_recipe(name_or_path: str | os.PathLike) -> Path:
     recipes = available_recipes()
     if given.parent == Path(".") and name in recipes:
         return recipes[name]
-    close = difflib.get_close_matches(name, list(recipes), n=1)
+    close = difflib.get_close_matches(name, list(recipes), n=3, cutoff=0.4)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    where = ", ".join(str(d) for d in recipe_dirs()) or "(no recipe directory found)"
-    listing = "\n".join(f"  {n}" for n in recipes) or "  (none)"
-    raise RecipeNotFoundError(
-        f"unknown recipe {str(name_or_path)!r}: not a file and not a recipe name.{hint}\n"
-        f"Available recipes (from {where}):\n{listing}"
-    )
+    if len(close) > 1:
+        hint = f"{hint[:-1]} (or {', '.join(repr(c) for c in close[1:])})?"
+    raise RecipeNotFoundError(f"unknown recipe {str(name_or_path)!r}: not a file and not a recipe name.{hint} See "
+                              f"`impulsevit recipes` for the {len(recipes)} available recipes.")
 
 
 def format_listing() -> str:

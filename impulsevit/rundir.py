@@ -26,31 +26,22 @@ from pathlib import Path
 
 from impulsevit.cluster.events import slurm_job_id
 from impulsevit.errors import ConfigError, RunDirError
-from impulsevit.io import disk_errors, remove, temp_path
+from impulsevit.io import check_child_name, disk_errors, remove, temp_path
 
-__all__ = ["LOCK_NAME", "RunDirLock", "check_name", "check_runs_dir", "clear_run", "existing_run", "launch_rank",
-           "run_files"]
+__all__ = ["LOCK_NAME", "RUN_NAME_RULE", "RunDirLock", "check_name", "check_runs_dir", "clear_run", "existing_run",
+           "launch_rank", "run_files"]
 
 LOCK_NAME = ".lock"
 _EVAL_DIRS = ("validate", "test", "predict")
 
 
+RUN_NAME_RULE = "a run name must be a single folder name inside --runs_dir"
+
+
 def check_name(name: str) -> str:
-    """``name`` if it is a usable run name (one path component), else :class:`ConfigError` saying why."""
-    bad = None
-    if not name or not name.strip():
-        bad = "is empty"
-    elif "/" in name or "\\" in name or os.sep in name:
-        bad = "contains a path separator ('/' nests run directories); use e.g. 'exp-a'"
-    elif name in (".", "..") or name.startswith(".."):
-        bad = "refers to a parent or the runs directory itself"
-    elif name.startswith("-"):
-        bad = "starts with '-'"
-    elif any(ord(c) < 32 for c in name):
-        bad = "contains control characters"
-    if bad:
-        raise ConfigError(f"--name {name!r} {bad}: a run name must be a single folder name inside --runs_dir")
-    return name
+    """``name`` if it is a usable run name (one path component), else :class:`ConfigError` saying why
+    (:func:`impulsevit.io.check_child_name`; the run directory itself: :func:`impulsevit.io.child_path`)."""
+    return check_child_name(name, "--name", RUN_NAME_RULE)
 
 
 def check_runs_dir(runs_dir: str | os.PathLike) -> None:

@@ -25,7 +25,8 @@ positional argument after ``predict``) is :mod:`impulsevit.predict`, not Lightni
 - Errors a user can fix (bad settings found before work, a run directory in use, a full / read-only disk, a damaged
   ``.beton``) print one line ``impulsevit SUB: error: ...`` and exit 2 (before any work) or 1; ``--debug`` /
   ``IMPULSEVIT_DEBUG=1`` shows the traceback. Nothing is written before these checks pass (:mod:`impulsevit.preflight`).
-- Misspelled keys fail with the key and the closest valid one; unknown recipe names list the available recipes.
+- Misspelled keys fail with the key and the closest valid one; unknown recipe names name the closest ones
+  (``impulsevit recipes`` lists all).
 - ``data.num_classes`` is linked to ``model.num_classes``; the global batch is read by the module from the trainer.
 - The global RNG states travel in the checkpoints, per rank
   (:class:`~impulsevit.callbacks.rng_state.RNGStateCheckpoint`; ranks are seeded ``seed_everything + global_rank``),

@@ -40,7 +40,7 @@ def prepare_argv(argv: list[str]) -> list[str]:
       ``name:`` in the recipe or a later ``--name`` still wins).
 
     Raises:
-        RecipeNotFoundError: a recipe value is neither a file nor a known recipe (lists the available ones).
+        RecipeNotFoundError: a recipe value is neither a file nor a known recipe (names the closest ones).
         RecipeSyntaxError: a recipe file is not valid YAML.
     """
     argv = _subcommand_first(list(argv))

@@ -13,10 +13,10 @@ import warnings
 from typing import Any
 
 from impulsevit.cli.argv import prepare_argv
-from impulsevit.cli.errors import user_error
+from impulsevit.cli.errors import one_line, user_error
 from impulsevit.cli.subcommands import ALL_SUBCOMMANDS, EXTERNAL_SUBCOMMANDS, TRAINER_SUBCOMMANDS, USAGE
 from impulsevit.cli.trainer_cli import ImpulseCLI
-from impulsevit.errors import ConfigError
+from impulsevit.errors import ConfigError, UserError
 from impulsevit.extensions import load_plugins, split_plugins_flag
 from impulsevit.memory import reuse_large_allocations
 from impulsevit.recipes import RecipeNotFoundError, format_listing
@@ -51,7 +51,7 @@ providers (``submit``, ``data preview``) parse the fit configuration with :mod:`
 :mod:`impulsevit.cli.argv`, which must not depend back on them."""
 
 
-def run_external(sub: str, rest: list[str]) -> int:
+def run_external(sub: str, rest: list[str], debug: bool = False) -> int:
     """Run a subcommand of :data:`PROVIDERS` with its arguments; its exit status (2 when its module is not part of
     this installation)."""
     module, func = PROVIDERS[sub]
@@ -62,7 +62,13 @@ def run_external(sub: str, rest: list[str]) -> int:
             print(f"impulsevit {sub}: not available in this installation ({module} is missing)", file=sys.stderr)
             return 2
         raise
-    return int(fn(rest) or 0)
+    try:
+        return int(fn(rest) or 0)
+    except UserError as e:  # a subcommand's own user error (e.g. study's ConfigError): one line, its exit status
+        if debug:
+            raise
+        print(f"impulsevit {sub}: error: {one_line(e)}", file=sys.stderr)
+        return e.exit_status
 
 
 def _setup_logging() -> None:
@@ -159,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return export_main(rest)
     if sub in EXTERNAL_SUBCOMMANDS:
-        return run_external(sub, rest)
+        return run_external(sub, rest, debug)
     if sub not in TRAINER_SUBCOMMANDS:
         close = difflib.get_close_matches(sub, ALL_SUBCOMMANDS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""

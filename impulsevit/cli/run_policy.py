@@ -11,14 +11,20 @@ from lightning.pytorch import Trainer
 
 from impulsevit.checkpointing import dangling_links, resume_candidate
 from impulsevit.errors import ConfigError, RunDirError
-from impulsevit.rundir import clear_run, existing_run
+from impulsevit.io import child_path
+from impulsevit.rundir import RUN_NAME_RULE, clear_run, existing_run
 
 log = logging.getLogger("impulsevit")
 
 
 def run_dir_of(runs_dir: str | os.PathLike, name: str | None) -> Path:
-    """``<runs_dir>/<name>`` (``name`` defaults to ``default``)."""
-    return Path(runs_dir) / (name or "default")
+    """``<runs_dir>/<name>`` (``name`` defaults to ``default``), through the one name resolver
+    (:func:`impulsevit.io.child_path`: one folder name that stays inside ``runs_dir``).
+
+    Raises:
+        ConfigError: ``name`` is not one folder name inside ``runs_dir``.
+    """
+    return child_path(runs_dir, name or "default", "--name", RUN_NAME_RULE)
 
 
 def resume_checkpoint(resume: str, run_dir: Path, sub: str, trainer: Trainer,

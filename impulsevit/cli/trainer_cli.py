@@ -30,7 +30,7 @@ from impulsevit.data.loading.base import BaseImageDataModule
 from impulsevit.errors import ConfigError, UserError
 from impulsevit.io import WriteError, disk_oserror, write_error
 from impulsevit.preflight import finished_run
-from impulsevit.rundir import RunDirLock, check_name, check_runs_dir, launch_rank, run_files
+from impulsevit.rundir import RunDirLock, check_runs_dir, launch_rank, run_files
 from impulsevit.safe_load import (
     TRUST_FLAG,
     UntrustedFileError,
@@ -206,7 +206,7 @@ class ImpulseCLI(SubcommandRunHookCLI):
         """Checks on the parsed configuration, before any class is built (the datamodule's constructor already reads
         the data root): the run name and runs directory, and ``model.init.method``."""
         if self.subcommand is not None:
-            check_name(self.run_name)
+            self.run_dir  # noqa: B018 - the one name resolver: one folder name inside --runs_dir, links included
             check_runs_dir(self._value(self.config, "runs_dir"))
         init = self._value(self.config, "model")
         init = init.get("init") if init is not None else None

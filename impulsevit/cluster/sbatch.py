@@ -40,6 +40,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from impulsevit.io import child_path
+
 SIGNAL = "USR1"
 
 
@@ -127,7 +129,9 @@ class FitJob:
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.runs_dir) / self.run_name
+        """``<runs_dir>/<run_name>`` through the one name resolver (:func:`impulsevit.io.child_path`)."""
+        return child_path(self.runs_dir, self.run_name, "--name", "a run name must be a single folder name inside "
+                                                                  "--runs_dir")
 
 
 _ARRAY_ITEM = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")

@@ -76,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def resolve_recipe(recipe: str) -> str:
     """An absolute path for a recipe file or name (:func:`impulsevit.recipes.resolve_recipe`), so the job finds it
-    from any directory; raises ``RecipeNotFoundError`` (a ``ValueError``) listing the available recipes."""
+    from any directory; raises ``RecipeNotFoundError`` (a ``ValueError``) naming the closest recipes."""
     return str(recipes.resolve_recipe(recipe).resolve())
 
 
@@ -89,7 +89,7 @@ def default_launcher() -> str:
 def build(argv: list[str]) -> tuple[FitJob, SlurmOptions, argparse.Namespace]:
     """Parse ``argv`` (+ the defaults file) into the job and its options.
 
-    Raises ``ValueError`` (a bad option, naming it; an unknown recipe, listing the available ones).
+    Raises ``ValueError`` (a bad option, naming it; an unknown recipe, naming the closest ones).
     """
     args, overrides = _parser().parse_known_args(argv)
     defaults = load_defaults(args.slurm_config)

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from impulsevit.errors import ConfigError
+from impulsevit.io import child_path, claim_output
 from impulsevit.study.files import read_json, write_json
 from impulsevit.study.plan import DEFAULT_METHODS, paper_numbers, plan_entry_args, plan_runs, run_args, study_header
 from impulsevit.study.report import collect, write_report
@@ -68,7 +70,13 @@ def _fit_command(*args: str) -> list[str]:
 def _run_one(study_dir: Path, recipe: str, run: dict[str, Any], overrides: list[str]) -> int:
     cmd = _fit_command("fit", "--recipe", recipe, "--runs-dir", str(study_dir), "--name", run["name"],
                        "--resume", "auto", *plan_entry_args(run), *overrides)
-    return run_fit(cmd, study_dir / run["name"])
+    return run_fit(cmd, _run_dir(study_dir, run))
+
+
+def _run_dir(study_dir: Path, run: dict[str, Any]) -> Path:
+    """The folder of a plan entry: its name (from ``study.json``) through the one name resolver."""
+    return child_path(study_dir, run["name"], f"{study_dir / 'study.json'}: run name",
+                      "a run of a study is one folder inside the study")
 
 
 def _array_task(study_dir: Path, fit_argv: list[str]) -> int:
@@ -98,7 +106,7 @@ def _array_task(study_dir: Path, fit_argv: list[str]) -> int:
     at = argv.index("--recipe") + 2 if "--recipe" in argv else 1
     print(f"[study] array task {task}: {run['name']}", flush=True)
     cmd = _fit_command(*argv[:at], *plan_entry_args(run), *argv[at:])
-    return run_fit(cmd, study_dir / run["name"], record=os.environ.get("SLURM_PROCID", "0") == "0")
+    return run_fit(cmd, _run_dir(study_dir, run), record=os.environ.get("SLURM_PROCID", "0") == "0")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -137,9 +145,10 @@ def _new_plan(args: argparse.Namespace, recipe_path: Path, overrides: list[str])
 def _run_plan(study_dir: Path, plan: dict[str, Any], run_index: int | None) -> None:
     """Run the plan's entries here, one after the other (or only ``run_index``); finished ones are skipped."""
     if run_index is not None and not 0 <= run_index < len(plan["runs"]):
-        raise SystemExit(f"--run-index {run_index}: the plan has {len(plan['runs'])} runs")
+        n = len(plan["runs"])
+        raise ConfigError(f"--run-index {run_index}: the plan has {n} runs (0..{n - 1})")
     for run in plan["runs"] if run_index is None else [plan["runs"][run_index]]:
-        status = study_dir / run["name"] / "status.json"
+        status = _run_dir(study_dir, run) / "status.json"
         if status.exists() and read_json(status).get("state") == "done":
             print(f"[study] {run['name']}: already done, skipped", flush=True)
             continue
@@ -159,9 +168,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from impulsevit.recipes import resolve_recipe
 
-    recipe_path = resolve_recipe(args.recipe).resolve()
-    study_name = args.name or f"{recipe_path.stem}-study"
-    study_dir = Path(args.runs_dir) / study_name
+    recipe_path = resolve_recipe(args.recipe).resolve()  # RecipeNotFoundError: a ConfigError
+    study_name = args.name if args.name is not None else f"{recipe_path.stem}-study"
+    study_dir = child_path(args.runs_dir, study_name, "--name", "a study name must be a single folder name inside "
+                                                               "--runs-dir")
+    claim_output(study_dir, overwrite=False, kind="into", what="study folder")  # a file there: one line
     plan_file = study_dir / "study.json"
     if not args.collect:
         plan = _new_plan(args, recipe_path, overrides)

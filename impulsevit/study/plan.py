@@ -9,17 +9,29 @@ from typing import Any
 
 import yaml
 
+from impulsevit.errors import ConfigError
+from impulsevit.io import check_child_name
+
 __all__ = ["DEFAULT_METHODS", "plan_runs", "paper_numbers", "study_header", "run_args", "plan_entry_args"]
 
 DEFAULT_METHODS = ["impulse", "mimetic", "torch"]
 
 
 def plan_runs(methods: list[str], seeds: int) -> list[tuple[str, int, str]]:
-    """``(method, seed, run_name)`` for every method × seed ``0..seeds-1``, method-major."""
-    if seeds < 1:
-        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    """``(method, seed, run_name)`` for every method × seed ``0..seeds-1``, method-major. A run name is a folder
+    name of the study (``<method>-s<seed>``), so each method must be one folder name
+    (:func:`impulsevit.io.check_child_name`).
+
+    Raises:
+        ConfigError: ``seeds`` < 1, no method, or a method that is not one folder name (``../x``, ``a/b``, ...).
+    """
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ConfigError(f"--seeds {seeds!r}: must be a whole number >= 1 (the runs use seeds 0..N-1)")
     if not methods:
-        raise ValueError("--methods is empty")
+        raise ConfigError("--methods is empty: give comma-separated init methods, e.g. impulse,torch")
+    for m in methods:
+        check_child_name(m, "--methods", "each method names a run folder <method>-s<seed> inside the study, so it "
+                                         "must be one folder name")
     return [(m, s, f"{m}-s{s}") for m in methods for s in range(seeds)]
 
 

@@ -68,6 +68,7 @@ from impulsevit.data.storage.integrity import BetonError, check_header, verify_b
 from impulsevit.data.storage.manifest import beton_num_classes, identity_mismatches, manifest_path, read_manifest
 from impulsevit.data.storage.presets import PRESETS, default_preset
 from impulsevit.errors import ConfigError, DataError, UserError
+from impulsevit.io import claim_output
 
 __all__ = ["ImageDataModule", "SourceDataset", "default_cache_dir", "seeded_global_rngs"]
 
@@ -289,6 +290,7 @@ class ImageDataModule(BaseImageDataModule):
             ensure_dataset(self.info, self.root, verify=self.verify)
         if self.backend != "ffcv" or self.betons:
             return
+        claim_output(self.cache_dir, False, "into", what="data.cache_dir")  # a file there: one line, not a traceback
         trainer = getattr(self, "trainer", None)
         world = int(getattr(trainer, "world_size", 0) or 0) or dist_info()[1]
         splits = list(dict.fromkeys((self.train_split, self.val_split)))

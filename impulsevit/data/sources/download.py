@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 
 from impulsevit.data.sources.registry import DatasetInfo, Verify, downloadable, get_dataset
+from impulsevit.io import claim_output
 
 __all__ = ["ManualDownloadError", "download", "ensure_dataset", "main"]
 
@@ -50,7 +51,8 @@ def download(name: str, root: str | os.PathLike, verify: Verify = "error") -> di
 
     Raises :class:`ManualDownloadError` for ImageNet / IN-21K, ``KeyError`` for an unknown name, ``ValueError`` for
     a registry dataset that needs no download (``digits`` ships with scikit-learn), and the registry's
-    ``DatasetMismatchError`` when the downloaded counts differ from the published ones (``verify='error'``)."""
+    ``DatasetMismatchError`` when the downloaded counts differ from the published ones (``verify='error'``); a
+    ``ConfigError`` (before any download) when ``root`` or a folder above it is a file."""
     info = get_dataset(name)
     if info.download is None and info.manual_download:
         raise ManualDownloadError(f"{info.name} cannot be downloaded automatically. {info.manual_download}")
@@ -58,6 +60,7 @@ def download(name: str, root: str | os.PathLike, verify: Verify = "error") -> di
         raise ValueError(f"{info.name} needs no download ({info.description or 'no download function registered'}); "
                          f"downloadable: {', '.join(downloadable())}")
     root = Path(root)
+    claim_output(root, False, "into", what="ROOT")  # a file there (or above): one line, before any download
     root.mkdir(parents=True, exist_ok=True)
     info.download(root)
     return {split: len(info.load(root, split, verify=verify)) for split in info.split_sizes}
@@ -71,6 +74,7 @@ def ensure_dataset(info: DatasetInfo, root: str | os.PathLike, verify: Verify = 
     from impulsevit.data.storage.locking import file_lock
 
     root = Path(root)
+    claim_output(root, False, "into", what="data root")
     if _present(info, root):
         return
     root.parent.mkdir(parents=True, exist_ok=True)

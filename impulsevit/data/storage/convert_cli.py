@@ -20,6 +20,11 @@ the presets are described in :mod:`impulsevit.data.storage.convert` and :mod:`im
 ``--write-mode`` /
 ``--max-resolution`` / ``--jpeg-quality`` / ``--jpeg-proportion`` override single fields of the preset.
 
+Existing outputs: a ``.beton`` this command wrote (its manifest is next to it) is skipped when up to date and rebuilt
+when not (or with ``--force``); any other existing file at an output path is replaced only with ``--overwrite``; a
+folder where a ``.beton`` goes, or a file where the ``DST`` folder goes, is refused — all before any work
+(:func:`impulsevit.io.claim_output`).
+
 ``--check``: verify ``.beton`` files against their manifests' checksums (:mod:`impulsevit.data.storage.integrity`).
 
 Exit status: 0 done (all files good), 1 a conversion failed or a checked file is damaged, 2 bad arguments or source.
@@ -40,9 +45,10 @@ from impulsevit.data.storage.convert import ConversionError, convert_split, subs
 from impulsevit.data.storage.integrity import BetonError, verify_beton
 from impulsevit.data.storage.manifest import read_manifest
 from impulsevit.data.storage.presets import PRESETS, Preset, default_preset
-from impulsevit.io import WriteError
+from impulsevit.io import WriteError, check_child_name, claim_output
 
-__all__ = ["build_parser", "check_main", "choose_preset", "default_splits", "main", "output_path", "resolve_source"]
+__all__ = ["build_parser", "check_main", "choose_preset", "claim_outputs", "default_splits", "main", "output_path",
+           "resolve_source"]
 
 
 def resolve_source(src: str, root: str | None, dataset: str | None) -> tuple[DatasetInfo, Path | None]:
@@ -72,11 +78,34 @@ def default_splits(info: DatasetInfo, root: Path | None) -> list[str]:
 
 
 def output_path(dst: str, split: str, multiple: bool) -> Path:
-    """Where ``split`` is written for ``DST`` (see the module docstring); ``multiple``: more than one split."""
+    """Where ``split`` is written for ``DST`` (see the module docstring); ``multiple``: more than one split. A split is
+    one name (:func:`impulsevit.io.check_child_name`), so the file stays in ``DST``'s folder.
+
+    Raises:
+        ConfigError: ``split`` is not one folder name (``../x``, ``a/b``, ...).
+    """
+    check_child_name(split, "--split", "a split is one name (e.g. train, val)")
     d = Path(dst)
     if d.suffix == ".beton":
         return d.with_name(f"{d.stem}_{split}.beton") if multiple else d
     return d / f"{split}.beton"
+
+
+def claim_outputs(dst: str, splits: list[str], overwrite: bool) -> None:
+    """Before any work (:func:`impulsevit.io.claim_output`): ``DST`` is a folder or nothing yet (unless it is a
+    ``.beton`` path), and each split's ``.beton`` is free, an output of this command (a manifest next to it: skipped
+    or rebuilt as before), or replaced with ``overwrite``.
+
+    Raises:
+        ConfigError: a file where the ``DST`` folder goes, a folder where a ``.beton`` goes, or an existing file
+            without a manifest and without ``overwrite`` (one line naming it).
+    """
+    if Path(dst).suffix != ".beton":
+        claim_output(dst, False, "into", what="DST")
+    for split in splits:
+        out = output_path(dst, split, len(splits) > 1)
+        ours = read_manifest(out, check_size=False) is not None
+        claim_output(out, overwrite or ours, "file", what=f"DST (split {split!r})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="registry datasets: counts that differ from the published ones are an error, a warning, "
                         "or not checked")
     p.add_argument("--force", action="store_true", help="rebuild outputs even when their manifest is up to date")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing file at an output path that this command did not write (no manifest)")
     p.add_argument("--no-progress", action="store_true")
     p.epilog += ("\n\nimpulsevit convert --check X.beton [...] [--full]: verify .beton files against their manifests' "
                  "checksums (sampled chunks; --full: every chunk)")
@@ -160,12 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         info, root = resolve_source(args.src, args.root, args.dataset)
         preset = choose_preset(info, args)
         splits = args.split or default_splits(info, root)
-        for split in splits:  # before any work: an output path that is a folder is never replaced
-            out = output_path(args.dst, split, len(splits) > 1)
-            if out.is_dir() and not out.is_symlink():
-                raise ValueError(f"{out} is an existing directory, where the .beton file of split {split!r} would "
-                                 "go; give a .beton path that is not a folder, or a folder DST without the .beton "
-                                 "suffix (it is left as it is)")
+        claim_outputs(args.dst, splits, args.overwrite)
         for split in splits:
             source = info.load(root, split, verify=args.verify)
             sub = subset_indices(len(source), args.subset)
@@ -180,8 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConversionError, WriteError) as exc:
         print(f"impulsevit convert: {exc}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, KeyError, ValueError) as exc:
-        print(f"impulsevit convert: {exc}", file=sys.stderr)
+    except (FileNotFoundError, KeyError, ValueError) as exc:  # ConfigError (an output claimed) is a ValueError
+        print(f"impulsevit convert: error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2
     return 0
 
