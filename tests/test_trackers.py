@@ -163,6 +163,7 @@ def _wandb_history(path: Path) -> tuple[str, list[dict]]:
     return run_id, rows
 
 
+@pytest.mark.slow
 def test_wandb_offline_preempted_and_resumed_is_one_run(tmp_path):
     pytest.importorskip("wandb")
     env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(tmp_path / "wb_config"),
@@ -205,7 +206,9 @@ def mlflow_server(tmp_path):
     proc = subprocess.Popen([exe, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
                              "--backend-store-uri", f"sqlite:///{home / 'mlflow.db'}",
                              "--artifacts-destination", str(home / "artifacts")],
-                            cwd=home, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                            cwd=home, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            # no background job workers (huey): only the tracking API is used
+                            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     uri = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300  # a cold start migrates the sqlite schema: ~70 s on a busy 2-core machine
@@ -231,6 +234,7 @@ def mlflow_server(tmp_path):
         log.close()
 
 
+@pytest.mark.slow
 def test_mlflow_server_preempted_and_resumed_is_one_run_with_continuous_steps(tmp_path, mlflow_server):
     from mlflow import MlflowClient
 
