@@ -77,7 +77,8 @@ def kind_of(logger: Logger | str) -> str:
 
 # ------------------------------------------------------------------ the run directory
 def run_directory(trainer: L.Trainer) -> Path | None:
-    """Where the run's own files go (see the module docstring); ``None``: no run directory (no CLI, no logger).
+    """Where the run's own files go (see the module docstring); ``None``: no run directory (no CLI and no logger, or
+    ``fast_dev_run``, which replaces the loggers and the config writer).
 
     Under the CLI it is the ``run_dir`` of the resolved-config writer
     (:class:`~impulsevit.callbacks.config_saver.RunConfigSaver`). Collective for a plain ``Trainer`` (Lightning's
@@ -89,7 +90,8 @@ def run_directory(trainer: L.Trainer) -> Path | None:
     if not trainer.loggers:
         return None
     tb = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
-    return Path(tb.log_dir) if tb is not None else Path(trainer.log_dir)
+    log_dir = tb.log_dir if tb is not None else trainer.log_dir  # None under fast_dev_run (a DummyLogger)
+    return Path(log_dir) if log_dir else None
 
 
 # ------------------------------------------------------------------ --tracker and --trainer.logger
