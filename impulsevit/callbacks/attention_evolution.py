@@ -11,8 +11,10 @@ checkpoint so a resumed run measures against the same one.
 
 Written from global rank 0: TensorBoard scalars ``attention_evolution/<source>/<metric>/layer_<i>`` (means over
 heads), one image grid per layer and logging point (``attention_evolution/images/layer_<i>``), and the raw per-head
-numbers as one JSON file per logging point, ``<run dir>/attention/step_<step>.json`` (with a logger; atomic; a
-resumed run rewrites a point it reaches again with the same numbers). Every rank computes (FSDP2 gathers its shards
+numbers as one JSON file per logging point, ``<run dir>/attention/step_<step>.json`` (the run directory of
+:func:`impulsevit.trackers.run_directory`, whatever loggers are added; atomic; a resumed run rewrites a point it reaches
+again with the same numbers). Every logger gets the scalars; the image grids go to TensorBoard and to the loggers with a
+``log_image`` (W&B). Every rank computes (FSDP2 gathers its shards
 collectively); the work happens at validation epoch ends, never inside a training step.
 
 Families: whatever ``impulsevit.init.attention_maps`` handles with images (ViT / DeiT: real attention; Swin: one
@@ -28,11 +30,11 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from impulsevit.callbacks.attention_logging import attention_grid, default_queries, full_parameters
 from impulsevit.io import atomic_write_json
+from impulsevit.trackers import log_image, run_directory
 
 __all__ = ["AttentionEvolution", "layer_means", "probe_maps"]
 
@@ -162,14 +164,15 @@ class AttentionEvolution(L.Callback):
                                          "kind": getattr(maps, "source", source),
                                          "layers": [[h.to_dict() for h in layer] for layer in heads],
                                          "means": layer_means(heads)}
-        # collective (broadcast from rank 0): every rank calls it; without a logger there is no run directory, and
-        # nothing is written (Lightning's log_dir would be the default root, usually the working directory)
-        log_dir = trainer.log_dir if trainer.loggers else None
+        # collective for a plain Trainer (broadcast from rank 0): every rank calls it; without a logger or the CLI there
+        # is no run directory, and nothing is written (Lightning's log_dir would be the default root, usually the
+        # working directory)
+        log_dir = run_directory(trainer)
         if trainer.is_global_zero:
             self._write(trainer, record, maps_of.get("images"), log_dir)
         return record
 
-    def _write(self, trainer: L.Trainer, record: dict, image_maps: Any, log_dir: str | None) -> None:
+    def _write(self, trainer: L.Trainer, record: dict, image_maps: Any, log_dir: Path | None) -> None:
         step = record["step"]
         scalars = {}
         for source, data in record["sources"].items():
@@ -179,15 +182,12 @@ class AttentionEvolution(L.Callback):
                         scalars[f"attention_evolution/{source}/{metric}/layer_{li:02d}"] = v
         for lg in trainer.loggers:
             lg.log_metrics(scalars, step=step)
-        writers = [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
-        if writers and image_maps is not None:
+        if trainer.loggers and image_maps is not None:
             maps = image_maps
             h, w = maps.grid
             queries = default_queries(h, w)
             for li, amap in enumerate(list(maps)[: self.max_image_layers]):
                 img = attention_grid(amap, (h, w), queries, prefix=int(maps.num_prefix))
-                for wr in writers:
-                    wr.add_image(f"attention_evolution/images/layer_{li:02d}", img, global_step=step,
-                                 dataformats="CHW")
+                log_image(trainer.loggers, f"attention_evolution/images/layer_{li:02d}", img, step)
         if log_dir is not None:
             atomic_write_json(Path(log_dir) / "attention" / f"step_{step:08d}.json", record)

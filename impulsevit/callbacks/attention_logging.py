@@ -20,9 +20,10 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 from torchvision.utils import make_grid
+
+from impulsevit.trackers import log_image, log_text
 
 __all__ = [
     "grid_shape",
@@ -168,27 +169,25 @@ def log_attention(
 ) -> bool:
     """Compute attention maps + per-head summary and write them to the trainer's loggers.
 
-    TensorBoard gets images ``{tag}/layer_{i:02d}`` (query rows x head columns, see :func:`attention_grid`) and the
-    text ``{tag}/summary`` (the summary table); every logger gets the scalars of :func:`summary_scalars`. Call on every
+    TensorBoard (and W&B) get images ``{tag}/layer_{i:02d}`` (query rows x head columns, see :func:`attention_grid`)
+    and the text ``{tag}/summary`` (the summary table; MLflow too, :func:`impulsevit.trackers.log_text`); every logger
+    gets the scalars of :func:`summary_scalars`. Call on every
     rank; only global rank 0 writes. Returns whether the model had attention maps.
     """
     result = compute_attention(model, offsets)
     if result is None or trainer.global_rank != 0:
         return result is not None
     maps, summary, shape = result
-    writers = [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
     if shape is not None:
         prefix, h, w = shape
         queries = default_queries(h, w)
         for li, amap in enumerate(maps[:max_layers]):
             img = attention_grid(amap, (h, w), queries, prefix=prefix)
-            for wr in writers:
-                wr.add_image(f"{tag}/layer_{li:02d}", img, global_step=step, dataformats="CHW")
+            log_image(trainer.loggers, f"{tag}/layer_{li:02d}", img, step)
     table = summary.table() if hasattr(summary, "table") else "\n".join(map(str, summary))
     queries_txt = ", ".join(f"({r},{c})" for r, c in (default_queries(*shape[1:]) if shape else []))
-    for wr in writers:
-        wr.add_text(f"{tag}/summary", f"query cells (row, col), one image row each: {queries_txt}\n\n```\n{table}\n```",
-                    global_step=step)
+    log_text(trainer.loggers, f"{tag}/summary",
+             f"query cells (row, col), one image row each: {queries_txt}\n\n```\n{table}\n```", step)
     metrics = summary_scalars(summary, tag)
     if metrics:
         for lg in trainer.loggers:

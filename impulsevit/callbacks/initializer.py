@@ -221,10 +221,8 @@ class Initializer(L.Callback):
             log_attention(trainer, model, "init/attention", trainer.global_step, offsets=report.offsets or None)
         if trainer.global_rank != 0:
             return
-        from lightning.pytorch.loggers import TensorBoardLogger
+        from impulsevit.trackers import log_hyperparams, log_text
 
-        for lg in trainer.loggers:
-            lg.log_hyperparams({"init": {"method": report.method, "seed": self.seed, "family": report.family,
-                                         "options": report.options}})
-            if isinstance(lg, TensorBoardLogger):
-                lg.experiment.add_text("init/report", "```\n" + report.table() + "\n```", global_step=0)
+        log_hyperparams(trainer.loggers, {"init": {"method": report.method, "seed": self.seed, "family": report.family,
+                                                   "options": report.options}})
+        log_text(trainer.loggers, "init/report", "```\n" + report.table() + "\n```", 0)

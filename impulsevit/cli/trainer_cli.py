@@ -40,6 +40,7 @@ from impulsevit.safe_load import (
     trusting,
 )
 from impulsevit.strategies import check_strategy, default_precision
+from impulsevit.trackers import check_trackers, describe, place_logger_config, resume_ids, tracker_loggers
 
 log = logging.getLogger("impulsevit")
 
@@ -51,8 +52,10 @@ class ImpulseCLI(SubcommandRunHookCLI):
     and the ``checkpoint`` group (:class:`~impulsevit.callbacks.run_checkpoint.RunCheckpoint`, a Lightning
     ``ModelCheckpoint``;
     defaults ``monitor: val/acc1``, ``mode: max``, ``save_last: true``, ``dirpath: <run_dir>/checkpoints``). Trainer
-    defaults added when the recipe does not set them: ``default_root_dir=<run_dir>``,
-    ``TensorBoardLogger(save_dir=runs_dir, name=name, version="")``, the
+    defaults added when the recipe does not set them: ``default_root_dir=<run_dir>``, the
+    ``TensorBoardLogger(save_dir=runs_dir, name=name, version="")`` *first* among the loggers (the recipe's / command
+    line's ``trainer.logger`` and ``--tracker`` ones come after it, never instead; ``--no_tensorboard`` leaves it out,
+    ``--trainer.logger=false`` turns every logger off), the
     :class:`~impulsevit.checkpointing.AtomicCheckpointIO` plugin, ``precision`` = bf16-mixed on GPU / 32-true on CPU,
     ``strategy: fsdp`` (FSDP1) refused in favour of ``fsdp2`` and ``seed_everything: 0``. Every other callback comes
     from the model (:func:`impulsevit.callbacks.standard_callbacks`), as for a plain ``Trainer``.
@@ -146,6 +149,13 @@ class ImpulseCLI(SubcommandRunHookCLI):
         parser.add_argument("--untrained", action=ActionYesNo(yes_prefix="", no_prefix="no_"), nargs="?",
                             default=False,
                             help="validate/test/predict: evaluate the model as built, without a checkpoint")
+        parser.add_argument("--tracker", type=str | None, default=None,
+                            help="fit/validate/test: extra trackers next to TensorBoard, comma-separated: wandb, "
+                                 "mlflow, csv (files in the run directory; W&B / MLflow runs continue on resume)")
+        parser.add_argument("--tensorboard", action=ActionYesNo(yes_prefix="", no_prefix="no_"), nargs="?",
+                            default=True,
+                            help="the run's TensorBoard logger in the run directory (default on; --no_tensorboard "
+                                 "leaves it out; the run's config.yaml and attention records stay there either way)")
         parser.add_lightning_class_args(RunCheckpoint, "checkpoint")
         parser.set_defaults({"checkpoint.monitor": "val/acc1", "checkpoint.mode": "max", "checkpoint.save_last": True})
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate",
@@ -162,6 +172,11 @@ class ImpulseCLI(SubcommandRunHookCLI):
     @property
     def run_dir(self) -> Path:
         return run_dir_of(self._value(self.config, "runs_dir"), self._value(self.config, "name"))
+
+    @property
+    def files_dir(self) -> Path:
+        """Where the subcommand's run files go: the run directory (``fit``), ``<run_dir>/<subcommand>`` otherwise."""
+        return self.run_dir if self.subcommand in (None, "fit") else self.run_dir / str(self.subcommand)
 
     @property
     def run_name(self) -> str:
@@ -214,14 +229,33 @@ class ImpulseCLI(SubcommandRunHookCLI):
             from impulsevit.init import check_init_method
 
             check_init_method(init.get("method", "impulse"), init.get("options"))
+        if self.subcommand is not None:
+            self._place_trackers()
         importlib.import_module("impulsevit.strategies")  # registers `fsdp2` / `ddp_bf16` with Lightning
         importlib.import_module("impulsevit.models")  # registers impulsevit's architectures with timm
+
+    def _resumes(self) -> bool:
+        """``fit`` continuing its run: ``--resume`` / ``--ckpt_path`` given, or a requeued SLURM job."""
+        requeued = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
+        given = self._value(self.config, "resume") is not None or self._value(self.config, "ckpt_path") is not None
+        return self.subcommand == "fit" and (given or requeued)
+
+    def _place_trackers(self) -> None:
+        """``--tracker`` checked; the configured loggers' save location defaulted to the run directory, and on a
+        resumed ``fit`` the W&B / MLflow run ids of ``<run>/trackers.json`` passed back
+        (:mod:`impulsevit.trackers`)."""
+        self._trackers = check_trackers(self._value(self.config, "tracker"))
+        self._tracker_ids = resume_ids(self.run_dir) if self._resumes() else {}
+        trainer = self._value(self.config, "trainer")
+        if trainer is not None and trainer.get("logger") not in (None, True, False):
+            place_logger_config(trainer.get("logger"), self.files_dir, self._tracker_ids)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """LightningCLI's trainer, with impulsevit's defaults for what the recipe leaves unset (see the class)."""
         trainer_cfg = self._value(self.config_init, "trainer", default={})
         check_strategy(trainer_cfg.get("strategy"))
         kwargs.update(self._trainer_defaults(trainer_cfg))
+        self.save_config_kwargs["run_dir"] = str(self.files_dir)
         checkpoint = self._value(self.config_init, "checkpoint")
         if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath is None:
             checkpoint.dirpath = os.path.realpath(self.run_dir / "checkpoints")
@@ -232,12 +266,19 @@ class ImpulseCLI(SubcommandRunHookCLI):
         defaults: dict[str, Any] = {}
         if trainer_cfg.get("default_root_dir") is None:
             defaults["default_root_dir"] = str(self.run_dir)
-        if trainer_cfg.get("logger") in (None, True):
+        configured = trainer_cfg.get("logger")
+        if configured is not False:  # False: every logger off, Lightning's switch
             # validate/test/predict log (events, hparams.yaml, config.yaml) into <run_dir>/<subcommand>/, never over
             # the training run's files
             version = "" if self.subcommand in (None, "fit") else self.subcommand
-            defaults["logger"] = TensorBoardLogger(save_dir=str(self.run_dir.parent), name=self.run_name,
-                                                   version=version, default_hp_metric=False)
+            loggers = [] if configured in (None, True) else list(configured) if isinstance(configured, list | tuple) \
+                else [configured]
+            if self._value(self.config, "tensorboard", True):
+                loggers.insert(0, TensorBoardLogger(save_dir=str(self.run_dir.parent), name=self.run_name,
+                                                    version=version, default_hp_metric=False))
+            trackers = getattr(self, "_trackers", [])
+            loggers += tracker_loggers(trackers, self.files_dir, self.run_name, getattr(self, "_tracker_ids", {}))
+            defaults["logger"] = loggers or False
         plugins = trainer_cfg.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
@@ -372,8 +413,8 @@ def _without_trust_flag(args: Any) -> tuple[Any, bool]:
 
 
 def fit_summary(trainer: Trainer, run_dir: Path) -> str:
-    """The lines ``fit`` ends on: the run directory, the best and last checkpoints, the final val top-1 and the
-    TensorBoard command."""
+    """The lines ``fit`` ends on: the run directory, the best and last checkpoints, the final val top-1, the
+    TensorBoard command and every other tracker with where it wrote."""
     ckpt = trainer.checkpoint_callback
     metrics = trainer.callback_metrics
     acc = metrics.get("val/acc1")
@@ -386,7 +427,11 @@ def fit_summary(trainer: Trainer, run_dir: Path) -> str:
     if acc is not None:
         lines.append(f"  final val/acc1:  {float(acc):.4f} (after {trainer.current_epoch} epoch(s), step "
                      f"{trainer.global_step})")
-    lines.append(f"  TensorBoard:     tensorboard --logdir {run_dir.parent}")
+    if any(isinstance(lg, TensorBoardLogger) and Path(lg.log_dir) == run_dir for lg in trainer.loggers):
+        lines.append(f"  TensorBoard:     tensorboard --logdir {run_dir.parent}")
+    for lg in trainer.loggers:
+        if not (isinstance(lg, TensorBoardLogger) and Path(lg.log_dir) == run_dir):
+            lines.append(f"  {type(lg).__name__ + ':':<16} {describe(lg)}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,281 @@
+"""Trackers add to the run's TensorBoard logger, never replace it; the run's own files stay in the run directory.
+
+A run's own files (``config.yaml``, ``attention/``, ``trackers.json``) live in its *run directory*,
+:func:`run_directory`: the one ``impulsevit fit`` names (``<runs_dir>/<name>``; ``<run>/<subcommand>`` for
+validate / test / predict), whatever loggers the command line adds; for a plain ``Trainer`` (no CLI) it is Lightning's
+``trainer.log_dir`` of the first TensorBoard logger, else of the first logger. Never ``loggers[0]``'s choice under the
+CLI: a ``--trainer.logger+=CSVLogger --trainer.logger.save_dir=csv_logs`` keeps its CSV files in ``csv_logs/`` and the
+run's files in the run directory.
+
+Extra trackers (``--tracker wandb,mlflow,csv`` or ``--trainer.logger+=WandbLogger|MLFlowLogger|CSVLogger``):
+
+* :func:`place_logger_config` defaults their save location to the run directory (a ``save_dir`` left at the class's
+  default: W&B's ``.``, MLflow's ``./mlruns``); :func:`tracker_loggers` builds the ``--tracker`` ones there;
+* :func:`record_trackers` keeps each W&B run id / MLflow run id in ``<run>/trackers.json`` (atomic, rank 0), and a
+  resumed ``fit`` (``--resume``, a requeued SLURM job) passes them back (:func:`resume_ids`: ``WandbLogger(id=...)``,
+  whose ``resume`` is ``"allow"``; ``MLFlowLogger(run_id=...)``), so a preempted and resumed run is one W&B / MLflow
+  run with continuous steps;
+* :func:`log_text` / :func:`log_image` send the init report and the attention images to every logger that takes them
+  (TensorBoard; W&B's ``log_text`` / ``log_image``; MLflow's text artifact). Not supported: images to MLflow or CSV
+  (Lightning's loggers have no ``log_image`` there; their attention curves arrive as scalars).
+
+Neither ``wandb`` nor ``mlflow`` is a dependency (extras ``impulsevit[wandb]``, ``impulsevit[mlflow]``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+
+from impulsevit.errors import ConfigError
+from impulsevit.io import atomic_write_json
+
+log = logging.getLogger("impulsevit")
+
+__all__ = [
+    "TRACKERS",
+    "TRACKERS_FILE",
+    "check_trackers",
+    "describe",
+    "log_hyperparams",
+    "log_image",
+    "log_text",
+    "place_logger_config",
+    "record_trackers",
+    "resume_ids",
+    "run_directory",
+    "tracker_loggers",
+]
+
+TRACKERS_FILE = "trackers.json"
+# --tracker NAME: the package it needs (the extra of the same name installs it)
+TRACKERS: dict[str, str | None] = {"wandb": "wandb", "mlflow": "mlflow", "csv": None}
+# the class-name stem in a logger's class_path -> tracker kind
+_KINDS = {"WandbLogger": "wandb", "MLFlowLogger": "mlflow"}
+
+
+def kind_of(logger: Logger | str) -> str:
+    """``tensorboard`` / ``wandb`` / ``mlflow`` / ``csv`` / the class name, of a logger or a ``class_path``."""
+    name = logger.rsplit(".", 1)[-1] if isinstance(logger, str) else type(logger).__name__
+    if not isinstance(logger, str):
+        for cls in type(logger).__mro__:
+            if cls.__name__ in (*_KINDS, "TensorBoardLogger", "CSVLogger"):
+                name = cls.__name__
+                break
+    return {**_KINDS, "TensorBoardLogger": "tensorboard", "CSVLogger": "csv"}.get(name, name)
+
+
+# ------------------------------------------------------------------ the run directory
+def run_directory(trainer: L.Trainer) -> Path | None:
+    """Where the run's own files go (see the module docstring); ``None``: no run directory (no CLI and no logger, or
+    ``fast_dev_run``, which replaces the loggers and the config writer).
+
+    Under the CLI it is the ``run_dir`` of the resolved-config writer
+    (:class:`~impulsevit.callbacks.config_saver.RunConfigSaver`). Collective for a plain ``Trainer`` (Lightning's
+    ``log_dir`` broadcasts from rank 0): call it on every rank."""
+    for cb in trainer.callbacks:
+        run_dir = getattr(cb, "run_dir", None)
+        if run_dir is not None and type(cb).__name__ == "RunConfigSaver":
+            return Path(run_dir)
+    if not trainer.loggers:
+        return None
+    tb = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)
+    log_dir = tb.log_dir if tb is not None else trainer.log_dir  # None under fast_dev_run (a DummyLogger)
+    return Path(log_dir) if log_dir else None
+
+
+# ------------------------------------------------------------------ --tracker and --trainer.logger
+def check_trackers(spec: str | Sequence[str] | None) -> list[str]:
+    """The ``--tracker`` names (comma-separated or a list), checked: known and installed.
+
+    Raises:
+        ConfigError: an unknown name, or one whose package is not installed (names the extra to install).
+    """
+    if not spec:
+        return []
+    names = [n.strip().lower() for n in (spec.split(",") if isinstance(spec, str) else spec) if n.strip()]
+    for name in names:
+        if name not in TRACKERS:
+            raise ConfigError(f"--tracker {name!r}: unknown tracker; expected one or more of {', '.join(TRACKERS)} "
+                              f"(comma-separated), or any Lightning logger with --trainer.logger+=CLASS")
+        package = TRACKERS[name]
+        if package is not None and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"--tracker {name}: the {package!r} package is not installed; "
+                              f"pip install 'impulsevit[{name}]'")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--tracker {','.join(names)}: a tracker named twice")
+    return names
+
+
+def _default_of(class_path: str, arg: str) -> Any:
+    """The default of ``arg`` in the constructor of ``class_path`` (``inspect.Parameter.empty`` when none)."""
+    import importlib
+
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+        return inspect.signature(cls).parameters[arg].default
+    except (ImportError, AttributeError, KeyError, ValueError):
+        return inspect.Parameter.empty
+
+
+def place_logger_config(logger_cfg: Any, run_dir: Path, ids: Mapping[str, list[str]] | None = None) -> None:
+    """In place, on the parsed ``trainer.logger`` (a ``class_path`` / ``init_args`` namespace or a list of them):
+    a ``save_dir`` left at its class's default becomes ``run_dir``; with ``ids`` (a resumed run's
+    :func:`resume_ids`) a W&B logger without ``id`` / ``version`` gets the stored id and an MLflow logger without
+    ``run_id`` the stored run id, in order of appearance. Other values (bools, ``None``, instances) are left alone."""
+    entries = logger_cfg if isinstance(logger_cfg, list) else [logger_cfg]
+    used: dict[str, int] = {}
+    for entry in entries:
+        class_path = getattr(entry, "class_path", None) if not isinstance(entry, Logger) else None
+        init = getattr(entry, "init_args", None)
+        if not isinstance(class_path, str) or init is None:
+            continue
+        if "save_dir" in init and init.get("save_dir") == _default_of(class_path, "save_dir"):
+            init["save_dir"] = str(run_dir / "mlruns") if kind_of(class_path) == "mlflow" else str(run_dir)
+        kind = kind_of(class_path)
+        stored = (ids or {}).get(kind) or []
+        index = used.get(kind, 0)
+        used[kind] = index + 1
+        if index >= len(stored):
+            continue
+        if kind == "wandb" and init.get("id") is None and init.get("version") is None:
+            init["id"] = stored[index]
+        elif kind == "mlflow" and init.get("run_id") is None:
+            init["run_id"] = stored[index]
+
+
+def tracker_loggers(names: Iterable[str], run_dir: Path, run_name: str,
+                    ids: Mapping[str, list[str]] | None = None) -> list[Logger]:
+    """The ``--tracker`` loggers, saving in ``run_dir``: ``csv`` -> ``<run>/csv/metrics.csv``; ``wandb`` -> W&B run
+    ``run_name`` in project ``$WANDB_PROJECT`` (default ``impulsevit``), files in ``<run>/wandb/`` (offline with
+    ``WANDB_MODE=offline``); ``mlflow`` -> run ``run_name`` in experiment ``$MLFLOW_EXPERIMENT_NAME`` (default
+    ``impulsevit``) at ``$MLFLOW_TRACKING_URI`` (default a file store ``<run>/mlruns``). With ``ids`` (a resumed run)
+    the W&B / MLflow logger continues the stored run."""
+    out: list[Logger] = []
+    for name in names:
+        stored = ((ids or {}).get(name) or [None])[0]
+        if name == "csv":
+            out.append(CSVLogger(save_dir=str(run_dir), name="csv", version=""))
+        elif name == "wandb":
+            from lightning.pytorch.loggers import WandbLogger
+
+            out.append(WandbLogger(name=run_name, save_dir=str(run_dir), id=stored,
+                                   project=os.environ.get("WANDB_PROJECT", "impulsevit")))
+        elif name == "mlflow":
+            from lightning.pytorch.loggers import MLFlowLogger
+
+            out.append(MLFlowLogger(experiment_name=os.environ.get("MLFLOW_EXPERIMENT_NAME", "impulsevit"),
+                                    run_name=run_name, tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or None,
+                                    save_dir=str(run_dir / "mlruns"), run_id=stored))
+    return out
+
+
+# ------------------------------------------------------------------ ids kept in the run directory
+def _tracker_id(logger: Logger) -> str | None:
+    kind = kind_of(logger)
+    if kind == "wandb":
+        return str(logger.experiment.id)  # creates the W&B run if needed (rank 0)
+    if kind == "mlflow":
+        return str(logger.run_id)  # creates the MLflow run if needed
+    return None
+
+
+def describe(logger: Logger) -> str:
+    """Where ``logger`` writes, in one phrase (for the end summary): a directory, or the MLflow run at its URI."""
+    kind = kind_of(logger)
+    if kind == "mlflow":
+        return f"run {logger.run_id} (experiment {logger.experiment_id}) at {logger._tracking_uri}"
+    if kind == "wandb":
+        exp = logger.experiment
+        where = getattr(exp, "dir", None) or logger.save_dir
+        mode = getattr(getattr(exp, "settings", None), "mode", None)
+        return f"run {exp.id}{f' ({mode})' if mode else ''} in {Path(where).parent if where else '?'}"
+    where = getattr(logger, "log_dir", None) or logger.save_dir
+    return str(where)
+
+
+def record_trackers(run_dir: Path, loggers: Sequence[Logger]) -> dict[str, list[str]]:
+    """Write ``<run_dir>/trackers.json`` (atomic): per kind, the run ids of the W&B / MLflow loggers in order, and
+    every logger's kind and location. Call on global rank 0 (creates the trackers' runs). Returns the ids."""
+    ids: dict[str, list[str]] = {}
+    entries = []
+    for lg in loggers:
+        kind = kind_of(lg)
+        rid = _tracker_id(lg)
+        if rid is not None:
+            ids.setdefault(kind, []).append(rid)
+        entries.append({"kind": kind, "id": rid, "where": describe(lg)})
+    if ids or any(e["kind"] != "tensorboard" for e in entries):
+        atomic_write_json(run_dir / TRACKERS_FILE, {"ids": ids, "loggers": entries})
+    return ids
+
+
+def resume_ids(run_dir: Path) -> dict[str, list[str]]:
+    """The W&B / MLflow run ids :func:`record_trackers` kept in ``run_dir`` (empty when none or unreadable: a
+    resumed run then starts new tracker runs, and says so)."""
+    path = run_dir / TRACKERS_FILE
+    if not path.exists():
+        return {}
+    try:
+        ids = json.loads(path.read_text()).get("ids") or {}
+        return {str(k): [str(i) for i in v] for k, v in ids.items() if isinstance(v, list)}
+    except (OSError, ValueError, AttributeError) as e:
+        log.warning("impulsevit: %s unreadable (%s); trackers start new runs", path, e)
+        return {}
+
+
+# ------------------------------------------------------------------ logging to every tracker
+def log_hyperparams(loggers: Iterable[Logger], params: Mapping[str, Any]) -> None:
+    """``params`` to every logger. MLflow keeps a parameter's first value (it refuses a changed one): on a resumed run
+    the parameters it already holds are skipped, a changed value logged to the ``impulsevit`` logger."""
+    from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
+
+    for lg in loggers:
+        if kind_of(lg) != "mlflow":
+            lg.log_hyperparams(dict(params))
+            continue
+        flat = _flatten_dict(_convert_params(dict(params)))
+        held = lg.experiment.get_run(lg.run_id).data.params
+        changed = [k for k, v in flat.items() if k in held and held[k] != str(v)[:250]]
+        if changed:
+            log.warning("impulsevit: MLflow run %s keeps its first value of %s (MLflow parameters cannot change)",
+                        lg.run_id, ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else ""))
+        fresh = {k: v for k, v in flat.items() if k not in held}
+        if fresh:
+            lg.log_hyperparams(fresh)
+
+
+def log_text(loggers: Iterable[Logger], tag: str, text: str, step: int) -> None:
+    """``text`` (markdown) to TensorBoard (``add_text``), W&B (a one-cell table) and MLflow (artifact
+    ``<tag>.md``); other loggers get nothing."""
+    for lg in loggers:
+        kind = kind_of(lg)
+        if kind == "tensorboard":
+            lg.experiment.add_text(tag, text, global_step=step)
+        elif kind == "wandb":
+            lg.log_text(key=tag, columns=["text"], data=[[text]], step=step)
+        elif kind == "mlflow":
+            lg.experiment.log_text(lg.run_id, text, f"{tag}.md")
+
+
+def log_image(loggers: Iterable[Logger], tag: str, image: torch.Tensor, step: int) -> None:
+    """A ``(3, H, W)`` image in ``[0, 1]`` to TensorBoard and to every logger with a ``log_image`` (W&B, Neptune)."""
+    hwc = None
+    for lg in loggers:
+        if isinstance(lg, TensorBoardLogger):
+            lg.experiment.add_image(tag, image, global_step=step, dataformats="CHW")
+        elif callable(getattr(lg, "log_image", None)):
+            if hwc is None:
+                hwc = image.detach().float().clamp(0, 1).permute(1, 2, 0).cpu().numpy()
+            lg.log_image(key=tag, images=[hwc], step=step)
