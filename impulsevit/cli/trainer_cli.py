@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from impulsevit import __version__
 from impulsevit._compat.cli import SubcommandRunHookCLI, subcommand_parsers
@@ -163,10 +164,15 @@ class ImpulseCLI(SubcommandRunHookCLI):
 
     def before_instantiate_classes(self) -> None:
         """Checks on the parsed configuration, before any class is built (the datamodule's constructor already reads
-        the data root): the run name and runs directory, and ``model.init.method``."""
+        the data root): the run name and runs directory, ``fit``'s epoch / step limits, and ``model.init.method``."""
         if self.subcommand is not None:
             check_name(self.run_name)
             check_runs_dir(self._value(self.config, "runs_dir"))
+        if self.subcommand == "fit":
+            from impulsevit.preflight import check_epochs
+
+            trainer_cfg = self._value(self.config, "trainer") or {}
+            check_epochs(trainer_cfg.get("max_epochs"), trainer_cfg.get("max_steps"))
         init = self._value(self.config, "model")
         init = init.get("init") if init is not None else None
         if init is not None:
@@ -184,7 +190,10 @@ class ImpulseCLI(SubcommandRunHookCLI):
         checkpoint = self._value(self.config_init, "checkpoint")
         if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath is None:
             checkpoint.dirpath = os.path.realpath(self.run_dir / "checkpoints")
-        return super().instantiate_trainer(**kwargs)
+        try:
+            return super().instantiate_trainer(**kwargs)
+        except MisconfigurationException as e:  # e.g. accelerator=gpu where no GPU is visible: the settings' fault
+            raise ConfigError(f"the trainer settings cannot work here: {one_line(e)}") from e
 
     def _trainer_defaults(self, trainer_cfg: Any) -> dict[str, Any]:
         """Root dir, logger, atomic checkpoint writes and precision, each where ``trainer_cfg`` does not set them."""

@@ -19,7 +19,9 @@ from typing import Any
 import lightning as L
 import torch
 
-__all__ = ["BaseImageDataModule", "dist_info", "worker_init_fn"]
+from impulsevit.errors import ConfigError
+
+__all__ = ["BaseImageDataModule", "check_num_workers", "dist_info", "worker_init_fn"]
 
 
 def dist_info() -> tuple[int, int]:
@@ -70,6 +72,13 @@ def worker_init_fn(rank: int = 0) -> Callable[[int], None]:
     return functools.partial(_worker_init, rank, os.environ.get("PL_SEED_WORKERS", "0") == "1")
 
 
+def check_num_workers(num_workers: int) -> int:
+    """``num_workers`` as an int; :class:`ConfigError` when it is negative (0: load in the training process)."""
+    if int(num_workers) < 0:
+        raise ConfigError(f"data.num_workers must be >= 0 (0: load in the training process), got {num_workers}")
+    return int(num_workers)
+
+
 class BaseImageDataModule(L.LightningDataModule):
     """Common attributes: ``num_classes``, ``image_size`` (pixels, square), ``mean``/``std`` (per channel, 0–1 scale),
     ``batch_size`` (per device). Subclasses implement the ``*_dataloader`` hooks."""
@@ -83,8 +92,10 @@ class BaseImageDataModule(L.LightningDataModule):
         std: tuple[float, float, float] = (0.229, 0.224, 0.225),
     ) -> None:
         super().__init__()
-        if image_size <= 0 or batch_size <= 0:
-            raise ValueError(f"image_size and batch_size must be positive, got {image_size} and {batch_size}")
+        if int(image_size) < 1:
+            raise ConfigError(f"data.image_size must be >= 1 (pixels), got {image_size}")
+        if int(batch_size) < 1:
+            raise ConfigError(f"data.batch_size must be >= 1 (images per device), got {batch_size}")
         self._num_classes = int(num_classes)
         self.image_size = int(image_size)
         self.batch_size = int(batch_size)
