@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from impulsevit.errors import ConfigError
+from impulsevit.errors import ConfigError, state_dict_mismatch
 
 __all__ = ["find_images", "load_predictor", "main", "predict_folder"]
 
@@ -51,8 +51,12 @@ def load_predictor(path: str | os.PathLike, ema: bool = False) -> tuple[nn.Modul
         try:
             model = timm.create_model(f"local-dir:{path}", pretrained=True)
         except (RuntimeError, ValueError, KeyError, TypeError, OSError) as e:
-            raise ValueError(f"{path} is not a loadable timm model folder: {str(e).splitlines()[0]}") from e
+            why = state_dict_mismatch(e) or (str(e).splitlines() or [type(e).__name__])[0]
+            raise ValueError(f"{path} is not a loadable timm model folder: {why}") from e
     else:
+        if path.is_dir() and not (path / ".metadata").is_file():
+            raise ConfigError(f"{path} is not an exported model folder (no config.json) nor a checkpoint (a .ckpt "
+                              f"file, or a distributed checkpoint folder holding .metadata)")
         from impulsevit.export import build_model, data_config, load_checkpoint_file, run_record
 
         ckpt = load_checkpoint_file(path)

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import re
 
-from impulsevit.errors import UserError
+from impulsevit.errors import UserError, state_dict_mismatch
 
-__all__ = ["one_line", "state_dict_mismatch", "user_error"]
+__all__ = ["one_line", "user_error"]
 
 _WORKER_TRACEBACK = "Original Traceback (most recent call last):"
 
@@ -36,37 +36,6 @@ def one_line(e: BaseException) -> str:
         text = last.split(": ", 1)[1] if re.match(r"^[\w.]+: ", last) else last
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return lines[0] if len(lines) == 1 else "; ".join(lines)
-
-
-_MISSING = re.compile(r"Missing key\(s\) in state_dict: (.*?)\.\s*$", re.M)
-_UNEXPECTED = re.compile(r"Unexpected key\(s\) in state_dict: (.*?)\.\s*$", re.M)
-_SHAPE = re.compile(r"size mismatch for ([^:]+): copying a param with shape torch\.Size\(\[([^\]]*)\]\) from "
-                    r"checkpoint, the shape in current model is torch\.Size\(\[([^\]]*)\]\)")
-
-
-def state_dict_mismatch(exc: BaseException) -> str | None:
-    """``torch.nn.Module.load_state_dict``'s strict report (``Error(s) in loading state_dict for X: Missing key(s)
-    ... size mismatch for ...``, often hundreds of lines) as one line naming the first tensors that differ; None for
-    any other exception."""
-    text = str(exc)
-    if not isinstance(exc, RuntimeError) or not text.startswith("Error(s) in loading state_dict for "):
-        return None
-    model = text.split("Error(s) in loading state_dict for ", 1)[1].split(":", 1)[0].strip()
-    parts = []
-    shapes = _SHAPE.findall(text)
-    if shapes:
-        name, theirs, ours = shapes[0]
-        parts.append(f"{len(shapes)} tensor(s) differ in shape (first: {name}: [{theirs}] in the weights, "
-                     f"[{ours}] in the model)")
-    for what, pattern in (("missing from the weights", _MISSING), ("unexpected", _UNEXPECTED)):
-        found = pattern.search(text)
-        keys = re.findall(r'"([^"]+)"', found.group(1)) if found else []
-        if keys:
-            shown = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
-            parts.append(f"{len(keys)} tensor(s) {what} (first: {shown})")
-    detail = "; ".join(parts) or one_line(exc)
-    return (f"the weights do not fit the model {model}: {detail} — build the model with the settings the weights "
-            f"were trained with")
 
 
 def _os_error(e: OSError) -> str:

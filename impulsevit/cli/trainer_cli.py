@@ -193,7 +193,10 @@ class ImpulseCLI(SubcommandRunHookCLI):
         try:
             return super().instantiate_trainer(**kwargs)
         except MisconfigurationException as e:  # e.g. accelerator=gpu where no GPU is visible: the settings' fault
-            raise ConfigError(f"the trainer settings cannot work here: {one_line(e)}") from e
+            acc, dev = trainer_cfg.get("accelerator"), trainer_cfg.get("devices")
+            raise ConfigError(f"trainer.accelerator={acc!r} / trainer.devices={dev!r} cannot run here: {one_line(e)} "
+                              f"(torch sees {_visible_devices()}; set --trainer.accelerator / --trainer.devices to "
+                              f"what this machine has)") from e
 
     def _trainer_defaults(self, trainer_cfg: Any) -> dict[str, Any]:
         """Root dir, logger, atomic checkpoint writes and precision, each where ``trainer_cfg`` does not set them."""
@@ -338,6 +341,14 @@ def fit_summary(trainer: Trainer, run_dir: Path) -> str:
                      f"{trainer.global_step})")
     lines.append(f"  TensorBoard:     tensorboard --logdir {run_dir.parent}")
     return "\n".join(lines)
+
+
+def _visible_devices() -> str:
+    """``"2 CUDA device(s)"`` / ``"no CUDA device"``, for the accelerator error."""
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return f"{n} CUDA device(s)" if n else "no CUDA device"
 
 
 def _checked_num_classes(num_classes: int | None) -> int | None:

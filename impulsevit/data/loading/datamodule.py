@@ -132,7 +132,8 @@ class SourceDataset(Dataset):
             try:
                 return j, self.source.load(j)
             except (OSError, SyntaxError, ValueError) as exc:  # PIL: truncated, corrupt, empty or not an image
-                self.bad[j] = f"{type(exc).__name__}: {exc}"
+                self.bad[j] = ("not an image file PIL can identify (empty, or another format)"
+                               if type(exc).__name__ == "UnidentifiedImageError" else f"{type(exc).__name__}: {exc}")
                 log.warning("impulsevit: skipped unreadable image %s (%s); it is replaced by the next readable "
                             "one", self.source.describe(j), self.bad[j])
         raise DataError(f"none of the {n} images of this split can be read (first: {self.source.describe(i)}: "
