@@ -276,6 +276,15 @@ class ImpulseCLI(SubcommandRunHookCLI):
 
         model, sub_init = self.model, self.config_init[self.subcommand]
         path = self._resume_path()
+        given = path if path is not None else sub_init.get("ckpt_path")
+        if given is not None and Path(given).is_dir() and (Path(given) / ".metadata").is_file():
+            from lightning.pytorch.strategies import ModelParallelStrategy
+
+            if not isinstance(self.trainer.strategy, ModelParallelStrategy):
+                raise ConfigError(f"--resume {given}: a distributed checkpoint folder (written under "
+                                  f"trainer.strategy=fsdp2), which this run's strategy "
+                                  f"({type(self.trainer.strategy).__name__}) cannot read: resume it with "
+                                  f"--trainer.strategy=fsdp2, or give a .ckpt file")
         if path is not None:
             check_resume(path, model, dict(model.hparams))
             if self.subcommand == "fit":
