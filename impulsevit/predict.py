@@ -143,6 +143,19 @@ def predict_folder(model: nn.Module, cfg: dict[str, Any], names: list[str], file
     return [rows[i] for i in sorted(rows)], bad
 
 
+def _at_least(low: int):  # noqa: ANN202 - an argparse type
+    """An argparse ``type``: an int ``>= low`` (else argparse's one-line usage error, exit status 2)."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     """``impulsevit predict MODEL IMAGES [...]``; the exit status (0 done, 2 bad input, 1 no image readable)."""
     parser = argparse.ArgumentParser(
@@ -153,8 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("images", help="folder of images (searched recursively)")
     parser.add_argument("--out", default="predictions.csv", help="CSV to write (default: predictions.csv)")
     parser.add_argument("--ema", action="store_true", help="checkpoints: use the EMA weights")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (default 0)")
+    parser.add_argument("--batch-size", type=_at_least(1), default=64)
+    parser.add_argument("--workers", type=_at_least(0), default=0, help="DataLoader worker processes (default 0)")
     args = parser.parse_args(argv)
     from impulsevit.io import WriteError, atomic_write_text
 

@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 
 from impulsevit.data.sources.registry import DatasetInfo, Verify, downloadable, get_dataset
+from impulsevit.errors import ConfigError
 
 __all__ = ["ManualDownloadError", "download", "ensure_dataset", "main"]
 
@@ -97,6 +98,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """Entry point of ``impulsevit download``; 0 done, 1 download or check failed, 2 usage / manual download."""
     args = _parser().parse_args(argv)
+    if Path(args.root).exists() and not Path(args.root).is_dir():
+        raise ConfigError(f"ROOT {args.root} is a file, not a folder (give a folder to download into)")
     try:
         counts = download(args.name, args.root, verify=args.verify)
     except ManualDownloadError as exc:

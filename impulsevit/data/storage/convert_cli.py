@@ -141,7 +141,7 @@ def check_main(argv: list[str]) -> int:
             manifest = read_manifest(path, check_size=False)
             verify_beton(path, manifest, "full" if args.full else "sampled")
         except (BetonError, FileNotFoundError) as exc:
-            print(f"impulsevit convert: {exc}", file=sys.stderr)
+            print(f"impulsevit convert: error: {exc}", file=sys.stderr)
             status = 1
             continue
         what = "no manifest: structure only" if manifest is None else ("every chunk" if args.full else "sampled")
@@ -178,10 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                           progress=not args.no_progress, force=args.force,
                           request={"dataset": info.name, "root": str(root), "split": split, "subset": args.subset})
     except (ConversionError, WriteError) as exc:
-        print(f"impulsevit convert: {exc}", file=sys.stderr)
+        print(f"impulsevit convert: error: {exc}", file=sys.stderr)
         return 1
     except (FileNotFoundError, KeyError, ValueError) as exc:
-        print(f"impulsevit convert: {exc}", file=sys.stderr)
+        print(f"impulsevit convert: error: {exc}", file=sys.stderr)
         return 2
     return 0
 
