@@ -168,6 +168,7 @@ class ImpulseCLI(SubcommandRunHookCLI):
         if self.subcommand is not None:
             check_name(self.run_name)
             check_runs_dir(self._value(self.config, "runs_dir"))
+        self._check_typed_blocks()
         if self.subcommand == "fit":
             from impulsevit.preflight import check_epochs
 
@@ -181,6 +182,27 @@ class ImpulseCLI(SubcommandRunHookCLI):
             check_init_method(init.get("method", "impulse"), init.get("options"))
         importlib.import_module("impulsevit.strategies")  # registers `fsdp2` / `ddp_bf16` with Lightning
         importlib.import_module("impulsevit.models")  # registers impulsevit's architectures with timm
+
+    def _check_typed_blocks(self) -> None:
+        """The ranges the typed blocks declare (``model.optimizer`` / ``scheduler`` / ``mixup``: their
+        ``__post_init__``; ``data``'s ``batch_size`` / ``num_workers``), checked on the parsed values before any class
+        is built: a bad value is the error even when the data root is missing, and under ``submit`` (which parses
+        without building)."""
+        from impulsevit.config import MixupConfig, OptimizerConfig, SchedulerConfig, as_config
+        from impulsevit.data.loading.base import check_batch_size, check_num_workers
+
+        model = self._value(self.config, "model")
+        for key, cls in (("optimizer", OptimizerConfig), ("scheduler", SchedulerConfig), ("mixup", MixupConfig)):
+            value = _plain(model.get(key)) if model is not None else None
+            if isinstance(value, dict):
+                as_config(cls, value, key)
+        data = self._value(self.config, "data")
+        args = _plain(data.get("init_args")) if data is not None and hasattr(data, "get") else None
+        if isinstance(args, dict):
+            if isinstance(args.get("batch_size"), int):
+                check_batch_size(args["batch_size"])
+            if isinstance(args.get("num_workers"), int):
+                check_num_workers(args["num_workers"])
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """LightningCLI's trainer, with impulsevit's defaults for what the recipe leaves unset (see the class)."""
@@ -350,6 +372,17 @@ def fit_summary(trainer: Trainer, run_dir: Path) -> str:
                      f"{trainer.global_step})")
     lines.append(f"  TensorBoard:     tensorboard --logdir {run_dir.parent}")
     return "\n".join(lines)
+
+
+def _plain(value: Any) -> Any:
+    """A parsed block as a plain dict (jsonargparse ``Namespace`` or a dataclass instance); anything else as is."""
+    import dataclasses
+
+    if hasattr(value, "as_dict"):
+        return value.as_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
 
 
 def _visible_devices() -> str:

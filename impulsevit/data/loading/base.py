@@ -21,7 +21,7 @@ import torch
 
 from impulsevit.errors import ConfigError
 
-__all__ = ["BaseImageDataModule", "check_num_workers", "dist_info", "worker_init_fn"]
+__all__ = ["BaseImageDataModule", "check_batch_size", "check_num_workers", "dist_info", "worker_init_fn"]
 
 
 def dist_info() -> tuple[int, int]:
@@ -72,6 +72,13 @@ def worker_init_fn(rank: int = 0) -> Callable[[int], None]:
     return functools.partial(_worker_init, rank, os.environ.get("PL_SEED_WORKERS", "0") == "1")
 
 
+def check_batch_size(batch_size: int) -> int:
+    """``batch_size`` as an int; :class:`ConfigError` when it is below 1."""
+    if int(batch_size) < 1:
+        raise ConfigError(f"data.batch_size must be >= 1 (images per device), got {batch_size}")
+    return int(batch_size)
+
+
 def check_num_workers(num_workers: int) -> int:
     """``num_workers`` as an int; :class:`ConfigError` when it is negative (0: load in the training process)."""
     if int(num_workers) < 0:
@@ -94,8 +101,7 @@ class BaseImageDataModule(L.LightningDataModule):
         super().__init__()
         if int(image_size) < 1:
             raise ConfigError(f"data.image_size must be >= 1 (pixels), got {image_size}")
-        if int(batch_size) < 1:
-            raise ConfigError(f"data.batch_size must be >= 1 (images per device), got {batch_size}")
+        check_batch_size(batch_size)
         self._num_classes = int(num_classes)
         self.image_size = int(image_size)
         self.batch_size = int(batch_size)

@@ -106,7 +106,8 @@ def main(argv: list[str]) -> int:
         print(f"impulsevit download: {exc}", file=sys.stderr)
         return 2
     except (KeyError, ValueError) as exc:
-        print(f"impulsevit download: error: {exc}", file=sys.stderr)
+        print(f"impulsevit download: error: {exc.args[0] if isinstance(exc, KeyError) and exc.args else exc}",
+              file=sys.stderr)
         return 1 if type(exc).__name__ == "DatasetMismatchError" else 2
     except (OSError, RuntimeError) as exc:  # network errors, checksum mismatches (torchvision raises RuntimeError)
         print(f"impulsevit download: error: {args.name} into {args.root}: {type(exc).__name__}: {exc}",
