@@ -19,6 +19,10 @@ import numpy as np
 import pytest
 import torch
 
+from impulsevit.config import MixupConfig, OptimizerConfig, SchedulerConfig
+from impulsevit.data.loading.base import check_batch_size, check_num_workers
+from impulsevit.errors import ConfigError
+from impulsevit.preflight import check_epochs
 from tests.faults.harness import TINY, assert_one_line_error, run, small_tmpfs, snapshot
 
 SHORT = ("--trainer.max_epochs=1", "--data.init_args.num_train=32", "--data.init_args.num_val=16")
@@ -74,14 +78,14 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> Ctx:
     (tmp / "plug").mkdir()
     (tmp / "plug" / "raising_plugin.py").write_text("REGISTERED = True\nraise RuntimeError('boom at import')\n")
     _images(tmp / "imgs")
-    # an exported folder whose config no longer fits its weights (another class count)
+    # an exported folder whose config no longer fits its weights (one block more than the weights hold)
     mismatch = tmp / "mismatch"
     mismatch.mkdir()
     for f in (tmp / "exported").iterdir():
         (mismatch / f.name).write_bytes(f.read_bytes())
     cfg = json.loads((mismatch / "config.json").read_text())
-    cfg["num_classes"] = cfg["num_classes"] + 3
-    cfg.pop("label_names", None)
+    assert cfg["model_args"]["depth"] == 2, cfg["model_args"]
+    cfg["model_args"]["depth"] = 3
     (mismatch / "config.json").write_text(json.dumps(cfg))
     return Ctx(tmp, ckpt, tmp / "exported")
 
@@ -93,16 +97,13 @@ def _fit(sub: str = "fit") -> Callable[[Ctx], list[str]]:
 # (id, argv from the context, extra argv, exit status, substrings of the error line)
 CASES: list[tuple[str, Callable[[Ctx], list[str]], list[str], int, tuple[str, ...]]] = [
     # ---- fit: bad numbers, declared once in the typed blocks / before work
-    ("fit-lr-negative", _fit(), ["--model.optimizer.lr=-1"], 2, ("impulsevit fit: error:", "model.optimizer.lr must be > 0")),
+    ("fit-lr-negative", _fit(), ["--model.optimizer.lr=-1"], 2,
+     ("impulsevit fit: error:", "model.optimizer.lr must be > 0")),
     ("fit-epochs-infinite", _fit(), ["--trainer.max_epochs=-1"], 2, ("trainer.max_epochs=-1", "trainer.max_steps")),
-    ("fit-epochs-zero", _fit(), ["--trainer.max_epochs=0"], 2, ("trainer.max_epochs must be >= 1",)),
     ("fit-workers-negative", _fit(), ["--data.init_args.num_workers=-1"], 2, ("data.num_workers must be >= 0",)),
     ("fit-batch-zero", _fit(), ["--data.init_args.batch_size=0"], 2, ("data.batch_size must be >= 1",)),
     ("fit-unknown-optimizer", _fit(), ["--model.optimizer.name=adamx"], 2,
      ("model.optimizer.name 'adamx' is not a timm optimizer", "'adamax'")),
-    ("fit-warmup-negative", _fit(), ["--model.scheduler.warmup_epochs=-2"], 2,
-     ("model.scheduler.warmup_epochs must be >= 0",)),
-    ("fit-mixup-prob", _fit(), ["--model.mixup.prob=1.5"], 2, ("model.mixup.prob must be in [0, 1]",)),
     # ---- fit: files and paths of the wrong kind
     ("fit-cache-dir-is-a-file", lambda c: ["fit", "--recipe", str(TINY), c.runs, "--name=bad",
                                            _folder_data(c.tmp / "imgs", cache_dir=str(c.tmp / "afile"))], [], 2,
@@ -124,12 +125,13 @@ CASES: list[tuple[str, Callable[[Ctx], list[str]], list[str], int, tuple[str, ..
      ("impulsevit predict: error:", "nothere")),
     ("predict-state-dict-mismatch", lambda c: ["predict", str(c.tmp / "mismatch"), str(c.tmp / "imgs"),
                                                f"--out={c.tmp / 'p.csv'}"], [], 2,
-     ("the weights do not fit the model", "head.weight", "in the weights", "in the model")),
+     ("the weights do not fit the model VisionTransformer", "tensor(s) missing from the weights (first: "
+      "blocks.2.norm1.weight")),
     # ---- export
     ("export-missing-checkpoint", lambda c: ["export", str(c.tmp / "missing.ckpt"), str(c.tmp / "out")], [], 2,
      ("impulsevit export: error:", "missing.ckpt")),
-    ("export-plugin-raises", lambda c: ["export", str(c.ckpt), str(c.tmp / "out"), "--plugins", "raising_plugin"], [],
-     2, ("plugin module 'raising_plugin'", "boom at import")),
+    ("export-a-folder-that-is-no-checkpoint", lambda c: ["export", str(c.tmp / "adir"), str(c.tmp / "out")], [], 2,
+     ("adir is a folder but not a checkpoint",)),
     # ---- convert
     ("convert-check-a-folder", lambda c: ["convert", "--check", str(c.tmp / "adir")], [], 1,
      ("adir is a folder, not a .beton file",)),
@@ -138,6 +140,8 @@ CASES: list[tuple[str, Callable[[Ctx], list[str]], list[str], int, tuple[str, ..
     # ---- download, data preview, study, submit, init, demo, recipes
     ("download-unknown-dataset", lambda c: ["download", "nosuchdataset", str(c.tmp / "dl")], [], 2,
      ("nosuchdataset",)),
+    ("download-into-a-file", lambda c: ["download", "cifar10", str(c.tmp / "afile")], [], 2,
+     ("afile is a file, not a folder",)),
     ("preview-batch-zero", lambda c: ["data", "preview", "--recipe", str(TINY), "--split", "train",
                                       f"--out={c.tmp / 'prev'}", "--data.init_args.batch_size=0"], [], 2,
      ("data.batch_size must be >= 1",)),
@@ -147,7 +151,7 @@ CASES: list[tuple[str, Callable[[Ctx], list[str]], list[str], int, tuple[str, ..
      ("plugin module 'raising_plugin'",)),
     ("init-plugin-raises", lambda c: ["init", "list", "--plugins", "raising_plugin"], [], 2,
      ("plugin module 'raising_plugin'",)),
-    ("demo-plugin-raises", lambda c: ["demo", "--plugins", "raising_plugin"], [], 2, ("plugin module",)),
+    ("demo-img-size", lambda c: ["demo", "--img-size=40"], [], 2, ("impulsevit demo: error:", "--img-size 40")),
     ("recipes-plugin-raises", lambda c: ["recipes", "--plugins=raising_plugin"], [], 2, ("boom at import",)),
 ]
 
@@ -164,6 +168,37 @@ def test_a_mistake_is_one_line_and_its_exit_status(ctx: Ctx, argv, extra, rc, ne
 
 def _pythonpath(ctx: Ctx) -> str:
     return os.pathsep.join([str(ctx.tmp / "plug"), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda: OptimizerConfig(lr=0.0), "model.optimizer.lr must be > 0, got 0.0"),
+        (lambda: OptimizerConfig(base_lr=-1e-3), "model.optimizer.base_lr must be > 0"),
+        (lambda: OptimizerConfig(weight_decay=-0.1), "model.optimizer.weight_decay must be >= 0"),
+        (lambda: OptimizerConfig(betas=(0.9, 1.5)), "model.optimizer.betas must be two numbers in [0, 1)"),
+        (lambda: OptimizerConfig(layer_decay=0.0), "model.optimizer.layer_decay must be in (0, 1]"),
+        (lambda: OptimizerConfig(name="sgdd"), "model.optimizer.name 'sgdd' is not a timm optimizer; did you mean"),
+        (lambda: SchedulerConfig(warmup_epochs=-1), "model.scheduler.warmup_epochs must be >= 0"),
+        (lambda: SchedulerConfig(epochs=0), "model.scheduler.epochs must be > 0"),
+        (lambda: MixupConfig(prob=1.5), "model.mixup.prob must be in [0, 1]"),
+        (lambda: MixupConfig(mode="pairs"), "model.mixup.mode must be 'batch', 'pair' or 'elem'"),
+        (lambda: check_epochs(0, None), "trainer.max_epochs must be >= 1"),
+        (lambda: check_epochs(-1, -1), "trainer.max_epochs=-1 means no epoch limit"),
+        (lambda: check_num_workers(-2), "data.num_workers must be >= 0"),
+        (lambda: check_batch_size(0), "data.batch_size must be >= 1"),
+    ],
+    ids=["lr-zero", "base-lr", "weight-decay", "betas", "layer-decay", "optimizer-name", "warmup", "sched-epochs",
+         "mixup-prob", "mixup-mode", "epochs-zero", "epochs-infinite", "workers", "batch"],
+)
+def test_numeric_settings_are_checked_where_declared(make, expected):  # noqa: ANN001
+    """The typed blocks' ``__post_init__`` and the data / trainer checks (in process: the same code every subcommand
+    runs before work), each a one-line ConfigError naming the key; -1 epochs with max_steps is Lightning's meaning."""
+    with pytest.raises(ConfigError) as err:
+        make()
+    assert expected in str(err.value) and "\n" not in str(err.value)
+    check_epochs(-1, 100)  # no epoch limit, bounded by max_steps: allowed
+    assert OptimizerConfig(name="AdamW", lr=1e-3).lr == 1e-3
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
