@@ -2,8 +2,9 @@
 
 Plain dataclasses, so LightningCLI / jsonargparse validates a recipe key by key: a misspelled key or a value of the
 wrong type is an error naming the key. Each block checks its ranges in ``__post_init__`` (declared once, here) and
-raises a one-line :class:`~impulsevit.errors.ConfigError` naming the key and what it expects
-(``model.optimizer.lr must be > 0, got -1.0``), before any work. They are the shared contract between
+raises a one-line ``ValueError`` naming the key and what it expects (``model.optimizer.lr must be > 0, got -1.0``;
+this module imports nothing of impulsevit, so the CLI raises it as a :class:`~impulsevit.errors.ConfigError`), before
+any work. They are the shared contract between
 ``ImageClassifier`` and the CLI.
 
 Example recipe fragment::
@@ -21,8 +22,6 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
-
-from impulsevit.errors import ConfigError
 
 __all__ = ["InitConfig", "OptimizerConfig", "SchedulerConfig", "MixupConfig", "resolve_lr", "as_config"]
 
@@ -79,15 +78,15 @@ class OptimizerConfig:
             _positive(self.lr, "model.optimizer.lr")
         _positive(self.base_lr, "model.optimizer.base_lr")
         if int(self.base_batch_size) < 1:
-            raise ConfigError(f"model.optimizer.base_batch_size must be >= 1, got {self.base_batch_size}")
+            raise ValueError(f"model.optimizer.base_batch_size must be >= 1, got {self.base_batch_size}")
         if self.lr_scaling not in ("linear", "sqrt", "none"):
-            raise ConfigError(f"model.optimizer.lr_scaling must be 'linear', 'sqrt' or 'none', got {self.lr_scaling!r}")
+            raise ValueError(f"model.optimizer.lr_scaling must be 'linear', 'sqrt' or 'none', got {self.lr_scaling!r}")
         _at_least_zero(self.weight_decay, "model.optimizer.weight_decay")
         _positive(self.eps, "model.optimizer.eps")
         if len(tuple(self.betas)) != 2 or not all(0 <= float(b) < 1 for b in self.betas):
-            raise ConfigError(f"model.optimizer.betas must be two numbers in [0, 1), got {list(self.betas)}")
+            raise ValueError(f"model.optimizer.betas must be two numbers in [0, 1), got {list(self.betas)}")
         if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
-            raise ConfigError(f"model.optimizer.layer_decay must be in (0, 1] or null, got {self.layer_decay}")
+            raise ValueError(f"model.optimizer.layer_decay must be in (0, 1] or null, got {self.layer_decay}")
 
 
 @dataclass
@@ -112,7 +111,7 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         if self.name not in ("cosine", "constant"):
-            raise ConfigError(f"model.scheduler.name must be 'cosine' or 'constant', got {self.name!r}")
+            raise ValueError(f"model.scheduler.name must be 'cosine' or 'constant', got {self.name!r}")
         _at_least_zero(self.warmup_epochs, "model.scheduler.warmup_epochs")
         _at_least_zero(self.warmup_lr, "model.scheduler.warmup_lr")
         _at_least_zero(self.min_lr, "model.scheduler.min_lr")
@@ -138,19 +137,19 @@ class MixupConfig:
         _at_least_zero(self.cutmix_alpha, "model.mixup.cutmix_alpha")
         for key in ("prob", "switch_prob"):
             if not 0 <= getattr(self, key) <= 1:
-                raise ConfigError(f"model.mixup.{key} must be in [0, 1], got {getattr(self, key)}")
+                raise ValueError(f"model.mixup.{key} must be in [0, 1], got {getattr(self, key)}")
         if self.mode not in ("batch", "pair", "elem"):
-            raise ConfigError(f"model.mixup.mode must be 'batch', 'pair' or 'elem', got {self.mode!r}")
+            raise ValueError(f"model.mixup.mode must be 'batch', 'pair' or 'elem', got {self.mode!r}")
 
 
 def _positive(value: float, key: str) -> None:
     if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-        raise ConfigError(f"{key} must be > 0, got {value}")
+        raise ValueError(f"{key} must be > 0, got {value}")
 
 
 def _at_least_zero(value: float, key: str) -> None:
     if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-        raise ConfigError(f"{key} must be >= 0, got {value}")
+        raise ValueError(f"{key} must be >= 0, got {value}")
 
 
 def _check_optimizer_name(name: str) -> None:
@@ -166,7 +165,7 @@ def _check_optimizer_name(name: str) -> None:
         known = list_optimizers()
         close = difflib.get_close_matches(str(name).lower(), known, n=3)
         hint = f"did you mean {', '.join(map(repr, close))}? " if close else ""
-        raise ConfigError(f"model.optimizer.name {name!r} is not a timm optimizer; {hint}(valid: "
+        raise ValueError(f"model.optimizer.name {name!r} is not a timm optimizer; {hint}(valid: "
                           f"timm.optim.list_optimizers(), e.g. adamw, sgd, lamb, lion)") from None
 
 

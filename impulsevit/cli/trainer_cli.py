@@ -195,7 +195,10 @@ class ImpulseCLI(SubcommandRunHookCLI):
         for key, cls in (("optimizer", OptimizerConfig), ("scheduler", SchedulerConfig), ("mixup", MixupConfig)):
             value = _plain(model.get(key)) if model is not None else None
             if isinstance(value, dict):
-                as_config(cls, value, key)
+                try:
+                    as_config(cls, value, key)
+                except (ValueError, TypeError) as e:  # the block's own range check, naming the key
+                    raise ConfigError(one_line(e)) from e
         data = self._value(self.config, "data")
         args = _plain(data.get("init_args")) if data is not None and hasattr(data, "get") else None
         if isinstance(args, dict):
