@@ -1,7 +1,11 @@
 """Typed configuration blocks of a training recipe (``model.init``, ``model.optimizer``, ...).
 
 Plain dataclasses, so LightningCLI / jsonargparse validates a recipe key by key: a misspelled key or a value of the
-wrong type is an error naming the key. They are the shared contract between ``ImageClassifier`` and the CLI.
+wrong type is an error naming the key. Each block checks its ranges in ``__post_init__`` (declared once, here) and
+raises a one-line ``ValueError`` naming the key and what it expects (``model.optimizer.lr must be > 0, got -1.0``;
+this module imports nothing of impulsevit, so the CLI raises it as a :class:`~impulsevit.errors.ConfigError`), before
+any work. They are the shared contract between
+``ImageClassifier`` and the CLI.
 
 Example recipe fragment::
 
@@ -68,6 +72,22 @@ class OptimizerConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     layer_decay: float | None = None
 
+    def __post_init__(self) -> None:
+        _check_optimizer_name(self.name)
+        if self.lr is not None:
+            _positive(self.lr, "model.optimizer.lr")
+        _positive(self.base_lr, "model.optimizer.base_lr")
+        if int(self.base_batch_size) < 1:
+            raise ValueError(f"model.optimizer.base_batch_size must be >= 1, got {self.base_batch_size}")
+        if self.lr_scaling not in ("linear", "sqrt", "none"):
+            raise ValueError(f"model.optimizer.lr_scaling must be 'linear', 'sqrt' or 'none', got {self.lr_scaling!r}")
+        _at_least_zero(self.weight_decay, "model.optimizer.weight_decay")
+        _positive(self.eps, "model.optimizer.eps")
+        if len(tuple(self.betas)) != 2 or not all(0 <= float(b) < 1 for b in self.betas):
+            raise ValueError(f"model.optimizer.betas must be two numbers in [0, 1), got {list(self.betas)}")
+        if self.layer_decay is not None and not 0 < self.layer_decay <= 1:
+            raise ValueError(f"model.optimizer.layer_decay must be in (0, 1] or null, got {self.layer_decay}")
+
 
 @dataclass
 class SchedulerConfig:
@@ -89,6 +109,15 @@ class SchedulerConfig:
     min_lr: float = 1e-5
     epochs: float | None = None
 
+    def __post_init__(self) -> None:
+        if self.name not in ("cosine", "constant"):
+            raise ValueError(f"model.scheduler.name must be 'cosine' or 'constant', got {self.name!r}")
+        _at_least_zero(self.warmup_epochs, "model.scheduler.warmup_epochs")
+        _at_least_zero(self.warmup_lr, "model.scheduler.warmup_lr")
+        _at_least_zero(self.min_lr, "model.scheduler.min_lr")
+        if self.epochs is not None:
+            _positive(self.epochs, "model.scheduler.epochs")
+
 
 @dataclass
 class MixupConfig:
@@ -102,6 +131,42 @@ class MixupConfig:
     prob: float = 1.0
     switch_prob: float = 0.5
     mode: str = "batch"
+
+    def __post_init__(self) -> None:
+        _at_least_zero(self.mixup_alpha, "model.mixup.mixup_alpha")
+        _at_least_zero(self.cutmix_alpha, "model.mixup.cutmix_alpha")
+        for key in ("prob", "switch_prob"):
+            if not 0 <= getattr(self, key) <= 1:
+                raise ValueError(f"model.mixup.{key} must be in [0, 1], got {getattr(self, key)}")
+        if self.mode not in ("batch", "pair", "elem"):
+            raise ValueError(f"model.mixup.mode must be 'batch', 'pair' or 'elem', got {self.mode!r}")
+
+
+def _positive(value: float, key: str) -> None:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{key} must be > 0, got {value}")
+
+
+def _at_least_zero(value: float, key: str) -> None:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+        raise ValueError(f"{key} must be >= 0, got {value}")
+
+
+def _check_optimizer_name(name: str) -> None:
+    """``name`` is an optimizer timm's factory knows (``timm.optim.list_optimizers``); else one line with the closest
+    names."""
+    import difflib
+
+    from timm.optim import get_optimizer_info, list_optimizers
+
+    try:
+        get_optimizer_info(str(name))
+    except ValueError:
+        known = list_optimizers()
+        close = difflib.get_close_matches(str(name).lower(), known, n=3)
+        hint = f"did you mean {', '.join(map(repr, close))}? " if close else ""
+        raise ValueError(f"model.optimizer.name {name!r} is not a timm optimizer; {hint}(valid: "
+                          f"timm.optim.list_optimizers(), e.g. adamw, sgd, lamb, lion)") from None
 
 
 def resolve_lr(cfg: OptimizerConfig, global_batch: int | None) -> float:

@@ -90,6 +90,9 @@ def load_checkpoint_file(path: str | os.PathLike, trust: bool | None = None) -> 
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+    if path.is_dir() and not (path / ".metadata").is_file():
+        raise ValueError(f"{path} is a folder but not a checkpoint (expected a .ckpt file, or a distributed "
+                         f"checkpoint folder holding .metadata)")
     try:
         if path.is_dir():
             ckpt = load_distributed_checkpoint(path, trust=trust)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import os
+import sys
 from collections.abc import Sequence
 
 from impulsevit.errors import ConfigError
@@ -57,7 +58,8 @@ def load_plugins(extra: Sequence[str] = ()) -> list[str]:
     ``--plugins`` names) is appended to ``IMPULSEVIT_PLUGINS`` in ``os.environ`` for the processes the run starts.
 
     Raises:
-        ConfigError: a module that does not import, naming it and where it came from."""
+        ConfigError: a module that does not import (not found, or its own code raised any exception while it was
+            imported), naming it, where it came from and the exception (``--debug``: its traceback)."""
     current = [n.strip() for n in os.environ.get(ENV_VAR, "").split(",") if n.strip()]
     wanted: dict[str, str] = {}
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
@@ -72,6 +74,24 @@ def load_plugins(extra: Sequence[str] = ()) -> list[str]:
             raise ConfigError(f"plugin module {name!r} (from {where}) cannot be imported: {type(e).__name__}: {e} "
                               "(expected an importable module name such as my_pkg.extras; is its folder on "
                               "PYTHONPATH?)") from None
+        except Exception as e:  # noqa: BLE001 - the user's module failed while importing: their code, one line
+            where_in = _frame_in(e, name)
+            raise ConfigError(f"plugin module {name!r} (from {where}) raised {type(e).__name__} while being "
+                              f"imported{where_in}: {e} (--debug shows the traceback)") from e
     if extra:  # only modules that imported are handed on: a failed start leaves the environment as it found it
         os.environ[ENV_VAR] = ",".join(dict.fromkeys([*current, *extra]))
     return list(wanted)
+
+
+def _frame_in(exc: BaseException, module: str) -> str:
+    """`` (FILE:LINE)``: the innermost traceback frame of ``exc`` in the plugin ``module``'s own file ('' when none is
+    found, e.g. a syntax error, whose message names the line)."""
+    mod = sys.modules.get(module)
+    tb, found = exc.__traceback__, ""
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if (mod is not None and code.co_filename == getattr(mod, "__file__", None)) or \
+                code.co_filename.replace(os.sep, ".").removesuffix(".py").endswith(module):
+            found = f" ({code.co_filename}:{tb.tb_lineno})"
+        tb = tb.tb_next
+    return found

@@ -124,14 +124,23 @@ def disk_errors(path: str | os.PathLike, needed: int | None = None) -> Iterator[
         raise
 
 
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # Rust's io::Error text, e.g. safetensors' SafetensorError
+
+
 def disk_oserror(exc: BaseException) -> OSError | None:
-    """The full-disk / read-only / permission ``OSError`` that ``exc`` is or was raised from (cause or context)."""
+    """The full-disk / read-only / permission ``OSError`` that ``exc`` is or was raised from (cause or context); also
+    one a Rust extension reported in its own exception's text (``safetensors``: ``Error while serializing: I/O error:
+    No space left on device (os error 28)``), returned as that ``OSError``."""
     seen: set[int] = set()
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in _DISK_ERRNOS:
             return e
+        found = None if isinstance(e, OSError) else _RUST_OS_ERROR.search(str(e))
+        if found is not None and int(found.group(1)) in _DISK_ERRNOS:
+            code = int(found.group(1))
+            return OSError(code, os.strerror(code))
         e = e.__cause__ or e.__context__
     return None
 

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from impulsevit.errors import ConfigError
+from impulsevit.errors import ConfigError, state_dict_mismatch
 from impulsevit.safe_load import TRUST_FLAG, TRUST_HELP
 
 __all__ = ["find_images", "load_predictor", "main", "predict_folder"]
@@ -57,8 +57,12 @@ def load_predictor(path: str | os.PathLike, ema: bool = False,
         try:
             model = timm.create_model(f"local-dir:{path}", pretrained=True)
         except (RuntimeError, ValueError, KeyError, TypeError, OSError) as e:
-            raise ValueError(f"{path} is not a loadable timm model folder: {str(e).splitlines()[0]}") from e
+            why = state_dict_mismatch(e) or (str(e).splitlines() or [type(e).__name__])[0]
+            raise ValueError(f"{path} is not a loadable timm model folder: {why}") from e
     else:
+        if path.is_dir() and not (path / ".metadata").is_file():
+            raise ConfigError(f"{path} is not an exported model folder (no config.json) nor a checkpoint (a .ckpt "
+                              f"file, or a distributed checkpoint folder holding .metadata)")
         from impulsevit.export import build_model, data_config, load_checkpoint_file, run_record
 
         ckpt = load_checkpoint_file(path, trust=trust)
@@ -145,6 +149,19 @@ def predict_folder(model: nn.Module, cfg: dict[str, Any], names: list[str], file
     return [rows[i] for i in sorted(rows)], bad
 
 
+def _at_least(low: int):  # noqa: ANN202 - an argparse type
+    """An argparse ``type``: an int ``>= low`` (else argparse's one-line usage error, exit status 2)."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     """``impulsevit predict MODEL IMAGES [...]``; the exit status (0 done, 2 bad input, 1 no image readable)."""
     parser = argparse.ArgumentParser(
@@ -156,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="predictions.csv", help="CSV to write (default: predictions.csv)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     parser.add_argument("--ema", action="store_true", help="checkpoints: use the EMA weights")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes (default 0)")
+    parser.add_argument("--batch-size", type=_at_least(1), default=64)
+    parser.add_argument("--workers", type=_at_least(0), default=0, help="DataLoader worker processes (default 0)")
     parser.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     args = parser.parse_args(argv)
     from impulsevit.io import WriteError, atomic_write_text, claim_output

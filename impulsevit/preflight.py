@@ -2,6 +2,7 @@
 line (:class:`~impulsevit.errors.ConfigError`) instead of after a conversion, or with a traceback mid-run.
 
 - :func:`check_classes`: the data has at least 2 classes.
+- :func:`check_epochs`: ``fit``'s ``trainer.max_epochs`` is at least 1, or -1 with a finite ``max_steps``.
 - :func:`check_init`: a builtin init method (which :func:`impulsevit.init.check_init_method` found to resolve,
   before any class was built) applies to the backbone:
   the registry's family match, then — for backbones up to ``META_DRY_RUN_PARAMS`` parameters — a dry run of the
@@ -26,7 +27,7 @@ from torch import nn
 from impulsevit.errors import ConfigError
 from impulsevit.safe_load import UntrustedFileError, check_distributed_checkpoint, load_checkpoint
 
-__all__ = ["META_DRY_RUN_PARAMS", "check_classes", "check_init", "check_resume", "config_diff"]
+__all__ = ["META_DRY_RUN_PARAMS", "check_classes", "check_epochs", "check_init", "check_resume", "config_diff"]
 
 META_DRY_RUN_PARAMS = 30_000_000
 
@@ -36,6 +37,24 @@ def check_classes(num_classes: int | None, where: str) -> None:
     if num_classes is not None and int(num_classes) < 2:
         raise ConfigError(f"the data ({where}) has {num_classes} class(es); classification needs at least 2 — check "
                           f"data.root / the class folders")
+
+
+def check_epochs(max_epochs: int | None, max_steps: int | None) -> None:
+    """Raise :class:`ConfigError` unless ``trainer.max_epochs`` is None (Lightning's default), ``>= 1``, or ``-1``
+    (Lightning: no epoch limit) together with ``trainer.max_steps >= 1``: the lr schedule is planned over a finite
+    number of optimizer steps (:func:`impulsevit.optim.lr_plan`), so a run without any limit is not supported (set
+    ``max_steps``; ``max_time`` alone does not give a plan)."""
+    if max_epochs is None:
+        return
+    steps = -1 if max_steps is None else int(max_steps)
+    if int(max_epochs) == -1:
+        if steps < 1:
+            raise ConfigError("trainer.max_epochs=-1 means no epoch limit (Lightning), but the lr schedule needs a "
+                              "finite plan: set trainer.max_steps too, or give trainer.max_epochs >= 1")
+        return
+    if int(max_epochs) < 1:
+        raise ConfigError(f"trainer.max_epochs must be >= 1 (or -1: no epoch limit, with trainer.max_steps), got "
+                          f"{max_epochs}")
 
 
 def check_init(build_backbone: Any, backbone_name: str, method: str, options: dict[str, Any], seed: int) -> None:

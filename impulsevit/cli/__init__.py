@@ -23,7 +23,9 @@ positional argument after ``predict``) is :mod:`impulsevit.predict`, not Lightni
   requeued job's own lock are taken over); ``fit`` into an existing run without ``--resume`` refuses (``--overwrite``
   deletes the old run's files first).
 - Errors a user can fix (bad settings found before work, a run directory in use, a full / read-only disk, a damaged
-  ``.beton``) print one line ``impulsevit SUB: error: ...`` and exit 2 (before any work) or 1; ``--debug`` /
+  ``.beton``, a missing file, a plugin module that raises, an accelerator the machine lacks, weights that do not fit)
+  print one line ``impulsevit SUB: error: ...`` and exit 2 (before any work) or 1, for every subcommand: ``main`` is
+  the process's one error boundary, :mod:`impulsevit.cli.errors` the policy; ``--debug`` /
   ``IMPULSEVIT_DEBUG=1`` shows the traceback. Nothing is written before these checks pass (:mod:`impulsevit.preflight`).
 - Misspelled keys fail with the key and the closest valid one; unknown recipe names name the closest ones
   (``impulsevit recipes`` lists all).

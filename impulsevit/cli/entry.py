@@ -128,8 +128,13 @@ def _quiet_known_noise() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``impulsevit`` console script. Returns the exit status: 0 done, 1 a run failed for a reason
-    the message names (full disk, damaged data), 2 bad arguments or configuration (found before any work started).
+    """Entry point of the ``impulsevit`` console script, and the process's one error boundary. Returns the exit status:
+    0 done; 2 the command cannot work as given (bad arguments, values, names, a plugin module that does not import, no
+    such accelerator, weights that do not fit the model: found before any work started); 1 the work failed for a
+    reason outside the command line (full / read-only disk, a file missing or unreadable at run time, damaged data);
+    130 / 143 after SIGINT / SIGTERM. Every subcommand and the plugin loading run inside the boundary: a user's
+    mistake (:func:`impulsevit.cli.errors.user_error`, whose docstring is the full policy) is printed as the one line
+    ``impulsevit SUB: error: ...``; anything else is a bug and keeps its traceback.
 
     ``--debug`` (anywhere) or ``IMPULSEVIT_DEBUG=1`` shows the traceback of those errors too. ``--plugins MOD[,MOD]``
     (anywhere), ``IMPULSEVIT_PLUGINS`` and the entry-point group ``impulsevit.plugins`` name modules imported first
@@ -138,25 +143,45 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get("IMPULSEVIT_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
     _setup_logging()
-    try:  # the user's registrations (datasets, init families) before anything reads a registry
-        argv, plugins = split_plugins_flag(argv)
-        load_plugins(plugins)
-    except ConfigError as e:
-        print(f"impulsevit: error: {e}", file=sys.stderr)
-        return 2
+    where = ["impulsevit"]  # the message's prefix: "impulsevit SUB" once the subcommand is known
+    try:
+        return _dispatch(argv, debug, where)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"{' '.join(where)}: interrupted (exit 130)", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the boundary: user errors become one line; anything else is re-raised
+        found = None if debug else user_error(e)
+        if found is None:
+            raise
+        message, status = found
+        print(f"{' '.join(where)}: error: {message}", file=sys.stderr)
+        return status
+
+
+def _dispatch(argv: list[str], debug: bool, where: list[str]) -> int:
+    """Load the plugins and run the subcommand ``argv`` names; ``where`` gets the subcommand's name once known."""
+    # the user's registrations (datasets, init families) before anything reads a registry
+    argv, plugins = split_plugins_flag(argv)
+    load_plugins(plugins)
     if len(argv) > 1 and argv[0] == "predict" and not argv[1].startswith("-"):
         from impulsevit.predict import main as predict_main  # `predict MODEL IMAGES`: a folder of images
 
+        where.append("predict")
         return predict_main(argv[1:])
     try:
         argv = prepare_argv(argv)
-    except (RecipeNotFoundError, ConfigError) as e:
-        print(f"impulsevit: error: {e}", file=sys.stderr)
-        return 2
+    except RecipeNotFoundError as e:
+        raise ConfigError(str(e)) from e
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
     sub, rest = argv[0], argv[1:]
+    if sub in ALL_SUBCOMMANDS:
+        where.append(sub)
+        if sub == "data" and rest and not rest[0].startswith("-"):
+            where.append(rest[0])
     if sub == "recipes":
         print(format_listing())
         return 0

@@ -17,6 +17,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from impulsevit import __version__
 from impulsevit._compat.cli import SubcommandRunHookCLI, subcommand_parsers
@@ -219,10 +220,16 @@ class ImpulseCLI(SubcommandRunHookCLI):
 
     def before_instantiate_classes(self) -> None:
         """Checks on the parsed configuration, before any class is built (the datamodule's constructor already reads
-        the data root): the run name and runs directory, and ``model.init.method``."""
+        the data root): the run name and runs directory, ``fit``'s epoch / step limits, and ``model.init.method``."""
         if self.subcommand is not None:
             self.run_dir  # noqa: B018 - the one name resolver: one folder name inside --runs_dir, links included
             check_runs_dir(self._value(self.config, "runs_dir"))
+        self._check_typed_blocks()
+        if self.subcommand == "fit":
+            from impulsevit.preflight import check_epochs
+
+            trainer_cfg = self._value(self.config, "trainer") or {}
+            check_epochs(trainer_cfg.get("max_epochs"), trainer_cfg.get("max_steps"))
         init = self._value(self.config, "model")
         init = init.get("init") if init is not None else None
         if init is not None:
@@ -250,6 +257,30 @@ class ImpulseCLI(SubcommandRunHookCLI):
         if trainer is not None and trainer.get("logger") not in (None, True, False):
             place_logger_config(trainer.get("logger"), self.files_dir, self._tracker_ids)
 
+    def _check_typed_blocks(self) -> None:
+        """The ranges the typed blocks declare (``model.optimizer`` / ``scheduler`` / ``mixup``: their
+        ``__post_init__``; ``data``'s ``batch_size`` / ``num_workers``), checked on the parsed values before any class
+        is built: a bad value is the error even when the data root is missing, and under ``submit`` (which parses
+        without building)."""
+        from impulsevit.config import MixupConfig, OptimizerConfig, SchedulerConfig, as_config
+        from impulsevit.data.loading.base import check_batch_size, check_num_workers
+
+        model = self._value(self.config, "model")
+        for key, cls in (("optimizer", OptimizerConfig), ("scheduler", SchedulerConfig), ("mixup", MixupConfig)):
+            value = _plain(model.get(key)) if model is not None else None
+            if isinstance(value, dict):
+                try:
+                    as_config(cls, value, key)
+                except (ValueError, TypeError) as e:  # the block's own range check, naming the key
+                    raise ConfigError(one_line(e)) from e
+        data = self._value(self.config, "data")
+        args = _plain(data.get("init_args")) if data is not None and hasattr(data, "get") else None
+        if isinstance(args, dict):
+            if isinstance(args.get("batch_size"), int):
+                check_batch_size(args["batch_size"])
+            if isinstance(args.get("num_workers"), int):
+                check_num_workers(args["num_workers"])
+
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """LightningCLI's trainer, with impulsevit's defaults for what the recipe leaves unset (see the class)."""
         trainer_cfg = self._value(self.config_init, "trainer", default={})
@@ -259,7 +290,13 @@ class ImpulseCLI(SubcommandRunHookCLI):
         checkpoint = self._value(self.config_init, "checkpoint")
         if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath is None:
             checkpoint.dirpath = os.path.realpath(self.run_dir / "checkpoints")
-        return super().instantiate_trainer(**kwargs)
+        try:
+            return super().instantiate_trainer(**kwargs)
+        except MisconfigurationException as e:  # e.g. accelerator=gpu where no GPU is visible: the settings' fault
+            acc, dev = trainer_cfg.get("accelerator"), trainer_cfg.get("devices")
+            raise ConfigError(f"trainer.accelerator={acc!r} / trainer.devices={dev!r} cannot run here: {one_line(e)} "
+                              f"(torch sees {_visible_devices()}; set --trainer.accelerator / --trainer.devices to "
+                              f"what this machine has)") from e
 
     def _trainer_defaults(self, trainer_cfg: Any) -> dict[str, Any]:
         """Root dir, logger, atomic checkpoint writes and precision, each where ``trainer_cfg`` does not set them."""
@@ -349,6 +386,15 @@ class ImpulseCLI(SubcommandRunHookCLI):
 
         model, sub_init = self.model, self.config_init[self.subcommand]
         path = self._resume_path()
+        given = path if path is not None else sub_init.get("ckpt_path")
+        if given is not None and Path(given).is_dir() and (Path(given) / ".metadata").is_file():
+            from lightning.pytorch.strategies import ModelParallelStrategy
+
+            if not isinstance(self.trainer.strategy, ModelParallelStrategy):
+                raise ConfigError(f"--resume {given}: a distributed checkpoint folder (written under "
+                                  f"trainer.strategy=fsdp2), which this run's strategy "
+                                  f"({type(self.trainer.strategy).__name__}) cannot read: resume it with "
+                                  f"--trainer.strategy=fsdp2, or give a .ckpt file")
         if path is not None:
             check_resume(path, model, dict(model.hparams))
             if self.subcommand == "fit":
@@ -433,6 +479,25 @@ def fit_summary(trainer: Trainer, run_dir: Path) -> str:
         if not (isinstance(lg, TensorBoardLogger) and Path(lg.log_dir) == run_dir):
             lines.append(f"  {type(lg).__name__ + ':':<16} {describe(lg)}")
     return "\n".join(lines)
+
+
+def _plain(value: Any) -> Any:
+    """A parsed block as a plain dict (jsonargparse ``Namespace`` or a dataclass instance); anything else as is."""
+    import dataclasses
+
+    if hasattr(value, "as_dict"):
+        return value.as_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
+
+
+def _visible_devices() -> str:
+    """``"2 CUDA device(s)"`` / ``"no CUDA device"``, for the accelerator error."""
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return f"{n} CUDA device(s)" if n else "no CUDA device"
 
 
 def _checked_num_classes(num_classes: int | None) -> int | None:

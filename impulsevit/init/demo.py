@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import timm
 import torch
 
+from impulsevit.errors import ConfigError
 from impulsevit.init.api import initialize
 from impulsevit.init.diagnostics import attention_maps, summarize
 from impulsevit.init.impulse import impulse_offsets
@@ -28,10 +29,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--img-size", type=int, default=224, help="input size (patch 16; >= 128 keeps N >= head_dim)")
     args = parser.parse_args(argv)
     size = args.img_size
+    if args.layers < 1 or args.images < 1 or size < 16 or size % 16:
+        raise ConfigError(f"demo needs --layers >= 1, --images >= 1 and an --img-size that is a positive multiple of "
+                          f"the patch size 16, got --layers {args.layers} --images {args.images} --img-size {size}")
     noise = torch.randn(args.images, 3, size, size, generator=torch.Generator().manual_seed(args.seed))
     for method in ("impulse", "mimetic"):
         model = timm.create_model("vit_tiny_patch16_224", weight_init="skip", img_size=size)
-        report = initialize(model, method, generator=args.seed)
+        try:
+            report = initialize(model, method, generator=args.seed)
+        except ValueError as e:  # the method's own check of the model's shape: the --img-size given does not fit
+            raise ConfigError(f"--img-size {size}: {e} (>= 128 fits every method shown)") from e
         print(report.table())
         # mimetic has no offsets: score its heads against the offsets impulse would give them
         offsets = report.offsets or [impulse_offsets(model.blocks[0].attn.num_heads)]

@@ -21,7 +21,8 @@ import torch
 
 from impulsevit.errors import ConfigError
 
-__all__ = ["BaseImageDataModule", "check_train_batches", "dist_info", "worker_init_fn"]
+__all__ = ["BaseImageDataModule", "check_batch_size", "check_num_workers", "check_train_batches", "dist_info",
+           "worker_init_fn"]
 
 
 def dist_info() -> tuple[int, int]:
@@ -93,6 +94,20 @@ def check_train_batches(num_samples: int, batch_size: int, world_size: int = 1, 
                       f"dropped) and the run would end without a checkpoint; {fix}")
 
 
+def check_batch_size(batch_size: int) -> int:
+    """``batch_size`` as an int; :class:`ConfigError` when it is below 1."""
+    if int(batch_size) < 1:
+        raise ConfigError(f"data.batch_size must be >= 1 (images per device), got {batch_size}")
+    return int(batch_size)
+
+
+def check_num_workers(num_workers: int) -> int:
+    """``num_workers`` as an int; :class:`ConfigError` when it is negative (0: load in the training process)."""
+    if int(num_workers) < 0:
+        raise ConfigError(f"data.num_workers must be >= 0 (0: load in the training process), got {num_workers}")
+    return int(num_workers)
+
+
 class BaseImageDataModule(L.LightningDataModule):
     """Common attributes: ``num_classes``, ``image_size`` (pixels, square), ``mean``/``std`` (per channel, 0–1 scale),
     ``batch_size`` (per device). Subclasses implement the ``*_dataloader`` hooks."""
@@ -106,8 +121,9 @@ class BaseImageDataModule(L.LightningDataModule):
         std: tuple[float, float, float] = (0.229, 0.224, 0.225),
     ) -> None:
         super().__init__()
-        if image_size <= 0 or batch_size <= 0:
-            raise ValueError(f"image_size and batch_size must be positive, got {image_size} and {batch_size}")
+        if int(image_size) < 1:
+            raise ConfigError(f"data.image_size must be >= 1 (pixels), got {image_size}")
+        check_batch_size(batch_size)
         self._num_classes = int(num_classes)
         self.image_size = int(image_size)
         self.batch_size = int(batch_size)

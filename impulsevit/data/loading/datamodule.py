@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import os
 import random
 import shlex
@@ -56,7 +57,13 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from impulsevit.config import as_config
 from impulsevit.data.augment.device import DeviceAugment, fix_timm_posterize, normalize, selects_on_host
-from impulsevit.data.loading.base import BaseImageDataModule, check_train_batches, dist_info, worker_init_fn
+from impulsevit.data.loading.base import (
+    BaseImageDataModule,
+    check_num_workers,
+    check_train_batches,
+    dist_info,
+    worker_init_fn,
+)
 from impulsevit.data.loading.config import AugmentConfig, StorageConfig
 from impulsevit.data.loading.device_resample import resample_canvas
 from impulsevit.data.loading.ffcv_loader import build_ffcv_loader, ffcv_available
@@ -74,6 +81,7 @@ __all__ = ["ImageDataModule", "SourceDataset", "default_cache_dir", "seeded_glob
 
 Backend = Literal["ffcv", "torchvision"]
 ResampleOn = Literal["workers", "device"]
+log = logging.getLogger("impulsevit")
 
 
 def default_cache_dir() -> Path:
@@ -110,15 +118,40 @@ class SourceDataset(Dataset):
 
     def __init__(self, source: ImageSource, transform=None, seed: int = 0) -> None:  # noqa: ANN001 - any callable
         self.source, self.transform, self.seed = source, transform, int(seed)
+        self.bad: dict[int, str] = {}  # index -> why it could not be read (found in this process)
 
     def __len__(self) -> int:
         return len(self.source)
+
+    def _readable(self, i: int) -> tuple[int, np.ndarray]:
+        """``(index, pixels)`` of sample ``i``, or — when its file is corrupt, empty or unreadable — of the next
+        readable sample after it (wrapping around), the same one every time, so the batch keeps its size and the
+        order stays a function of the seed. Each unreadable file is logged once per process (the loader's worker
+        processes each name those they meet), as the FFCV conversion lists and leaves out its bad inputs.
+
+        Raises:
+            DataError: no sample of the split can be read."""
+        n = len(self.source)
+        for step in range(n):
+            j = (i + step) % n
+            if j in self.bad:
+                continue
+            try:
+                return j, self.source.load(j)
+            except (OSError, SyntaxError, ValueError) as exc:  # PIL: truncated, corrupt, empty or not an image
+                self.bad[j] = ("not an image file PIL can identify (empty, or another format)"
+                               if type(exc).__name__ == "UnidentifiedImageError" else f"{type(exc).__name__}: {exc}")
+                log.warning("impulsevit: skipped unreadable image %s (%s); it is replaced by the next readable "
+                            "one", self.source.describe(j), self.bad[j])
+        raise DataError(f"none of the {n} images of this split can be read (first: {self.source.describe(i)}: "
+                        f"{self.bad.get(i, '?')}); check the files under the data root")
 
     def __getitem__(self, key: int | SampleKey):  # noqa: ANN204
         from PIL import Image
 
         i = key.index if isinstance(key, SampleKey) else int(key)
-        img = Image.fromarray(self.source.load(i))
+        i, pixels = self._readable(i)
+        img = Image.fromarray(pixels)
         if self.transform is None:
             return img, int(self.source.labels[i])
         if isinstance(key, SampleKey):
@@ -208,6 +241,9 @@ class ImageDataModule(BaseImageDataModule):
                               f"its workers), got backend={backend!r}")
         if not 0 < crop_pct <= 1:
             raise ConfigError(f"data.crop_pct must be in (0, 1], got {crop_pct}")
+        if cache_dir and Path(cache_dir).exists() and not Path(cache_dir).is_dir():
+            raise ConfigError(f"data.cache_dir {cache_dir} is a file, not a folder (expected a folder for the "
+                              f"converted .beton files; give another path)")
         if root is not None and not download and store.train_beton is None and not Path(root).is_dir():
             what = "is a file, not a folder" if Path(root).exists() else "does not exist"
             raise ConfigError(f"data.root {root} {what} (dataset {info.name!r}"
@@ -231,7 +267,7 @@ class ImageDataModule(BaseImageDataModule):
         self.save_hyperparameters()
         self.info: DatasetInfo = info
         self.augment, self.storage = aug, store
-        self.root, self.backend, self.num_workers = root, backend, int(num_workers)
+        self.root, self.backend, self.num_workers = root, backend, check_num_workers(num_workers)
         self.crop_pct, self.interpolation = float(crop_pct), interpolation
         self.resample_on: ResampleOn = resample_on
         self.train_subset, self.val_subset = train_subset, val_subset

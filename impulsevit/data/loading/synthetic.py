@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from impulsevit.data.loading.base import BaseImageDataModule, check_train_batches, dist_info, worker_init_fn
+from impulsevit.data.loading.base import (
+    BaseImageDataModule,
+    check_num_workers,
+    check_train_batches,
+    dist_info,
+    worker_init_fn,
+)
 from impulsevit.data.loading.sampling import EpochSampler, ResumableDataLoader
 
 __all__ = ["SyntheticDataModule"]
@@ -36,7 +42,7 @@ class SyntheticDataModule(BaseImageDataModule):
     ) -> None:
         super().__init__(num_classes, image_size, batch_size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
         self.num_train, self.num_val, self.seed, self.noise = num_train, num_val, seed, noise
-        self.num_workers = num_workers
+        self.num_workers = check_num_workers(num_workers)
         self.class_names = [f"blob_{c}" for c in range(num_classes)]
 
     def describe(self) -> str:

@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 
 from impulsevit.data.sources.registry import DatasetInfo, Verify, downloadable, get_dataset
+from impulsevit.errors import ConfigError
 from impulsevit.io import claim_output
 
 __all__ = ["ManualDownloadError", "download", "ensure_dataset", "main"]
@@ -101,13 +102,16 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """Entry point of ``impulsevit download``; 0 done, 1 download or check failed, 2 usage / manual download."""
     args = _parser().parse_args(argv)
+    if Path(args.root).exists() and not Path(args.root).is_dir():
+        raise ConfigError(f"ROOT {args.root} is a file, not a folder (give a folder to download into)")
     try:
         counts = download(args.name, args.root, verify=args.verify)
     except ManualDownloadError as exc:
         print(f"impulsevit download: {exc}", file=sys.stderr)
         return 2
     except (KeyError, ValueError) as exc:
-        print(f"impulsevit download: error: {exc}", file=sys.stderr)
+        print(f"impulsevit download: error: {exc.args[0] if isinstance(exc, KeyError) and exc.args else exc}",
+              file=sys.stderr)
         return 1 if type(exc).__name__ == "DatasetMismatchError" else 2
     except (OSError, RuntimeError) as exc:  # network errors, checksum mismatches (torchvision raises RuntimeError)
         print(f"impulsevit download: error: {args.name} into {args.root}: {type(exc).__name__}: {exc}",

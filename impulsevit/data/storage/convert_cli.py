@@ -172,7 +172,7 @@ def check_main(argv: list[str]) -> int:
             manifest = read_manifest(path, check_size=False)
             verify_beton(path, manifest, "full" if args.full else "sampled")
         except (BetonError, FileNotFoundError) as exc:
-            print(f"impulsevit convert: {exc}", file=sys.stderr)
+            print(f"impulsevit convert: error: {exc}", file=sys.stderr)
             status = 1
             continue
         what = "no manifest: structure only" if manifest is None else ("every chunk" if args.full else "sampled")
@@ -204,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           progress=not args.no_progress, force=args.force, normalization=(info.mean, info.std),
                           request={"dataset": info.name, "root": str(root), "split": split, "subset": args.subset})
     except (ConversionError, WriteError) as exc:
-        print(f"impulsevit convert: {exc}", file=sys.stderr)
+        print(f"impulsevit convert: error: {exc}", file=sys.stderr)
         return 1
     except (FileNotFoundError, KeyError, ValueError) as exc:  # ConfigError (an output claimed) is a ValueError
         print(f"impulsevit convert: error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)

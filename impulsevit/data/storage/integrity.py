@@ -52,11 +52,16 @@ def check_header(path: str | os.PathLike) -> int:
 
     Raises:
         FileNotFoundError: no such file.
-        BetonError: not a ``.beton``, an unsupported version, or truncated (naming the offsets that are missing).
+        BetonError: a folder, not a ``.beton``, an unsupported version, or truncated (naming the offsets that are
+            missing).
     """
     from ffcv.types import ALLOC_TABLE_TYPE, CURRENT_VERSION, FieldDescType, HeaderType, get_handlers, get_metadata_type
 
     path = Path(path)
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.beton"))
+        hint = f" (it holds {', '.join(inside[:4])}{', ...' if len(inside) > 4 else ''})" if inside else ""
+        raise BetonError(f"{path} is a folder, not a .beton file{hint}; give the .beton file's path")
     if not path.is_file():
         raise FileNotFoundError(f"FFCV file {path} does not exist")
     size = path.stat().st_size
