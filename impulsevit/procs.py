@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 __all__ = ["OWNER_ENV", "Stopped", "adopt", "die_with_parent", "forward_signals", "parent_death_signal", "popen",
-           "stop_on_signals"]
+           "raise_if_stopped", "stop_on_signals"]
 
 OWNER_ENV = "IMPULSEVIT_OWNER"
 """``<pid>@<host>`` of the ``impulsevit`` process whose children should die with it (see :func:`adopt`)."""
@@ -175,21 +175,35 @@ class Stopped(SystemExit):
         return signal.Signals(self.signum).name
 
 
+_STOPS_REQUESTED: list[int] = []  # signals stop_on_signals received (main thread), for raise_if_stopped
+
+
 @contextlib.contextmanager
 def stop_on_signals(signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
     """Inside (main thread only), the first of ``signals`` raises :class:`Stopped` where the main thread is; later
-    ones are ignored while the unwinding cleans up. The previous handlers come back on exit."""
-    fired: list[int] = []
+    ones are ignored while the unwinding cleans up. A handler's exception can be swallowed where Python cannot
+    propagate it (it ran inside an ``os.register_at_fork`` hook during a ``fork``, or in a ``__del__``): so
+    long-running loops call :func:`raise_if_stopped` at their polls, and leaving the block after a swallowed stop
+    raises it then. The previous handlers come back on exit."""
 
     def stop(signum: int, frame: Any) -> None:
-        if fired:
+        if _STOPS_REQUESTED:
             return
-        fired.append(signum)
+        _STOPS_REQUESTED.append(signum)
         raise Stopped(signum)
 
+    _STOPS_REQUESTED.clear()
     previous = {sig: signal.signal(sig, stop) for sig in signals}
     try:
         yield
+        raise_if_stopped()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        _STOPS_REQUESTED.clear()
+
+
+def raise_if_stopped() -> None:
+    """Raise :class:`Stopped` when :func:`stop_on_signals` received its signal (a poll for loops: see there)."""
+    if _STOPS_REQUESTED:
+        raise Stopped(_STOPS_REQUESTED[0])

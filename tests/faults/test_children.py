@@ -226,3 +226,61 @@ def test_fit_second_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
     lines = [ln for ln in res.err_lines if "second Ctrl-C" in ln]
     assert len(lines) == 1 and "exit 130" in lines[0], res.err[-3000:]
     assert_no_survivors(res.sid)
+
+
+# ------------------------------------------------------------------------------------- impulsevit.procs, directly
+_OWNER = """\
+import signal, sys, time
+from impulsevit.procs import popen
+child = popen([sys.executable, "-c", "import time; time.sleep(600)"], death_signal=signal.SIGKILL)
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_popen_child_dies_with_its_killed_parent(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.faults.harness import env
+
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER], stdout=subprocess.PIPE, text=True,
+                             env=env(**_env(tmp_path)), start_new_session=True)
+    child = int(owner.stdout.readline())
+    assert child in _children(owner.pid)
+    os.kill(child, signal.SIGSTOP)  # it cannot notice anything itself: only the kernel's signal ends it
+    os.kill(owner.pid, signal.SIGKILL)
+    owner.wait()
+    assert_no_survivors(owner.pid)
+
+
+def test_die_with_parent_when_the_parent_is_already_gone_dies_now(tmp_path: Path) -> None:
+    """The race: the parent died between the fork and the ``prctl`` call (the expected pid is not the parent)."""
+    import subprocess
+
+    code = "import os; from impulsevit.procs import die_with_parent; die_with_parent(os.getppid() + 1); print('alive')"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(tmp_path))
+    assert res.returncode == -signal.SIGKILL and "alive" not in res.stdout, res
+
+
+def test_adopt_arms_only_for_its_direct_impulsevit_parent(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+
+    from tests.faults.harness import env
+
+    code = ("import os; from impulsevit.procs import OWNER_ENV, adopt, parent_death_signal; adopt(); "
+            "print(parent_death_signal(), os.environ[OWNER_ENV] == f'{os.getpid()}@' + __import__('socket')"
+            ".gethostname())")
+    host = socket.gethostname()
+
+    def adopted(owner: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=env(**_env(tmp_path), IMPULSEVIT_OWNER=owner))
+
+    assert adopted(f"{os.getpid()}@{host}").stdout.split() == [str(int(signal.SIGKILL)), "True"]  # its parent
+    assert adopted(f"1@{host}").stdout.split() == ["0", "True"]  # alive but not its parent (an intermediary)
+    assert adopted(f"{os.getpid()}@other-host").stdout.split() == ["0", "True"]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = adopted(f"{dead.pid}@{host}")  # its owner died before it could arm
+    assert gone.returncode == 128 + signal.SIGKILL and not gone.stdout, gone

@@ -43,7 +43,7 @@ from impulsevit.data.storage.integrity import CHUNK, file_digests
 from impulsevit.data.storage.manifest import MANIFEST_FORMAT, beton_num_classes, manifest_path, read_manifest
 from impulsevit.data.storage.presets import PRESETS, SMALL_IMAGE_SIDE, Preset, default_preset, storage_preset
 from impulsevit.io import atomic_write_json, commit, disk_errors, require_free_space, temp_path, write_error
-from impulsevit.procs import die_with_parent
+from impulsevit.procs import die_with_parent, raise_if_stopped
 
 __all__ = ["PRESETS", "ConversionError", "Preset", "ScanResult", "beton_num_classes", "convert_split",
            "default_preset", "estimate_size", "manifest_path", "read_manifest", "scan_source", "source_stat",
@@ -260,6 +260,7 @@ def _write_guarded(writer, dataset: _WriterDataset, indices: list[int], out: Pat
 
     def sleep_and_check(seconds: float) -> None:
         time.sleep(seconds)
+        raise_if_stopped()  # a SIGTERM / SIGINT whose exception a fork hook swallowed (impulsevit.procs)
         if fail_log.exists() and fail_log.stat().st_size:
             raise _WorkerFailed
 
