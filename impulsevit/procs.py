@@ -93,16 +93,20 @@ def die_with_parent(parent: int | None, sig: int = signal.SIGKILL) -> bool:
     return True
 
 
-def _armed(parent: int, sig: int) -> None:  # a preexec_fn: between fork and exec in the child
+def _armed(parent: int, sig: int, new_group: bool) -> None:  # a preexec_fn: between fork and exec in the child
+    if new_group:
+        os.setpgid(0, 0)
     die_with_parent(parent, sig)
 
 
-def popen(cmd: Sequence[str], *, death_signal: int = signal.SIGTERM, **kwargs: Any) -> subprocess.Popen:
+def popen(cmd: Sequence[str], *, death_signal: int = signal.SIGTERM, new_group: bool = False,
+          **kwargs: Any) -> subprocess.Popen:
     """:class:`subprocess.Popen` whose child gets ``death_signal`` when this process exits (armed before the exec, so
-    the new program inherits it); other arguments as for ``Popen`` (not ``preexec_fn``)."""
+    the new program inherits it); ``new_group``: the child leads a process group of its own (same session), so a
+    terminal's Ctrl-C does not reach it directly. Other arguments as for ``Popen`` (not ``preexec_fn``)."""
     kwargs.setdefault("close_fds", True)
-    return subprocess.Popen(list(cmd), preexec_fn=functools.partial(_armed, os.getpid(), int(death_signal)),
-                            **kwargs)
+    armed = functools.partial(_armed, os.getpid(), int(death_signal), new_group)
+    return subprocess.Popen(list(cmd), preexec_fn=armed, **kwargs)
 
 
 def _owner_tag(pid: int) -> str:
@@ -112,8 +116,10 @@ def _owner_tag(pid: int) -> str:
 def adopt(sig: int = signal.SIGKILL) -> None:
     """At the start of an ``impulsevit`` command: when :data:`OWNER_ENV` names this process's direct parent (an
     ``impulsevit`` process on this host started it, e.g. Lightning's DDP launcher in rank 0), die with it (``sig``,
-    unless already armed, e.g. by :func:`popen`); when it names a process of this host that is gone, the owner died
-    before this process could arm: exit now. Then name this process as the owner of the ones it starts."""
+    unless already armed, e.g. by :func:`popen`); when it names a process of this host that is gone and this process
+    was handed to init (parent pid 1), the owner died before this process could arm: exit now. Any other case (a
+    shell or ``srun`` in between, a batch job that inherited the variable through ``sbatch``'s environment) is left
+    alone. Then name this process as the owner of the ones it starts."""
     tag = os.environ.pop(OWNER_ENV, "")
     pid, _, host = tag.partition("@")
     if pid.isdigit() and host == socket.gethostname() and _prctl() is not None:
@@ -121,7 +127,7 @@ def adopt(sig: int = signal.SIGKILL) -> None:
         if os.getppid() == owner:
             if parent_death_signal() == 0:
                 die_with_parent(owner, sig)
-        elif not _alive(owner):
+        elif os.getppid() == 1 and not _alive(owner):
             os._exit(128 + int(sig))  # our owner is already gone: nothing would stop us otherwise
     os.environ[OWNER_ENV] = _owner_tag(os.getpid())
 

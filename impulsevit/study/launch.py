@@ -41,7 +41,7 @@ def _run_fit(cmd: list[str], rdir: Path, record: bool) -> tuple[int, str, list[i
     with open(rdir / "study_fit.log", "ab") as log:
         # its own process group: a Ctrl-C in the terminal reaches the fit once, forwarded from here (twice would
         # stop it at once, without its checkpoint); it dies with this process (SIGTERM: it checkpoints first)
-        proc = popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0,
+        proc = popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, new_group=True,
                      death_signal=signal.SIGTERM)
         with forward_signals(lambda: proc, _FORWARDED, received):
             rc = proc.wait()

@@ -282,5 +282,5 @@ def test_adopt_arms_only_for_its_direct_impulsevit_parent(tmp_path: Path) -> Non
     assert adopted(f"{os.getpid()}@other-host").stdout.split() == ["0", "True"]
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    gone = adopted(f"{dead.pid}@{host}")  # its owner died before it could arm
-    assert gone.returncode == 128 + signal.SIGKILL and not gone.stdout, gone
+    # a batch job that inherited a dead owner through sbatch's environment: its parent is not init, left alone
+    assert adopted(f"{dead.pid}@{host}").stdout.split() == ["0", "True"]
