@@ -210,11 +210,13 @@ def test_study_kill9_takes_the_running_fit_along(tmp_path: Path) -> None:
 
 
 def test_fit_second_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
-    """The first SIGINT asks for a checkpoint at the next step boundary (3 s away: each step sleeps); the second, sent
-    meanwhile, stops at once: exit 130, no traceback, one line saying so."""
-    marker = tmp_path / "stepped"
+    """The first SIGINT asks for a checkpoint at the step boundary, which comes after a 20 s sleep; the second, sent
+    meanwhile, stops at once: exit 130, no traceback, one line saying so, and no checkpoint of that step."""
+    marker = tmp_path / "sleeping"
+    sleep = ('--trainer.callbacks=[{"class_path": "_cli_helpers.MarkThenSleep", "init_args": {"seconds": 20, '
+             f'"marker": "{marker}"}}}}]')
     proc = start("fit", "--recipe", TINY, f"--runs_dir={tmp_path / 'runs'}", "--name=c", "--trainer.max_epochs=50",
-                 _slow_steps(marker, seconds=3.0), cwd=tmp_path, extra_env=_env(tmp_path))
+                 sleep, cwd=tmp_path, extra_env=_env(tmp_path))
     wait_for(lambda: marker.exists() or proc.poll() is not None, what="the first training steps")
     assert proc.poll() is None, proc.communicate()[1][-3000:]
     os.kill(proc.pid, signal.SIGINT)
@@ -225,6 +227,7 @@ def test_fit_second_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in res.err and "KeyboardInterrupt" not in res.err, res.err[-3000:]
     lines = [ln for ln in res.err_lines if "second Ctrl-C" in ln]
     assert len(lines) == 1 and "exit 130" in lines[0], res.err[-3000:]
+    assert not (tmp_path / "runs" / "c" / "checkpoints" / "preempted.ckpt").exists()
     assert_no_survivors(res.sid)
 
 
