@@ -24,7 +24,7 @@ from tests.faults.harness import REPO, TINY, assert_no_survivors, finish, run, s
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signals are Linux-only")
 
 # the convert test's slow writer: a plugin module (imported by the command before the subcommand, so the forked
-# writer processes inherit it) that makes each written image take 50 ms and marks the first one
+# writer processes inherit it) that makes each written image take 50 ms; each writer marks itself (MARKER.<pid>)
 SLOW_WRITER = """\
 import os, time
 from pathlib import Path
@@ -33,7 +33,7 @@ from impulsevit.data.storage import convert
 _get = convert._WriterDataset.__getitem__
 
 def _slow(self, i):
-    Path(os.environ["SLOW_WRITER_MARKER"]).touch()
+    Path(os.environ["SLOW_WRITER_MARKER"] + f".{os.getpid()}").touch()
     time.sleep(0.05)
     return _get(self, i)
 
@@ -88,7 +88,7 @@ def slow_convert(tmp_path: Path):  # noqa: ANN201
         proc = start("convert", tmp_path / "src", out, "--split", "train", "--workers", "2", "--no-progress",
                      cwd=tmp_path, extra_env=_env(tmp_path, IMPULSEVIT_PLUGINS="slow_writer",
                                                   SLOW_WRITER_MARKER=str(marker)))
-        wait_for(lambda: marker.exists() or proc.poll() is not None, what="FFCV's writers to start")
+        wait_for(lambda: any(tmp_path.glob("writing.*")) or proc.poll() is not None, what="FFCV's writers to start")
         assert proc.poll() is None, proc.communicate()
         assert len(_children(proc.pid)) >= 2, "no writer processes found"
         return proc
@@ -106,6 +106,10 @@ def _convert_again_succeeds(tmp_path: Path, out: Path) -> None:
 def test_convert_kill9_mid_write_leaves_no_writer_and_no_lock(slow_convert, tmp_path: Path) -> None:
     start_it, out = slow_convert
     proc = start_it()
+    # the writers that are writing are stopped first: they cannot finish their chunk and leave by themselves (with a
+    # real dataset they would write for minutes), only the parent-death signal ends them
+    for mark in tmp_path.glob("writing.*"):
+        os.kill(int(mark.suffix[1:]), signal.SIGSTOP)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert_no_survivors(proc.pid)  # FFCV's writers died with it: nothing holds the temp file or the lock
