@@ -55,6 +55,21 @@ class SlowSteps(L.Callback):
             Path(self.marker).write_text(str(trainer.global_step))
 
 
+class MarkThenSleep(L.Callback):
+    """After ``after`` optimizer steps, writes the file ``marker`` and then sleeps ``seconds`` (once), still inside
+    that step's ``on_train_batch_end``: a test that sees the marker knows the process is in that sleep, before the
+    step boundary's checks that run after this callback."""
+
+    def __init__(self, marker: str, seconds: float = 5.0, after: int = 1) -> None:
+        self.marker, self.seconds, self.after, self.done = marker, seconds, after, False
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        if trainer.global_step >= self.after and not self.done:
+            self.done = True
+            Path(self.marker).write_text(str(trainer.global_step))
+            time.sleep(self.seconds)
+
+
 class SignalAtStep(L.Callback):
     """Sends signal ``signum`` to this process at the start of the training batch after ``step`` optimizer steps."""
 

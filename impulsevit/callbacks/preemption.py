@@ -34,7 +34,7 @@ What it does:
   ``SIGTERMException`` before this callback saw it (e.g. during validation) still gets a checkpoint from
   ``on_exception``.
 - INT (Ctrl-C): the same checkpoint at the next step boundary, then every rank leaves with exit code 130; a second
-  Ctrl-C interrupts at once (Lightning's ``KeyboardInterrupt`` handling, no checkpoint).
+  Ctrl-C stops at once (:class:`InterruptedAgain`: no checkpoint of that step, one line, exit code 130).
 
 The checkpoint carries the loaders' position (:mod:`impulsevit.data.loading.sampling`) and every rank's RNG state
 (:class:`~impulsevit.callbacks.rng_state.RNGStateCheckpoint`), so ``--resume auto`` continues bit-exactly.
@@ -73,7 +73,7 @@ from impulsevit._compat.lightning import hand_back_signal_handlers, rerun_interr
 from impulsevit.checkpointing import checkpoint_dir, save_checkpoint
 from impulsevit.cluster.events import append_event, slurm_job_id
 
-__all__ = ["Preempted", "SlurmRequeue"]
+__all__ = ["InterruptedAgain", "Preempted", "SlurmRequeue"]
 
 _NONE, _INTERRUPT, _STOP, _REQUEUE = 0, 1, 2, 3  # max-reduced over ranks: a requeue request wins
 _NAMES = {_INTERRUPT: "SIGINT", _STOP: "SIGTERM", _REQUEUE: "SIGUSR1"}
@@ -84,6 +84,11 @@ VALIDATION_PENDING = "impulsevit_validation_pending"  # checkpoint entry: the ep
 class Preempted(SystemExit):
     """Raised on every rank after the preemption checkpoint (and requeue); exit code 0 when requeued, 143 after
     SIGTERM, 130 after SIGINT."""
+
+
+class InterruptedAgain(Preempted):
+    """Raised where the main thread is by a second SIGINT (Ctrl-C) while the first one's checkpoint is still pending
+    or being written: the fit stops at once, without that checkpoint, exit code 130."""
 
 
 class SlurmRequeue(Callback):
@@ -106,6 +111,7 @@ class SlurmRequeue(Callback):
         self.requeue = requeue
         self.check_every_n_steps = check_every_n_steps
         self._pending = _NONE
+        self._interrupts = 0  # SIGINTs received during this fit
         self._exit_code: int | None = None
         self._saved_step: int | None = None
         self._previous: dict[int, Any] = {}
@@ -114,8 +120,10 @@ class SlurmRequeue(Callback):
 
     # ------------------------------------------------------------------------------------------------- signals
     def _on_signal(self, signum: int, frame: Any) -> None:  # async-signal context: set a flag, nothing else
-        if signum == signal.SIGINT and self._pending == _INTERRUPT:
-            signal.default_int_handler(signum, frame)  # a second Ctrl-C interrupts at once (KeyboardInterrupt)
+        if signum == signal.SIGINT:
+            self._interrupts += 1
+            if self._interrupts > 1:  # a second Ctrl-C stops at once (not Lightning's KeyboardInterrupt: exit 1)
+                raise InterruptedAgain(130)
         code = {signal.SIGUSR1: _REQUEUE, signal.SIGINT: _INTERRUPT}.get(signum, _STOP)
         self._pending = max(self._pending, code)
 
@@ -194,7 +202,7 @@ class SlurmRequeue(Callback):
         env = getattr(trainer.strategy, "cluster_environment", None)
         if isinstance(env, SLURMEnvironment) and env.auto_requeue:
             env.auto_requeue = False  # one requeue owner: this callback
-        self._pending, self._exit_code, self._saved_step = _NONE, None, None
+        self._pending, self._exit_code, self._saved_step, self._interrupts = _NONE, None, None, 0
         self._install()
         if self.requeue and slurm_job_id() is not None and shutil.which("scontrol") is None:
             self._say(trainer, "warning: running under SLURM but `scontrol` is not on PATH (common inside "
@@ -260,7 +268,11 @@ class SlurmRequeue(Callback):
         if not self._active:
             return
         try:
-            if (isinstance(exception, SIGTERMException) and trainer.state.fn == "fit"
+            if isinstance(exception, InterruptedAgain):
+                self._say(trainer, f"second Ctrl-C: stopped at once at global step {trainer.global_step}, without "
+                                   "a checkpoint of this step (exit 130); --resume auto continues from the last one",
+                          event="signal", signal="SIGINT", step=trainer.global_step)
+            elif (isinstance(exception, SIGTERMException) and trainer.state.fn == "fit"
                     and (self._saved_step != trainer.global_step or trainer.validating)):
                 cut = trainer.validating and not trainer.sanity_checking
                 self._say(trainer, "SIGTERM (Lightning): checkpointing before exit" +

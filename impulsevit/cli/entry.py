@@ -19,6 +19,7 @@ from impulsevit.cli.trainer_cli import ImpulseCLI
 from impulsevit.errors import ConfigError, UserError
 from impulsevit.extensions import load_plugins, split_plugins_flag
 from impulsevit.memory import reuse_large_allocations
+from impulsevit.procs import adopt
 from impulsevit.recipes import RecipeNotFoundError, format_listing
 
 log = logging.getLogger("impulsevit")
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ``--debug`` (anywhere) or ``IMPULSEVIT_DEBUG=1`` shows the traceback of those errors too. ``--plugins MOD[,MOD]``
     (anywhere), ``IMPULSEVIT_PLUGINS`` and the entry-point group ``impulsevit.plugins`` name modules imported first
     (:mod:`impulsevit.extensions`)."""
+    adopt()  # a DDP rank started by an impulsevit process dies with it; this process owns what it starts
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("IMPULSEVIT_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]

@@ -7,8 +7,12 @@ Modules: :mod:`~impulsevit.study.plan` (the plan and the recipe headers it reads
 
 Layout: ``<runs-dir>/<study>/`` holds ``study.json`` (the plan: recipe, methods, seeds, overrides), one run directory
 per ``<method>-s<seed>`` (written by ``impulsevit fit``), ``report.md`` and ``report.png``. Each run records its own
-outcome in ``<run>/status.json`` (``running`` / ``done`` / ``failed`` with the exit code), so ``--collect`` can rebuild
-the report at any time and lists failed or unfinished runs instead of dropping them.
+outcome in ``<run>/status.json`` (``running`` / ``done`` / ``failed`` with the exit code / ``interrupted``), so
+``--collect`` can rebuild the report at any time and lists failed or unfinished runs instead of dropping them.
+SIGTERM / SIGINT stop a local study after the running fit's checkpoint: that run is ``interrupted`` (with the signal
+and the fit's exit code), nothing more starts, the study exits 143 / 130; the same command again skips the finished
+runs and continues the interrupted one (``--resume auto``). Each fit dies with the study, even after ``kill -9``
+(:mod:`impulsevit.procs`).
 
 Metrics come from the runs' TensorBoard event files: ``val/acc1`` per validation (one point per epoch), ``test/acc1``
 when a test was run. "final" = the last validation, "best" = the maximum over epochs.

@@ -4,73 +4,78 @@ signal forwarding and ``status.json``), the SLURM array task entry, and submissi
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shlex
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from impulsevit.errors import ConfigError
 from impulsevit.io import child_path, claim_output
+from impulsevit.procs import forward_signals, popen
 from impulsevit.study.files import read_json, write_json
 from impulsevit.study.plan import DEFAULT_METHODS, paper_numbers, plan_entry_args, plan_runs, run_args, study_header
 from impulsevit.study.report import collect, write_report
 
 __all__ = ["run_fit", "main"]
 
-_FORWARDED = (signal.SIGUSR1, signal.SIGTERM)
+_STOPS = (signal.SIGTERM, signal.SIGINT)  # the study stops after the running fit's checkpoint
+_FORWARDED = (signal.SIGUSR1, *_STOPS)  # passed on to the running fit (USR1: SLURM's requeue warning)
 
 
-@contextlib.contextmanager
-def _forward_signals(proc: subprocess.Popen, received: list[int]) -> Iterator[None]:
-    """While inside, USR1 / TERM sent to this process are recorded in ``received`` and passed on to ``proc``; the
-    previous handlers come back on exit."""
-
-    def forward(signum: int, frame: Any) -> None:
-        received.append(signum)
-        proc.send_signal(signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+def _fit_state(rc: int, received: list[int]) -> str:
+    """``status.json``'s state of a fit that exited with ``rc`` while ``received`` signals reached the study."""
+    if rc != 0 and any(sig in _STOPS for sig in received):
+        return "interrupted"  # checkpointed and stopped (143 / 130, or stopped at once by a second Ctrl-C)
+    if signal.SIGUSR1 in received:
+        return "requeued"
+    return "done" if rc == 0 else "failed"
 
 
-def run_fit(cmd: list[str], rdir: Path, *, record: bool = True) -> int:
-    """Run one ``impulsevit fit`` subprocess, output appended to ``<run>/study_fit.log``; ``status.json`` records
-    ``running`` then ``done`` / ``failed`` (exit code) / ``requeued`` (a SLURM signal arrived: the fit checkpointed
-    and the job was requeued, or it was stopped). USR1 / TERM received here are forwarded to the fit (its
-    ``SlurmRequeue`` handlers only set a flag, so a signal that reaches both processes is harmless). Returns the exit
-    code."""
+def _run_fit(cmd: list[str], rdir: Path, record: bool) -> tuple[int, str, list[int]]:
     rdir.mkdir(parents=True, exist_ok=True)
     if record:
         write_json(rdir / "status.json", {"state": "running", "started": time.time()})
     t0, received = time.time(), []
     with open(rdir / "study_fit.log", "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-        with _forward_signals(proc, received):
+        # its own process group: a Ctrl-C in the terminal reaches the fit once, forwarded from here (twice would
+        # stop it at once, without its checkpoint); it dies with this process (SIGTERM: it checkpoints first)
+        proc = popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, new_group=True,
+                     death_signal=signal.SIGTERM)
+        with forward_signals(lambda: proc, _FORWARDED, received):
             rc = proc.wait()
-    state = "requeued" if received else ("done" if rc == 0 else "failed")
+    state = _fit_state(rc, received)
     if record:
-        write_json(rdir / "status.json", {"state": state, "returncode": rc, "seconds": time.time() - t0})
-    return rc
+        status = {"state": state, "returncode": rc, "seconds": time.time() - t0}
+        stops = [signal.Signals(sig).name for sig in received if sig in _STOPS]
+        if state == "interrupted":
+            status["signal"] = stops[0]
+        write_json(rdir / "status.json", status)
+    return rc, state, received
+
+
+def run_fit(cmd: list[str], rdir: Path, *, record: bool = True) -> int:
+    """Run one ``impulsevit fit`` subprocess, output appended to ``<run>/study_fit.log``; ``status.json`` records
+    ``running`` then ``done`` / ``failed`` (exit code) / ``interrupted`` (SIGTERM or SIGINT reached this process: the
+    fit checkpointed and stopped; ``--resume auto`` continues it) / ``requeued`` (SLURM's USR1: the fit checkpointed
+    and the job was requeued). USR1 / TERM / INT received here are forwarded to the fit (its ``SlurmRequeue``
+    handlers only set a flag, so a USR1 or TERM that reaches both processes is harmless); the fit runs in its own
+    process group, so a terminal's Ctrl-C reaches it once, from here, and it dies with this process
+    (:mod:`impulsevit.procs`). Returns the exit code."""
+    return _run_fit(cmd, rdir, record)[0]
 
 
 def _fit_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "impulsevit.cli", *args]
 
 
-def _run_one(study_dir: Path, recipe: str, run: dict[str, Any], overrides: list[str]) -> int:
+def _run_one(study_dir: Path, recipe: str, run: dict[str, Any], overrides: list[str]) -> tuple[int, str, list[int]]:
     cmd = _fit_command("fit", "--recipe", recipe, "--runs-dir", str(study_dir), "--name", run["name"],
                        "--resume", "auto", *plan_entry_args(run), *overrides)
-    return run_fit(cmd, _run_dir(study_dir, run))
+    return _run_fit(cmd, _run_dir(study_dir, run), True)
 
 
 def _run_dir(study_dir: Path, run: dict[str, Any]) -> Path:
@@ -142,19 +147,29 @@ def _new_plan(args: argparse.Namespace, recipe_path: Path, overrides: list[str])
     }
 
 
-def _run_plan(study_dir: Path, plan: dict[str, Any], run_index: int | None) -> None:
-    """Run the plan's entries here, one after the other (or only ``run_index``); finished ones are skipped."""
+def _run_plan(study_dir: Path, plan: dict[str, Any], run_index: int | None) -> tuple[int, str] | None:
+    """Run the plan's entries here, one after the other (or only ``run_index``); finished ones are skipped. A
+    SIGTERM / SIGINT stops the study after the running fit's checkpoint (that run is ``interrupted``) or, between
+    runs, before the next one: returns ``(signal, run name or "")``, else None."""
     if run_index is not None and not 0 <= run_index < len(plan["runs"]):
         n = len(plan["runs"])
         raise ConfigError(f"--run-index {run_index}: the plan has {n} runs (0..{n - 1})")
-    for run in plan["runs"] if run_index is None else [plan["runs"][run_index]]:
-        status = _run_dir(study_dir, run) / "status.json"
-        if status.exists() and read_json(status).get("state") == "done":
-            print(f"[study] {run['name']}: already done, skipped", flush=True)
-            continue
-        print(f"[study] {run['name']}: fit {plan['recipe']} {' '.join(plan_entry_args(run))}", flush=True)
-        rc = _run_one(study_dir, plan["recipe"], run, plan["overrides"])
-        print(f"[study] {run['name']}: {'done' if rc == 0 else f'FAILED (exit {rc})'}", flush=True)
+    with forward_signals(lambda: None, _STOPS) as between:  # a signal between two runs: start nothing more
+        for run in plan["runs"] if run_index is None else [plan["runs"][run_index]]:
+            if between:
+                return between[0], ""
+            status = _run_dir(study_dir, run) / "status.json"
+            if status.exists() and read_json(status).get("state") == "done":
+                print(f"[study] {run['name']}: already done, skipped", flush=True)
+                continue
+            print(f"[study] {run['name']}: fit {plan['recipe']} {' '.join(plan_entry_args(run))}", flush=True)
+            rc, state, received = _run_one(study_dir, plan["recipe"], run, plan["overrides"])
+            stops = [sig for sig in (*received, *between) if sig in _STOPS]
+            if stops:
+                print(f"[study] {run['name']}: {state} (exit {rc})", flush=True)
+                return stops[0], run["name"] if state == "interrupted" else ""
+            print(f"[study] {run['name']}: {'done' if rc == 0 else f'FAILED (exit {rc})'}", flush=True)
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,7 +198,13 @@ def main(argv: list[str] | None = None) -> int:
             write_json(plan_file, plan)
         if args.submit:
             return _submit(args, recipe_path, study_name, len(plan["runs"]), overrides)
-        _run_plan(study_dir, plan, args.run_index)
+        stopped = _run_plan(study_dir, plan, args.run_index)
+        if stopped is not None:
+            sig, name = stopped
+            what = (f"run {name} checkpointed and marked interrupted" if name else "between two runs")
+            print(f"impulsevit study: stopped by {signal.Signals(sig).name}: {what}; no further run started; rerun "
+                  f"the same command to continue (exit {128 + sig})", file=sys.stderr, flush=True)
+            return 128 + sig
         if args.run_index is not None:
             return 0
     results = collect(study_dir)

@@ -30,7 +30,7 @@ class RunResult:
     name: str
     method: str
     seed: int
-    state: str  # done | failed | running | requeued | missing
+    state: str  # done | failed | running | interrupted | requeued | missing
     final: float | None = None
     best: float | None = None
     test: float | None = None

@@ -20,6 +20,7 @@ import lightning as L
 import torch
 
 from impulsevit.errors import ConfigError
+from impulsevit.procs import die_with_parent
 
 __all__ = ["BaseImageDataModule", "check_batch_size", "check_num_workers", "check_train_batches", "dist_info",
            "worker_init_fn"]
@@ -57,7 +58,8 @@ def _only_the_parent_stops_this_worker() -> None:
     threading.Thread(target=wait, name="impulsevit-worker-signals", daemon=True).start()
 
 
-def _worker_init(rank: int, seed_workers: bool, worker_id: int) -> None:
+def _worker_init(rank: int, seed_workers: bool, parent: int, worker_id: int) -> None:
+    die_with_parent(parent)  # a worker never outlives the main process (kill -9 included)
     _only_the_parent_stops_this_worker()
     if seed_workers:  # what Lightning installs itself when no worker_init_fn is given (seed_everything(workers=True))
         from lightning.fabric.utilities.seed import pl_worker_init_function
@@ -66,11 +68,12 @@ def _worker_init(rank: int, seed_workers: bool, worker_id: int) -> None:
 
 
 def worker_init_fn(rank: int = 0) -> Callable[[int], None]:
-    """The ``worker_init_fn`` of every multi-process ``DataLoader`` of impulsevit: workers ignore SIGTERM and SIGINT
+    """The ``worker_init_fn`` of every multi-process ``DataLoader`` of impulsevit: workers die with the process that
+    built the loader (:func:`impulsevit.procs.die_with_parent`), ignore SIGTERM and SIGINT
     from anyone but their parent (a signal to the process group stops the main process at its next step boundary,
     with a checkpoint, not through a dead worker), then, under ``seed_everything(workers=True)``, Lightning's worker
     seeding for ``rank``. Picklable (spawned workers)."""
-    return functools.partial(_worker_init, rank, os.environ.get("PL_SEED_WORKERS", "0") == "1")
+    return functools.partial(_worker_init, rank, os.environ.get("PL_SEED_WORKERS", "0") == "1", os.getpid())
 
 
 def check_train_batches(num_samples: int, batch_size: int, world_size: int = 1, *, repeats: int = 1,

@@ -43,6 +43,7 @@ from impulsevit.data.storage.integrity import CHUNK, file_digests
 from impulsevit.data.storage.manifest import MANIFEST_FORMAT, beton_num_classes, manifest_path, read_manifest
 from impulsevit.data.storage.presets import PRESETS, SMALL_IMAGE_SIDE, Preset, default_preset, storage_preset
 from impulsevit.io import atomic_write_json, commit, disk_errors, require_free_space, temp_path, write_error
+from impulsevit.procs import die_with_parent, raise_if_stopped
 
 __all__ = ["PRESETS", "ConversionError", "Preset", "ScanResult", "beton_num_classes", "convert_split",
            "default_preset", "estimate_size", "manifest_path", "read_manifest", "scan_source", "source_stat",
@@ -82,8 +83,9 @@ def _check_chunk(source: ImageSource, indices: list[int]) -> list[CheckedSample]
 _WORKER_SOURCE: ImageSource | None = None
 
 
-def _worker_init(source: ImageSource) -> None:
+def _worker_init(source: ImageSource, parent: int) -> None:
     global _WORKER_SOURCE
+    die_with_parent(parent)  # a scan worker never outlives the conversion (kill -9 included)
     _WORKER_SOURCE = source
 
 
@@ -113,7 +115,7 @@ def scan_source(source: ImageSource, workers: int = 1, progress: bool = True) ->
     bar = _progress(n, "check", progress)
     if workers > 1 and n > 256:
         ctx = mp.get_context("fork")
-        with ctx.Pool(workers, initializer=_worker_init, initargs=(source,)) as pool:
+        with ctx.Pool(workers, initializer=_worker_init, initargs=(source, os.getpid())) as pool:
             for res in pool.imap(_worker_check, chunks):
                 _collect(res, digests, sizes, bad, problems, bar)
     else:  # in this process: the source is passed explicitly, no module state is touched
@@ -197,6 +199,7 @@ class _WriterDataset:
                  ffcv_worker: Callable | None = None) -> None:
         self.source, self.preset, self.sizes, self.error_log = source, preset, sizes, error_log
         self.fail_log, self.ffcv_worker = fail_log, ffcv_worker  # see _guarded_worker
+        self.owner = os.getpid()  # the converting process: FFCV's writer processes die with it
 
     def __len__(self) -> int:
         return len(self.source)
@@ -222,6 +225,7 @@ def _guarded_worker(*args: object) -> None:
     (FFCV itself only prints the traceback; its parent then polls a progress counter forever at 0 % CPU.)"""
     dataset = args[-1]
     assert isinstance(dataset, _WriterDataset) and dataset.ffcv_worker is not None
+    die_with_parent(dataset.owner)  # no orphan writer holding the temp file and the lock after a kill -9
     try:
         dataset.ffcv_worker(*args)
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
@@ -256,8 +260,16 @@ def _write_guarded(writer, dataset: _WriterDataset, indices: list[int], out: Pat
 
     def sleep_and_check(seconds: float) -> None:
         time.sleep(seconds)
+        raise_if_stopped()  # a SIGTERM / SIGINT whose exception a fork hook swallowed (impulsevit.procs)
         if fail_log.exists() and fail_log.stat().st_size:
             raise _WorkerFailed
+
+    def free_shared_memory() -> None:
+        sm = getattr(writer, "metadata_sm", None)
+        if sm is not None and not isinstance(sm, int):
+            with contextlib.suppress(Exception):
+                sm.close()
+                sm.unlink()
 
     before = set(multiprocessing.active_children())
     try:
@@ -265,16 +277,15 @@ def _write_guarded(writer, dataset: _WriterDataset, indices: list[int], out: Pat
             writer.from_indexed_dataset(dataset, indices=indices, chunksize=100)
     except _WorkerFailed:
         pass
+    except BaseException:  # a signal (impulsevit.procs.Stopped) or an error here: the write is abandoned
+        free_shared_memory()
+        raise
     finally:
         for p in set(multiprocessing.active_children()) - before:
             p.terminate()
             p.join(5)
     if fail_log.exists() and fail_log.stat().st_size:
-        sm = getattr(writer, "metadata_sm", None)
-        if sm is not None and not isinstance(sm, int):
-            with contextlib.suppress(Exception):
-                sm.close()
-                sm.unlink()
+        free_shared_memory()
         code, _, what = fail_log.read_text().splitlines()[0].partition("\t")
         if code.isdigit():
             raise write_error(OSError(int(code), os.strerror(int(code))), out, needed)

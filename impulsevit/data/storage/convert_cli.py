@@ -46,6 +46,7 @@ from impulsevit.data.storage.integrity import BetonError, verify_beton
 from impulsevit.data.storage.manifest import read_manifest
 from impulsevit.data.storage.presets import PRESETS, Preset, default_preset
 from impulsevit.io import WriteError, check_child_name, claim_output
+from impulsevit.procs import Stopped, stop_on_signals
 
 __all__ = ["build_parser", "check_main", "choose_preset", "claim_outputs", "default_splits", "main", "output_path",
            "resolve_source"]
@@ -187,6 +188,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv.remove("--check")
         return check_main(argv)
     args = build_parser().parse_args(argv)
+    try:
+        with stop_on_signals():  # SIGTERM / SIGINT unwind: writers stopped, temp file removed, lock released
+            return _convert(args)
+    except Stopped as stop:
+        print(f"impulsevit convert: stopped by {stop.name}: the split being written was left out (no temp file, "
+              f"no lock left); rerun the same command to convert it (exit {stop.code})", file=sys.stderr)
+        return int(stop.code)
+
+
+def _convert(args: argparse.Namespace) -> int:
     try:
         info, root = resolve_source(args.src, args.root, args.dataset)
         preset = choose_preset(info, args)
