@@ -222,10 +222,10 @@ def existing_run(run_dir: str | os.PathLike) -> list[str]:
 
 def run_files(run_dir: str | os.PathLike) -> list[Path]:
     """The files and folders ``fit`` writes in ``run_dir`` (what :func:`existing_run` looks for): ``config.yaml``,
-    ``hparams.yaml``, event files, ``checkpoints/`` and ``attention/`` and everything in them, Lightning's
-    ``hpc_ckpt_*.ckpt``."""
+    ``hparams.yaml``, ``run.json`` (the run's summary), event files, ``checkpoints/`` and ``attention/`` and everything
+    in them, Lightning's ``hpc_ckpt_*.ckpt``."""
     run_dir = Path(run_dir)
-    found = [p for p in (run_dir / "config.yaml", run_dir / "hparams.yaml") if p.exists()]
+    found = [p for p in (run_dir / "config.yaml", run_dir / "hparams.yaml", run_dir / "run.json") if p.exists()]
     found += [*run_dir.glob("events.out.tfevents.*"), *run_dir.glob("hpc_ckpt_*.ckpt")]
     for folder in (run_dir / "checkpoints", run_dir / "attention"):
         if folder.is_dir():
@@ -234,10 +234,11 @@ def run_files(run_dir: str | os.PathLike) -> list[Path]:
 
 
 def clear_run(run_dir: str | os.PathLike) -> None:
-    """Remove a previous run's files for ``--overwrite``: config, hparams, event files, checkpoints, the attention
-    records and the evaluation sub-folders; other files (``submit.sbatch``, ``slurm/``, the lock) stay."""
+    """Remove a previous run's files for ``--overwrite``: config, hparams, ``run.json``, event files, checkpoints, the
+    attention records and the evaluation sub-folders; other files (``submit.sbatch``, ``slurm/``, the lock) stay."""
     run_dir = Path(run_dir)
-    for p in [run_dir / "config.yaml", run_dir / "hparams.yaml", run_dir / "checkpoints", run_dir / "attention",
+    for p in [run_dir / "config.yaml", run_dir / "hparams.yaml", run_dir / "run.json", run_dir / "checkpoints",
+              run_dir / "attention",
               *run_dir.glob("events.out.tfevents.*"), *run_dir.glob("hpc_ckpt_*.ckpt"),
               *(run_dir / d for d in _EVAL_DIRS)]:
         remove(p)
