@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import termios
+from pathlib import Path
 
 from _cli_helpers import TINY, run_cli, subprocess_env
 
@@ -84,3 +85,16 @@ def test_format_duration():
     assert format_duration(0) == "0:00:00"
     assert format_duration(3725.4) == "1:02:05"
     assert format_duration(float("inf")) == "?"
+
+
+def test_submit_job_script_gets_the_lines():
+    """``submit``'s job script writes the fit's stdout to ``slurm/%j.out`` through ``srun`` without a pseudo-terminal
+    and leaves the progress bar on: the fit sees a file and prints lines (the golden scripts are what
+    ``render_sbatch`` writes, tests/test_submit.py)."""
+    golden = sorted((Path(__file__).parent / "golden").glob("submit_*.sbatch"))
+    assert golden
+    for path in golden:
+        text = path.read_text()
+        assert re.search(r"^#SBATCH --output=\S+/slurm/%j\.out$", text, re.M), path
+        srun = next(ln for ln in text.splitlines() if ln.startswith("srun "))
+        assert "--pty" not in srun and "enable_progress_bar" not in srun and "LineProgressBar" not in srun, srun

@@ -125,8 +125,9 @@ eta 0:00:41 | max rss 812 MiB
     (else the mean over the interval since the previous line); per device = global / world size. ETA: the optimizer
     steps left to ``trainer.estimated_stepping_batches`` at this segment's mean time per step (validation included).
     Memory: CUDA ``max_memory_allocated`` of rank 0's device, or the process's max RSS on CPU. The loss is the
-    training step's own (one device read per line). Not supported: lines from ranks other than 0; lines during
-    ``validate`` / ``test`` / ``predict`` (Lightning prints their result table).
+    training step's own (one device read per line). Nothing is printed under ``trainer.enable_progress_bar: false``.
+    Not supported: lines from ranks other than 0; lines during ``validate`` / ``test`` / ``predict`` (Lightning prints
+    their result table).
 
     Args:
         every_n_steps: optimizer steps between lines (``None``: ``trainer.log_every_n_steps``); 0 disables the step
