@@ -22,6 +22,8 @@ checkpoint): written when training starts, after every validation and when the f
 ``total_steps``, ``max_epochs``, the last and best ``val/acc1``, ``wall_seconds``, ``backbone``, ``init_method``,
 ``recipes`` (the ``--recipe`` names of the command line), ``host`` / ``pid`` and ``updated`` (UTC).
 
+A start that fails before training (a bad resume, unreadable data) leaves ``run.json`` as it was.
+
 Pure bookkeeping: it changes nothing in training. Not recorded: time spent in runs that died without a checkpoint;
 ``run.json`` of a process killed by SIGKILL keeps its last ``running`` state (``impulsevit runs`` reads the lock too).
 """
@@ -113,6 +115,7 @@ class RunRecord(L.Callback):
         self.record: dict[str, Any] = {}
         self._segment_start: float | None = None
         self._wall_before = 0.0
+        self._training = False
 
     @property
     def state_key(self) -> str:
@@ -178,6 +181,7 @@ class RunRecord(L.Callback):
         atomic_write_json(Path(trainer.default_root_dir) / SUMMARY_NAME, summary)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._training = True
         self.write_summary(trainer, pl_module, "running")
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -197,8 +201,8 @@ class RunRecord(L.Callback):
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-        if trainer.state.fn != "fit":
-            return
+        if trainer.state.fn != "fit" or not self._training:
+            return  # a start that failed before training changes nothing in the run's record
         if isinstance(exception, KeyboardInterrupt) or (isinstance(exception, SystemExit) and exception.code == 130):
             state, reason = "interrupted", "SIGINT"
         elif isinstance(exception, SIGTERMException) or (isinstance(exception, SystemExit) and
