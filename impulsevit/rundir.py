@@ -213,10 +213,11 @@ def existing_run(run_dir: str | os.PathLike) -> list[str]:
 
 def run_files(run_dir: str | os.PathLike) -> list[Path]:
     """The files and folders ``fit`` writes in ``run_dir`` (what :func:`existing_run` looks for): ``config.yaml``,
-    ``hparams.yaml``, ``trackers.json``, event files, ``checkpoints/`` and ``attention/`` and everything in them,
-    Lightning's ``hpc_ckpt_*.ckpt``."""
+    ``hparams.yaml``, ``trackers.json``, ``run.json`` (the run's summary), event files, ``checkpoints/`` and
+    ``attention/`` and everything in them, Lightning's ``hpc_ckpt_*.ckpt``."""
     run_dir = Path(run_dir)
-    found = [p for p in (run_dir / "config.yaml", run_dir / "hparams.yaml", run_dir / "trackers.json") if p.exists()]
+    found = [p for p in (run_dir / "config.yaml", run_dir / "hparams.yaml", run_dir / "trackers.json",
+                         run_dir / "run.json") if p.exists()]
     found += [*run_dir.glob("events.out.tfevents.*"), *run_dir.glob("hpc_ckpt_*.ckpt")]
     for folder in (run_dir / "checkpoints", run_dir / "attention"):
         if folder.is_dir():
@@ -225,12 +226,12 @@ def run_files(run_dir: str | os.PathLike) -> list[Path]:
 
 
 def clear_run(run_dir: str | os.PathLike) -> None:
-    """Remove a previous run's files for ``--overwrite``: config, hparams, event files, checkpoints, the attention
-    records, the trackers' ids (a new run starts new W&B / MLflow runs), ``--tracker csv``'s ``csv/`` and the
+    """Remove a previous run's files for ``--overwrite``: config, hparams, ``run.json``, event files, checkpoints, the
+    attention records, the trackers' ids (a new run starts new W&B / MLflow runs), ``--tracker csv``'s ``csv/`` and the
     evaluation sub-folders; other files (``submit.sbatch``, ``slurm/``, the lock, W&B's ``wandb/``) stay."""
     run_dir = Path(run_dir)
-    for p in [run_dir / "config.yaml", run_dir / "hparams.yaml", run_dir / "checkpoints", run_dir / "attention",
-              run_dir / "trackers.json", run_dir / "csv",
+    for p in [run_dir / "config.yaml", run_dir / "hparams.yaml", run_dir / "run.json", run_dir / "checkpoints",
+              run_dir / "attention", run_dir / "trackers.json", run_dir / "csv",
               *run_dir.glob("events.out.tfevents.*"), *run_dir.glob("hpc_ckpt_*.ckpt"),
               *(run_dir / d for d in _EVAL_DIRS)]:
         remove(p)

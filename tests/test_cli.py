@@ -143,7 +143,7 @@ def test_run_directory_layout_config_checkpoints_events(tmp_path):
     cli = run_cli(*tiny(tmp_path, "layout", "--trainer.max_epochs=1"))
     run = tmp_path / "layout"
     assert sorted(p.name for p in run.iterdir() if not p.name.startswith("events.")) == \
-        ["attention", "checkpoints", "config.yaml", "hparams.yaml"]
+        ["attention", "checkpoints", "config.yaml", "hparams.yaml", "run.json"]
     assert sorted(p.name for p in (run / "attention").iterdir()) == ["step_00000000.json", "step_00000004.json"]
     assert not list(run.glob("version_*")) and not list(run.glob("lightning_logs"))
     cfg = yaml.safe_load((run / "config.yaml").read_text())

@@ -34,7 +34,9 @@ def _fit(tmp_path, *extra: str):
                    "--trainer.enable_progress_bar=true", "--trainer.enable_model_summary=true", *extra)
 
 
-def test_summary_flops_and_resumed_progress_bar(tmp_path, caplog):
+def test_summary_flops_and_resumed_progress_bar(tmp_path, caplog, monkeypatch):
+    # the bar, as on a terminal (pytest's captured stdout is not one: the run would print lines, test_job_logs.py)
+    monkeypatch.setattr("impulsevit.callbacks.standard.stdout_is_terminal", lambda: True)
     with caplog.at_level(logging.INFO):
         first = _fit(tmp_path, STOP)
     kinds = [type(c) for c in first.trainer.callbacks]

@@ -14,24 +14,61 @@ Every checkpoint gets (as this callback's state, ``checkpoint["callbacks"]["RunR
   ``wall_seconds`` (training wall time summed over the run's resumed segments), ``device`` (accelerator, count and
   name), ``strategy``, ``versions`` (impulsevit, timm, torch, lightning) and ``started`` (UTC, first segment).
 
-Pure bookkeeping: it changes nothing in training. Not recorded: time spent in runs that died without a checkpoint.
+It also keeps ``<default_root_dir>/run.json`` (:data:`SUMMARY_NAME`; global rank 0; atomic, through
+:func:`impulsevit.io.atomic_write_json`), the run's state as plain JSON for ``impulsevit runs`` (which never opens a
+checkpoint): written when training starts, after every validation and when the fit ends — ``state`` ``running``,
+``finished`` (the training loop ended), ``preempted`` (SIGTERM / SIGUSR1 checkpoint), ``interrupted`` (Ctrl-C) or
+``failed`` (with ``reason``: the exception's type and first line) — with ``epoch``, ``global_step``,
+``total_steps``, ``max_epochs``, the last and best ``val/acc1``, ``wall_seconds``, ``backbone``, ``init_method``,
+``recipes`` (the ``--recipe`` names of the command line), ``host`` / ``pid`` and ``updated`` (UTC).
+
+A start that fails before training (a bad resume, unreadable data) leaves ``run.json`` as it was.
+
+Pure bookkeeping: it changes nothing in training. Not recorded: time spent in runs that died without a checkpoint;
+``run.json`` of a process killed by SIGKILL keeps its last ``running`` state (``impulsevit runs`` reads the lock too).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import os
 import platform
 import shlex
+import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 
-__all__ = ["RunRecord", "device_description"]
+from impulsevit.io import atomic_write_json
+
+__all__ = ["SUMMARY_NAME", "RunRecord", "device_description", "recipe_names"]
+
+SUMMARY_NAME = "run.json"
+_RECIPE_FLAGS = ("--recipe", "--config", "-c")
+
+
+def recipe_names(argv: list[str]) -> list[str]:
+    """The recipes a command line names (``--recipe X`` / ``--recipe=X`` / ``--config`` / ``-c``), as file stems."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        if flag in _RECIPE_FLAGS:
+            value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            if value:
+                out.append(Path(value).stem if value.endswith((".yaml", ".yml")) else value)
+    return out
+
+
+def _one_line(exception: BaseException, limit: int = 200) -> str:
+    text = str(exception).strip().splitlines()
+    line = f"{type(exception).__name__}: {text[0]}" if text else type(exception).__name__
+    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 def device_description(trainer: L.Trainer) -> str:
@@ -78,6 +115,7 @@ class RunRecord(L.Callback):
         self.record: dict[str, Any] = {}
         self._segment_start: float | None = None
         self._wall_before = 0.0
+        self._training = False
 
     @property
     def state_key(self) -> str:
@@ -115,3 +153,63 @@ class RunRecord(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self._trainer = trainer
+
+    # ------------------------------------------------------------------ run.json (see the module docstring)
+    def write_summary(self, trainer: L.Trainer, pl_module: L.LightningModule, state: str,
+                      reason: str | None = None) -> None:
+        """Write ``<default_root_dir>/run.json`` with ``state`` (global rank 0 only)."""
+        if not trainer.is_global_zero:
+            return
+        hparams = getattr(pl_module, "hparams", {}) or {}
+        init = hparams.get("init") if hasattr(hparams, "get") else None
+        method = init.get("method") if isinstance(init, dict) else getattr(init, "method", None)
+        total = trainer.estimated_stepping_batches if trainer.state.fn == "fit" and trainer.train_dataloader is \
+            not None else None
+        total_f = float(total) if total is not None else math.inf
+        record = self.state_dict()
+        summary = {
+            "state": state, "reason": reason,
+            "epoch": trainer.current_epoch, "max_epochs": trainer.max_epochs, "global_step": trainer.global_step,
+            "total_steps": int(total_f) if math.isfinite(total_f) else None,
+            "last_val_acc1": record.get("last_val_acc1"), "best_val_acc1": record.get("best_val_acc1"),
+            "wall_seconds": record.get("wall_seconds"), "started": record.get("started"),
+            "backbone": hparams.get("backbone") if hasattr(hparams, "get") else None,
+            "init_method": method, "recipes": recipe_names(sys.argv[1:]),
+            "host": socket.gethostname(), "pid": os.getpid(),
+            "updated": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
+        atomic_write_json(Path(trainer.default_root_dir) / SUMMARY_NAME, summary)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._training = True
+        self.write_summary(trainer, pl_module, "running")
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        acc = trainer.callback_metrics.get("val/acc1")
+        if acc is not None:
+            acc = float(acc)
+            best = self.record.get("best_val_acc1")
+            self.record["last_val_acc1"] = acc
+            self.record["best_val_acc1"] = acc if best is None else max(float(best), acc)
+        self.write_summary(trainer, pl_module, "running")
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.write_summary(trainer, pl_module, "finished")
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        if trainer.state.fn != "fit" or not self._training:
+            return  # a start that failed before training changes nothing in the run's record
+        if isinstance(exception, KeyboardInterrupt) or (isinstance(exception, SystemExit) and exception.code == 130):
+            state, reason = "interrupted", "SIGINT"
+        elif isinstance(exception, SIGTERMException) or (isinstance(exception, SystemExit) and
+                                                         exception.code in (0, 143, None)):
+            state, reason = "preempted", "SIGUSR1 (requeued)" if isinstance(exception, SystemExit) and \
+                exception.code == 0 else "SIGTERM"
+        else:
+            state, reason = "failed", _one_line(exception)
+        with contextlib.suppress(OSError):  # a full disk must not hide the error being raised
+            self.write_summary(trainer, pl_module, state, reason)

@@ -17,7 +17,7 @@ import lightning as L
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary, ThroughputMonitor, TQDMProgressBar
 
 from impulsevit.callbacks.attention_evolution import AttentionEvolution
-from impulsevit.callbacks.console import FlopsModelSummary, ResumeProgressBar
+from impulsevit.callbacks.console import FlopsModelSummary, LineProgressBar, ResumeProgressBar, stdout_is_terminal
 from impulsevit.callbacks.initializer import Initializer
 from impulsevit.callbacks.nan_guard import NonFiniteLossGuard
 from impulsevit.callbacks.preemption import SlurmRequeue
@@ -82,10 +82,12 @@ def standard_callbacks(
     if attention_every_n_epochs is not None and missing(AttentionEvolution):
         out.append(AttentionEvolution(every_n_epochs=attention_every_n_epochs))
     # Lightning's default summary and bar (exactly those types) are replaced by the console ones, which Lightning then
-    # uses instead (a callback returned by configure_callbacks replaces the trainer's of a parent type)
+    # uses instead (a callback returned by configure_callbacks replaces the trainer's of a parent type); where stdout
+    # is not a terminal (job logs, pipes), the bar becomes one line per log_every_n_steps steps / minute
     for c in existing:
         if type(c) is ModelSummary:
             out.append(FlopsModelSummary())  # Lightning's default: max_depth 1
         elif type(c) is TQDMProgressBar:
-            out.append(ResumeProgressBar(refresh_rate=c.refresh_rate, process_position=c.process_position))
+            out.append(ResumeProgressBar(refresh_rate=c.refresh_rate, process_position=c.process_position)
+                       if stdout_is_terminal() else LineProgressBar(process_position=c.process_position))
     return out

@@ -45,6 +45,7 @@ PROVIDERS: dict[str, tuple[str, str]] = {
     "init": ("impulsevit.init.plugins", "main"),
     "data": ("impulsevit.preview", "main"),
     "download": ("impulsevit.data.sources.download", "main"),
+    "runs": ("impulsevit.runs", "main"),
 }
 """Subcommand of :data:`~impulsevit.cli.subcommands.EXTERNAL_SUBCOMMANDS` -> (module, function(argv) -> exit status),
 imported when that subcommand runs. Here, at the top of the command line, not beside the subcommand names: the
@@ -126,6 +127,7 @@ def _quiet_known_noise() -> None:
     # Lightning 2.6's own call of a torch API that torch deprecated (lightning/pytorch/utilities/_pytree.py), printed
     # at every loader / batch transfer setup; not the user's to act on
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    warnings.filterwarnings("ignore", message=r"torch\.distributed\.nn\.functional\.all_gather is deprecated, use")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from impulsevit import __version__
 
 TRAINER_SUBCOMMANDS = ("fit", "validate", "test", "predict")
-EXTERNAL_SUBCOMMANDS = ("convert", "submit", "study", "demo", "init", "data", "download")
+EXTERNAL_SUBCOMMANDS = ("convert", "submit", "study", "demo", "init", "data", "download", "runs")
 """Provided by other parts of the package; which module runs each is :data:`impulsevit.cli.entry.PROVIDERS` (this
 module holds names only, so the parser modules that read them do not depend on the modules providing them)."""
 LOCAL_SUBCOMMANDS = ("recipes", "export")
@@ -34,6 +34,8 @@ impulsevit {__version__}: Lightning + timm training of vision transformers with 
   convert ...         convert a dataset to FFCV .beton
   submit ...          submit a recipe to SLURM
   study ...           run an initialization study
+  runs [DIR] [--status S] [--recipe R] [--sort K] [--json]
+                      one table of every run under DIR (default runs) or a study: status, epoch/step, top-1, ...
   demo                show an impulse initialization on a small ViT
   init list [module:function ...]
                       list the init methods (built-in, plugins, import paths) and their source
