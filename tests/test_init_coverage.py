@@ -29,12 +29,11 @@ def test_rows_apply_with_structure_or_refuse_with_the_reason():
     mixer = check_model("mixer_s32_224")
     assert mixer.applies and mixer.family == "mixer" and _numbers(mixer.structure, "mass") >= 0.95
     relpos = check_model("vit_relpos_small_patch16_224")
-    assert not relpos.applies and relpos.structure == ""
-    assert relpos.message.startswith("ValueError: VisionTransformerRelPos: block 0 attention has a relative position")
+    assert relpos.applies and relpos.family == "relbias" and _numbers(relpos.structure, "interior hit") == 1.0
     v2 = check_model("swinv2_cr_tiny_224")
-    assert not v2.applies and "SwinTransformerV2Cr" in v2.message and "swin: timm SwinTransformer v1" in v2.message
+    assert v2.applies and v2.family == "swinv2" and _numbers(v2.structure, "interior hit") == 1.0
     table = markdown_table([vit, relpos]).splitlines()
-    assert len(table) == 4 and "applies (vit)" in table[2] and "refuses" in table[3] and "'rel_pos'" in table[3]
+    assert len(table) == 4 and "applies (vit)" in table[2] and "applies (relbias)" in table[3]
 
 
 def test_rope_model_is_refused_by_name():

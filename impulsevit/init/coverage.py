@@ -107,7 +107,11 @@ def _structure(model: nn.Module, report) -> str:
         rows = [mixer_kernel_summary([k], grid, offs)[0] for k, offs in zip(kernels, report.offsets, strict=True)]
         return (f"token-mixing kernel on its offsets: mass {_mean([r['offset_mass'] for r in rows]):.2f}, "
                 f"argmax hit {_mean([r['hit_rate'] for r in rows]):.2f}")
-    if report.family == "swin":
+    if report.family in ("relbias", "swinv2"):
+        from impulsevit.init.relbias import relbias_summary
+
+        heads = [h for layer in relbias_summary(model, report.offsets) for h in layer]
+    elif report.family == "swin":
         from impulsevit.init.swin import swin_summary
 
         heads = [(off, r["hit_rate"], r["target_mass"]) for offs, block in zip(report.offsets, swin_summary(

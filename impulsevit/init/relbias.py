@@ -49,6 +49,7 @@ __all__ = [
     "target_rows",
     "fit_last_layer",
     "carrier_bias",
+    "relbias_summary",
 ]
 
 
@@ -294,7 +295,7 @@ def _impulse(model: nn.Module, generator: torch.Generator, options: dict[str, An
     carriers = bias_carriers(model)
     layers = max(i for users, _ in carriers for i in users) + 1
     offsets: list[list[tuple[int, int]] | None] = [None] * layers
-    for users, carrier in carriers:
+    for users, _ in carriers:
         for i in users:
             offsets[i] = []
     if any(o is None for o in offsets):
@@ -420,3 +421,24 @@ def _relbias_maps(model: nn.Module, images: torch.Tensor | None) -> AttentionMap
     maps = [m.mean(0) for m in captured_attention(model, images)]
     prefix = 0 if is_swinv2(model) else int(getattr(model, "num_prefix_tokens", 0))
     return AttentionMaps(maps, windows[0], prefix, "images")
+
+
+def relbias_summary(model: nn.Module, offsets: list[list[tuple[int, int]]],
+                    images: torch.Tensor | None = None) -> list[list[tuple[tuple[int, int], float, float]]]:
+    """Per layer, per head ``(offset, hit_rate, target_mass)`` over interior queries, each layer on its own grid /
+    window (Swin v2 stages may differ): without images ``softmax`` of the layer's bias between patch tokens; with
+    images the model's own forward (averaged over batch and windows)."""
+    from impulsevit.init.diagnostics import summarize
+
+    carriers = bias_carriers(model)
+    window_of: dict[int, tuple[int, int]] = {i: c.window for users, c in carriers for i in users}
+    if images is None:
+        maps, prefix = [torch.softmax(b, -1) for b in _layer_bias(model)], 0
+    else:
+        maps = [m.mean(0) for m in captured_attention(model, images)]
+        prefix = 0 if is_swinv2(model) else int(getattr(model, "num_prefix_tokens", 0))
+    out = []
+    for layer, layer_map in enumerate(maps):
+        rows = summarize([layer_map], [offsets[layer]], grid=window_of[layer], num_prefix=prefix)
+        out.append([(s.offset, s.hit_rate, s.target_mass) for s in rows])
+    return out
