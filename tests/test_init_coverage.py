@@ -36,14 +36,12 @@ def test_rows_apply_with_structure_or_refuse_with_the_reason():
     assert len(table) == 4 and "applies (vit)" in table[2] and "applies (relbias)" in table[3]
 
 
-def test_rope_model_is_refused_by_name():
-    """EVA-02 has an absolute pos_embed *and* rotary embeddings: impulse must not silently ignore the rotation."""
+def test_rope_model_applies_through_the_rotary_adapter():
+    """EVA-02 has an absolute pos_embed *and* rotary embeddings: the rotary adapter (not the ViT pseudo-input solve,
+    which the rotation would break) must handle it."""
     model = timm.create_model("eva02_tiny_patch14_224", img_size=28, depth=1)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(ValueError, match=r"^Eva uses rotary position embeddings \(`rope`\)"):
-        ii.initialize(model, "impulse", generator=0)
-    for k, v in model.state_dict().items():
-        torch.testing.assert_close(v, before[k], rtol=0, atol=0, equal_nan=True)
+    report = ii.initialize(model, "impulse", generator=0)
+    assert report.family == "rope" and "coherent rotary phases" in report.notes[0]
 
 
 def test_smallest_model_per_group_by_parameter_count():

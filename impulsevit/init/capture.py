@@ -11,6 +11,7 @@ run in eval mode), attention implemented without either call (e.g. custom kernel
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -41,10 +42,13 @@ class _Capture(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.maps: list[torch.Tensor] = []
+        self.active = True
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's protocol
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if not self.active:
+            return out
         if func is F.scaled_dot_product_attention:
             self.maps.append(_sdpa_probs(args, kwargs).detach())
         elif func in _SOFTMAX and isinstance(out, torch.Tensor) and out.dim() == 4 and out.shape[-1] == out.shape[-2]:
@@ -54,15 +58,35 @@ class _Capture(TorchFunctionMode):
         return out
 
 
-def captured_attention(model: nn.Module, images: torch.Tensor) -> list[torch.Tensor]:
+def captured_attention(model: nn.Module, images: torch.Tensor,
+                       within: Sequence[nn.Module] | None = None) -> list[torch.Tensor]:
     """Every attention softmax of ``model(images)`` in forward order, each ``(B', heads, T, T)`` float32 (``B'`` =
-    batch, or batch × windows for windowed attention). Runs in eval mode without gradients; the mode is restored."""
+    batch, or batch × windows for windowed attention). Runs in eval mode without gradients; the mode is restored.
+
+    Args:
+        within: record only while one of these modules runs (e.g. the transformer blocks, leaving out an attention
+            pooling head).
+    """
     was_training = model.training
     mode = _Capture()
+    hooks = []
+    if within is not None:
+        mode.active = False
+
+        def enter(*_: Any) -> None:
+            mode.active = True
+
+        def leave(*_: Any) -> None:
+            mode.active = False
+
+        for module in within:
+            hooks += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
     try:
         model.eval()
         with torch.no_grad(), mode:
             model(images)
     finally:
+        for hook in hooks:
+            hook.remove()
         model.train(was_training)
     return mode.maps
