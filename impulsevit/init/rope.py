@@ -98,7 +98,7 @@ def _pairs(rot_step: torch.Tensor) -> list[tuple[int, int]]:
     return pairs
 
 
-def phase_weights(freqs: torch.Tensor, grid: tuple[int, int], iters: int = 2000) -> tuple[torch.Tensor, float]:
+def phase_weights(freqs: torch.Tensor, grid: tuple[int, int], iters: int = 500) -> tuple[torch.Tensor, float]:
     """Weights ``w ≥ 0``, ``Σ w = 1`` over rotary pairs maximising ``min_{δ≠0} Σ_j w_j (1 − cos(ω_j·δ))`` over all
     displacements ``|δy| ≤ 2(H−1)``, ``|δx| ≤ 2(W−1)`` (multiplicative weights on the zero-sum game).
 
@@ -149,13 +149,17 @@ def rope_plan(rot: torch.Tensor, grid: tuple[int, int], offsets: list[tuple[int,
     """
     H, W = grid
     plans = []
+    solved: dict[bytes, tuple[torch.Tensor, float]] = {}  # heads sharing frequencies share the weights
     for head, offset in enumerate(offsets):
         r = rot[head if rot.shape[0] > 1 else 0]
         step_y, step_x = _offset_rotation(r, grid, (1, 0)), _offset_rotation(r, grid, (0, 1))
         pairs = _pairs(step_y + step_x - 2 * torch.eye(r.shape[-1], dtype=r.dtype))
         freqs = torch.tensor([[math.atan2(float(s[j, i]), float(s[i, i])) if i != j else 0.0
                                for s in (step_y, step_x)] for i, j in pairs], dtype=torch.float64)
-        w, margin = phase_weights(freqs, (H, W))
+        key = freqs.numpy().tobytes()
+        if key not in solved:
+            solved[key] = phase_weights(freqs, (H, W))
+        w, margin = solved[key]
         a = torch.zeros(r.shape[-1], dtype=torch.float64)
         for (i, _), wj in zip(pairs, w):
             a[i] = math.sqrt(float(wj))
