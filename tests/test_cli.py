@@ -23,6 +23,8 @@ SHRINK: dict[tuple[str, ...], dict] = {
     ("vit_", "deit_", "deit3_"): {"img_size": 32, "patch_size": 4, "embed_dim": 64, "depth": 2, "num_heads": 2},
     ("swin_",): {"img_size": 32, "patch_size": 2, "window_size": 4, "embed_dim": 16, "depths": [2, 2],
                  "num_heads": [2, 2]},
+    ("eva02_",): {"img_size": 32, "patch_size": 4, "embed_dim": 64, "depth": 2, "num_heads": 2},
+    ("mixer_any",): {"img_size": 32, "patch_size": 8, "embed_dim": 64, "num_blocks": 2},
     ("mixer_",): {"img_size": 64},  # timm's mixer entry points fix patch / width / depth: Mixer-S/16 on 4x4 tokens
     ("convmixer",): {"dim": 32, "depth": 2, "kernel_size": 3, "patch_size": 4},
 }

@@ -29,22 +29,19 @@ def test_rows_apply_with_structure_or_refuse_with_the_reason():
     mixer = check_model("mixer_s32_224")
     assert mixer.applies and mixer.family == "mixer" and _numbers(mixer.structure, "mass") >= 0.95
     relpos = check_model("vit_relpos_small_patch16_224")
-    assert not relpos.applies and relpos.structure == ""
-    assert relpos.message.startswith("ValueError: VisionTransformerRelPos: block 0 attention has a relative position")
+    assert relpos.applies and relpos.family == "relbias" and _numbers(relpos.structure, "interior hit") == 1.0
     v2 = check_model("swinv2_cr_tiny_224")
-    assert not v2.applies and "SwinTransformerV2Cr" in v2.message and "swin: timm SwinTransformer v1" in v2.message
+    assert v2.applies and v2.family == "swinv2" and _numbers(v2.structure, "interior hit") == 1.0
     table = markdown_table([vit, relpos]).splitlines()
-    assert len(table) == 4 and "applies (vit)" in table[2] and "refuses" in table[3] and "'rel_pos'" in table[3]
+    assert len(table) == 4 and "applies (vit)" in table[2] and "applies (relbias)" in table[3]
 
 
-def test_rope_model_is_refused_by_name():
-    """EVA-02 has an absolute pos_embed *and* rotary embeddings: impulse must not silently ignore the rotation."""
+def test_rope_model_applies_through_the_rotary_adapter():
+    """EVA-02 has an absolute pos_embed *and* rotary embeddings: the rotary adapter (not the ViT pseudo-input solve,
+    which the rotation would break) must handle it."""
     model = timm.create_model("eva02_tiny_patch14_224", img_size=28, depth=1)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(ValueError, match=r"^Eva uses rotary position embeddings \(`rope`\)"):
-        ii.initialize(model, "impulse", generator=0)
-    for k, v in model.state_dict().items():
-        torch.testing.assert_close(v, before[k], rtol=0, atol=0, equal_nan=True)
+    report = ii.initialize(model, "impulse", generator=0)
+    assert report.family == "rope" and "coherent rotary phases" in report.notes[0]
 
 
 def test_smallest_model_per_group_by_parameter_count():

@@ -189,12 +189,11 @@ def test_mimetic_rejects_uneven_heads_before_writing():
     ii.initialize(model, "mimetic", value="default")  # Q/K only is fine
 
 
-def test_swin_v2_and_other_methods_rejected():
+def test_swin_v2_goes_to_its_own_adapter_and_other_methods_rejected():
     from timm.models.swin_transformer_v2 import SwinTransformerV2
 
     v2 = SwinTransformerV2(img_size=32, patch_size=2, window_size=4, embed_dim=24, depths=(2,), num_heads=(3,))
-    with pytest.raises(ValueError, match="cannot be applied to SwinTransformerV2"):
-        ii.initialize(v2, "impulse")
+    assert ii.initialize(v2, "impulse").family == "swinv2"  # tests/test_init_relbias.py checks its attention
     with pytest.raises(ValueError, match="cannot be applied to SwinTransformer"):
         ii.initialize(make("small_w4"), "box")
 

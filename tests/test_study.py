@@ -257,3 +257,32 @@ def test_submit_runs_the_plan_as_a_real_slurm_array(recipe: Path, tmp_path: Path
     for name in ("impulse-s0", "torch-s0"):
         assert rows[name][:3] == ["done", f"{100 * val_acc1(sdir / name)[-1]:.2f}",
                                   f"{100 * val_acc1(sdir / name)[-1]:.2f}"]
+
+
+def test_attention_plot_draws_each_method_to_its_longest_run():
+    """A run with one logged point fewer must not cut its method's curve short (the table's "end" is each run's last
+    point): the curve is NaN-padded, so it reaches the last point any run of the method logged."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from unittest import mock
+
+    from impulsevit.study.report import ATTENTION_METRICS, RunResult, render_attention_plot
+
+    def run(method: str, seed: int, points: int) -> RunResult:
+        return RunResult(f"{method}_{seed}", method, seed, "done",
+                         attention={m: [[0.1 * i, 0.2 * i] for i in range(points)] for m in ATTENTION_METRICS})
+
+    drawn = {}
+    import matplotlib.axes
+
+    real_plot = matplotlib.axes.Axes.plot
+
+    def spy(self, x, y, *args, **kwargs):
+        drawn.setdefault(kwargs.get("label"), []).append(len(x))
+        return real_plot(self, x, y, *args, **kwargs)
+
+    with mock.patch.object(matplotlib.axes.Axes, "plot", spy):
+        png = render_attention_plot([run("impulse", 0, 5), run("impulse", 1, 4), run("torch", 0, 5)])
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert set(drawn["impulse"]) == {5} and set(drawn["torch"]) == {5}

@@ -20,7 +20,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-__all__ = ["FAMILIES", "CoverageRow", "smallest_models", "check_model", "markdown_table"]
+__all__ = ["FAMILIES", "CoverageRow", "smallest_models", "check_model", "markdown_table", "probe_images",
+           "real_structure"]
 
 FAMILIES: tuple[str, ...] = ("vit_*", "deit3_*", "deit*", "eva*", "beit*", "swin*", "mixer*", "convmixer*")
 """timm name patterns, in assignment order (a name belongs to the first pattern it matches: ``deit3_*`` before
@@ -37,6 +38,10 @@ class CoverageRow:
         applies: ``True`` when ``impulse`` initialised it; ``family``: the adapter that did (``vit``, ``swin``, ...).
         structure: what it reaches on the pseudo-input (empty on refusal).
         message: the refusal (``ValueError`` / ``TypeError`` text), empty when it applies.
+        real: structure on real images at init, first / last block: the mean over heads of the attention mass on
+            each head's init offset (``AttentionEvolution``'s ``offset_mass``,
+            :func:`impulsevit.init.locality.locality`) from the model's own forward on :func:`probe_images`;
+            empty on refusal, a reason when not measurable.
     """
 
     pattern: str
@@ -48,6 +53,7 @@ class CoverageRow:
     family: str
     structure: str
     message: str
+    real: str = ""
 
 
 def _param_count(model: nn.Module) -> int:
@@ -90,6 +96,68 @@ def _mean(xs: Sequence[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
 
 
+FASHION_MNIST = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz"
+"""Debian's ``dataset-fashion-mnist`` test images: the real images of the coverage column."""
+
+
+def probe_images(n: int = 2, size: int = 224, seed: int = 0) -> torch.Tensor:
+    """``(n, 3, size, size)`` real images, per-image standardised: Fashion-MNIST test images 100.. (Debian
+    ``dataset-fashion-mnist``) upsampled; where not installed, smooth random images (low-pass filtered noise)."""
+    import gzip
+    from pathlib import Path
+
+    import torch.nn.functional as F
+
+    if Path(FASHION_MNIST).exists():
+        with gzip.open(FASHION_MNIST, "rb") as f:
+            f.read(16)
+            raw = f.read(28 * 28 * (n + 100))
+        imgs = torch.frombuffer(bytearray(raw), dtype=torch.uint8).reshape(-1, 1, 28, 28).float()[100:100 + n] / 255
+    else:
+        g = torch.Generator().manual_seed(seed)
+        imgs = F.avg_pool2d(torch.rand(n, 1, 36, 36, generator=g), 9, stride=1)
+    imgs = F.interpolate(imgs, size=(size, size), mode="bilinear", align_corners=False).repeat(1, 3, 1, 1)
+    mean, std = imgs.mean((1, 2, 3), keepdim=True), imgs.std((1, 2, 3), keepdim=True)
+    return (imgs - mean) / std.clamp_min(1e-6)
+
+
+def _input_size(model: nn.Module) -> tuple[int, int]:
+    cfg = getattr(model, "pretrained_cfg", None) or getattr(model, "default_cfg", None) or {}
+    size = cfg.get("input_size", (3, 224, 224))
+    img = getattr(getattr(model, "patch_embed", None), "img_size", None)
+    if img is not None:
+        size = (3, *((img, img) if isinstance(img, int) else img))
+    return int(size[1]), int(size[2])
+
+
+def real_structure(model: nn.Module, report, images: torch.Tensor | None = None) -> str:
+    """First / last block mean mass on the init offsets on real images (see :class:`CoverageRow`.real)."""
+    if report.family == "convmixer":
+        return "n/a (no attention; filters are input-independent)"
+    if images is None:
+        h, w = _input_size(model)
+        images = probe_images(2, h) if h == w else torch.nn.functional.interpolate(probe_images(2, max(h, w)),
+                                                                                     size=(h, w))
+    if report.family == "swin":
+        from impulsevit.init.swin import swin_summary
+
+        rows = [[r["target_mass"] for r in block] for block in swin_summary(model, images, report.offsets)]
+    elif report.family in ("relbias", "swinv2"):
+        from impulsevit.init.relbias import relbias_summary
+
+        rows = [[h[2] for h in layer] for layer in relbias_summary(model, report.offsets, images)]
+    else:
+        from impulsevit.init.diagnostics import attention_maps
+        from impulsevit.init.locality import locality
+
+        maps = attention_maps(model, images)
+        heads = locality(maps, tuple(maps.grid), int(maps.num_prefix), report.offsets)
+        rows = [[h.offset_mass for h in layer] for layer in heads]
+    if report.family == "mixer":
+        return f"mass on offsets: first {_mean(rows[0]):.2f}, last {_mean(rows[-1]):.2f} (kernel, input-independent)"
+    return f"first {_mean(rows[0]):.2f}, last {_mean(rows[-1]):.2f}"
+
+
 def _structure(model: nn.Module, report) -> str:
     """Pseudo-input structure: per adapter family, means over layers (shift heads / self heads separately)."""
     from impulsevit.init.diagnostics import attention_maps, summarize
@@ -107,7 +175,11 @@ def _structure(model: nn.Module, report) -> str:
         rows = [mixer_kernel_summary([k], grid, offs)[0] for k, offs in zip(kernels, report.offsets, strict=True)]
         return (f"token-mixing kernel on its offsets: mass {_mean([r['offset_mass'] for r in rows]):.2f}, "
                 f"argmax hit {_mean([r['hit_rate'] for r in rows]):.2f}")
-    if report.family == "swin":
+    if report.family in ("relbias", "swinv2"):
+        from impulsevit.init.relbias import relbias_summary
+
+        heads = [h for layer in relbias_summary(model, report.offsets) for h in layer]
+    elif report.family == "swin":
         from impulsevit.init.swin import swin_summary
 
         heads = [(off, r["hit_rate"], r["target_mass"]) for offs, block in zip(report.offsets, swin_summary(
@@ -143,16 +215,22 @@ def check_model(name: str, *, pattern: str = "", module: str = "", params: float
         report = initialize(model, "impulse", generator=seed)
     except (ValueError, TypeError) as e:
         return CoverageRow(pattern, module, name, params, candidates, False, "", "", f"{type(e).__name__}: {e}")
-    return CoverageRow(pattern, module, name, params, candidates, True, report.family, _structure(model, report), "")
+    try:
+        real = real_structure(model, report)
+    except (ValueError, TypeError) as e:  # diagnostics that cannot measure this model: say why
+        real = f"not measured: {e}"
+    return CoverageRow(pattern, module, name, params, candidates, True, report.family, _structure(model, report), "",
+                       real)
 
 
 def markdown_table(rows: Sequence[CoverageRow]) -> str:
     """The coverage table as markdown (one line per row)."""
     lines = ["| family | timm module (models) | smallest model | params (M) | impulse | structure on the pseudo-input "
-             "/ refusal |", "|---|---|---|---|---|---|"]
+             "/ refusal | structure on real images at init (first/last block) |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         verdict = f"applies ({r.family})" if r.applies else "refuses"
         detail = r.structure if r.applies else "`" + r.message.replace("|", "\\|").replace("`", "'") + "`"
+        real = r.real.replace("|", "\\|") if r.applies else ""
         lines.append(f"| `{r.pattern}` | {r.module} ({r.candidates}) | `{r.model}` | {r.params:.1f} | {verdict} | "
-                     f"{detail} |")
+                     f"{detail} | {real} |")
     return "\n".join(lines)

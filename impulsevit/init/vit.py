@@ -73,7 +73,16 @@ def _is_fused_attention(m: nn.Module) -> bool:
 
 def is_vit(model: nn.Module) -> bool:
     """True for models with a top-level ``blocks`` container whose blocks have an ``attn`` with a ``qkv`` projection
-    (the dispatch test; :func:`vit_layout` then checks every detail and raises with the missing piece)."""
+    (the dispatch test; :func:`vit_layout` then checks every detail and raises with the missing piece).
+
+    BEiT with a relative position bias and ``VisionTransformerRelPos`` are not ViTs here: their logits carry a bias
+    table / MLP, which :mod:`impulsevit.init.relbias` writes instead; nor are rotary ``Eva`` models
+    (:mod:`impulsevit.init.rope`)."""
+    from impulsevit.init.relbias import is_relbias_vit
+    from impulsevit.init.rope import is_rope_vit
+
+    if is_relbias_vit(model) or is_rope_vit(model):
+        return False
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, nn.Module):
         return False

@@ -214,10 +214,14 @@ def render_attention_plot(results: list[RunResult]) -> bytes | None:
             ax = axes[mi][li]
             for m in dict.fromkeys(r.method for r in done):
                 series = [r.attention[metric] for r in done if r.method == m]
-                n = min(len(x) for x in series)
-                arr = np.array([[pt[li] if li < len(pt) else np.nan for pt in x[:n]] for x in series])
-                mean = np.nanmean(arr, 0)
-                sd = np.nanstd(arr, 0, ddof=1) if len(arr) > 1 else np.zeros(n)
+                # every run to its own last point (as the table's "end"): a run with fewer logged points (e.g. one
+                # whose record at a step was not written) is NaN-padded instead of cutting the others short
+                n = max(len(x) for x in series)
+                arr = np.array([[x[i][li] if i < len(x) and li < len(x[i]) else np.nan for i in range(n)]
+                                for x in series])
+                cols = [arr[:, i][~np.isnan(arr[:, i])] for i in range(n)]
+                mean = np.array([c.mean() if len(c) else np.nan for c in cols])
+                sd = np.array([c.std(ddof=1) if len(c) > 1 else 0.0 for c in cols])
                 ax.plot(np.arange(n), mean, label=m)
                 ax.fill_between(np.arange(n), mean - sd, mean + sd, alpha=0.2)
             ax.set_title(f"layer {li}", fontsize=9)

@@ -1,0 +1,305 @@
+"""Rotary ViTs (timm ``Eva``: EVA-02, DINOv3, ``vit_*_rope_*`` / ``*_rope_mixed_*``, Perception Encoder): ``impulse``
+as a *coherent sum* of rotary phases.
+
+Construction (derived in ``impulsevit/init/FAMILIES.md``, "Rotary ViTs"). RoPE rotates a patch token's query and key
+by ``R_p`` (block-diagonal 2×2 rotations, pair ``j`` by the angle ``ω_j·p``), so ``R_pᵀ R_p' = R_{p'−p}``. If every
+patch query of head ``h`` is ``a_h`` and every key ``b_h`` before the rotation, the logit of query ``p`` and key ``p'``
+depends only on ``Δ = p' − p``: ``a_hᵀ R_Δ b_h``. With ``b_h = R_tᵀ a_h`` (``t`` the head's one-tap offset) it is
+``a_hᵀ R_{Δ−t} a_h = Σ_j w_j cos(ω_j·(Δ − t))`` (``w_j = |a_{h,j}|²``), maximal exactly at ``Δ = t`` — every frequency's
+cosine is 1 there, elsewhere they disagree. The weights ``w`` (``Σ w = 1``) maximise the worst margin
+``M = min_{δ≠0} Σ_j w_j (1 − cos(ω_j·δ))`` over all displacements ``δ`` of the grid (a zero-sum game solved by
+multiplicative weights), and a gain ``γ`` with ``γ²·scale·M = c = ln(m(n−1)/(1−m))`` gives every interior query at
+least the target share ``m`` (0.75) of a softmax over ``n`` keys when content is ignored.
+
+Where the constant ``a_h`` / ``b_h`` comes from: the pre-attention LayerNorm centres every token, so its output (with
+weight 1) has *no* component along ``u = 1/√D`` — a content-free direction. ``norm1.bias`` gets ``+u``;
+``W_q``, ``W_k`` keep their (timm) content part with ``u`` projected out and get the rank-1 part ``γ a_h uᵀ`` /
+``γ b_h uᵀ``; ``W_v`` has ``u`` projected out (values do not see the constant). Learnable Q/K biases are zeroed (a
+bias would add a second, undesigned constant). So the same construction covers ``qkv_bias``, EVA's ``q_bias`` + fixed
+zero ``k_bias``, and no bias, with or without ``pos_embed`` (it never reads it). ``R_p`` is taken from the model itself:
+the ``rope`` tensor each block's attention receives (captured from a forward) applied, with timm's own
+``apply_rot_embed_cat``, to the identity — so any layout (interleaved / half, Cat / Mixed per head / DINOv3) is handled.
+
+Not supported: blocks other than ``EvaBlock`` (post-norm), a ``norm1`` without centring (RMSNorm), ``qk_norm``,
+grouped-query attention with fewer K heads, rope applied to a token count that is not the patch grid.
+``mimetic``: refused with one line (its ``W_qᵀW_k ≈ αZ + βI`` was not derived for rotated Q/K).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from impulsevit.init.api import InitResult, check_options, read_full, register, write_full_
+from impulsevit.init.capture import captured_attention
+from impulsevit.init.diagnostics import AttentionMaps, register_attention_maps
+from impulsevit.init.impulse import impulse_offsets
+
+__all__ = ["is_rope_vit", "rope_rotations", "phase_weights", "rope_plan"]
+
+
+def is_rope_vit(model: nn.Module) -> bool:
+    """True for timm ``Eva`` models built with rotary embeddings (``model.rope`` set)."""
+    from timm.models.eva import Eva
+
+    return isinstance(model, Eva) and getattr(model, "rope", None) is not None
+
+
+def _grid(model: nn.Module) -> tuple[int, int]:
+    return tuple(int(g) for g in model.patch_embed.grid_size)
+
+
+def _captured_ropes(model: nn.Module) -> list[torch.Tensor]:
+    """The ``rope`` tensor each block's attention receives in the model's own forward (eval mode)."""
+    ropes: list[torch.Tensor] = []
+    hooks = [blk.attn.register_forward_pre_hook(lambda _m, _a, kw: ropes.append(kw["rope"].detach()),
+                                                with_kwargs=True) for blk in model.blocks]
+    H, W = _grid(model)
+    patch = model.patch_embed.patch_size
+    images = torch.zeros(1, model.patch_embed.proj.in_channels, H * patch[0], W * patch[1])
+    was = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            model.forward_features(images)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.train(was)
+    return ropes
+
+
+def rope_rotations(rope: torch.Tensor, head_dim: int, half: bool) -> torch.Tensor:
+    """``R_p`` for every patch position: ``(heads_or_1, N, d, d)`` float64, ``R_p x`` = timm's rotation of ``x`` at
+    ``p``."""
+    from timm.layers import apply_rot_embed_cat
+
+    emb = rope.double()
+    n = emb.shape[-2]
+    eye = torch.eye(head_dim, dtype=torch.float64).reshape(head_dim, 1, 1, head_dim).expand(head_dim, 1, n, head_dim)
+    out = apply_rot_embed_cat(eye, emb, half=half)  # (d_in, heads_or_1, N, d_out)
+    return out.permute(1, 2, 3, 0).contiguous()
+
+
+def _pairs(rot_step: torch.Tensor) -> list[tuple[int, int]]:
+    """The 2-D planes the rotations act on, from one rotation matrix (its off-diagonal support)."""
+    d = rot_step.shape[0]
+    pairs, seen = [], set()
+    for i in range(d):
+        if i in seen:
+            continue
+        partner = [j for j in range(d) if j != i and abs(float(rot_step[i, j])) > 1e-9]
+        j = partner[0] if partner else i  # a dimension no rotation touches: frequency 0
+        pairs.append((i, j))
+        seen.update((i, j))
+    return pairs
+
+
+def phase_weights(freqs: torch.Tensor, grid: tuple[int, int], iters: int = 500) -> tuple[torch.Tensor, float]:
+    """Weights ``w ≥ 0``, ``Σ w = 1`` over rotary pairs maximising ``min_{δ≠0} Σ_j w_j (1 − cos(ω_j·δ))`` over all
+    displacements ``|δy| ≤ 2(H−1)``, ``|δx| ≤ 2(W−1)`` (multiplicative weights on the zero-sum game).
+
+    Args:
+        freqs: ``(pairs, 2)`` angle per unit step down / right.
+
+    Returns:
+        ``w`` ``(pairs,)`` float64 and the margin ``M`` it reaches.
+    """
+    H, W = grid
+    dy, dx = torch.meshgrid(torch.arange(-2 * (H - 1), 2 * H - 1), torch.arange(-2 * (W - 1), 2 * W - 1),
+                            indexing="ij")
+    deltas = torch.stack([dy.flatten(), dx.flatten()], 1).double()
+    deltas = deltas[(deltas != 0).any(1)]
+    gain = 1 - torch.cos(deltas @ freqs.double().T)  # (deltas, pairs), in [0, 2]
+    w = torch.full((freqs.shape[0],), 1.0 / freqs.shape[0], dtype=torch.float64)
+    best_w, best = w.clone(), float((gain @ w).min())
+    dual = torch.full((deltas.shape[0],), 1.0 / deltas.shape[0], dtype=torch.float64)
+    eta = math.sqrt(math.log(max(deltas.shape[0], 2)) / iters)
+    for _ in range(iters):  # adversary puts weight on the worst displacements, we best-respond on average
+        pay = gain @ w
+        dual = dual * torch.exp(-eta * pay)
+        dual = dual / dual.sum()
+        response = dual @ gain  # (pairs,)
+        w = w * torch.exp(eta * response)
+        w = w / w.sum()
+        margin = float((gain @ w).min())
+        if margin > best:
+            best_w, best = w.clone(), margin
+    return best_w, best
+
+
+def _offset_rotation(rot: torch.Tensor, grid: tuple[int, int], offset: tuple[int, int]) -> torch.Tensor:
+    """``R_t = R_{p0}ᵀ R_{p0+t}`` at a position ``p0`` whose neighbour at ``t`` is on the grid."""
+    H, W = grid
+    dy, dx = offset
+    r0, c0 = max(0, -dy), max(0, -dx)
+    return rot[r0 * W + c0].T @ rot[(r0 + dy) * W + c0 + dx]
+
+
+def rope_plan(rot: torch.Tensor, grid: tuple[int, int], offsets: list[tuple[int, int]], *, flip: bool = False
+              ) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+    """Per head ``(a_h, b_h, M_h)``: unit-norm pre-rotation query / key constants and the margin of the weights.
+
+    Args:
+        rot: ``(heads_or_1, N, d, d)`` from :func:`rope_rotations`.
+        flip: use ``b = R_t a`` (the phase sign flipped: peaks at ``−t``); for tests only.
+    """
+    H, W = grid
+    plans = []
+    solved: dict[bytes, tuple[torch.Tensor, float]] = {}  # heads sharing frequencies share the weights
+    for head, offset in enumerate(offsets):
+        r = rot[head if rot.shape[0] > 1 else 0]
+        step_y, step_x = _offset_rotation(r, grid, (1, 0)), _offset_rotation(r, grid, (0, 1))
+        pairs = _pairs(step_y + step_x - 2 * torch.eye(r.shape[-1], dtype=r.dtype))
+        freqs = torch.tensor([[math.atan2(float(s[j, i]), float(s[i, i])) if i != j else 0.0
+                               for s in (step_y, step_x)] for i, j in pairs], dtype=torch.float64)
+        key = freqs.numpy().tobytes()
+        if key not in solved:
+            solved[key] = phase_weights(freqs, (H, W))
+        w, margin = solved[key]
+        a = torch.zeros(r.shape[-1], dtype=torch.float64)
+        for (i, _), wj in zip(pairs, w):
+            a[i] = math.sqrt(float(wj))
+        rt = _offset_rotation(r, grid, offset)
+        b = rt @ a if flip else rt.T @ a
+        plans.append((a, b, margin))
+    return plans
+
+
+def _attention_parts(name: str, index: int, blk: nn.Module) -> dict[str, Any]:
+    from timm.models.eva import EvaBlock
+
+    if not isinstance(blk, EvaBlock):
+        raise ValueError(f"{name}: block {index} is {type(blk).__name__}; the rotary impulse needs a pre-norm EvaBlock")
+    if not isinstance(blk.norm1, nn.LayerNorm) or blk.norm1.bias is None:
+        raise ValueError(f"{name}: block {index} norm1 is {type(blk.norm1).__name__}; the rotary impulse needs a "
+                         "centring LayerNorm with a bias (its all-ones direction carries the constant)")
+    attn = blk.attn
+    for norm in ("q_norm", "k_norm"):
+        if not isinstance(getattr(attn, norm, nn.Identity()), nn.Identity):
+            raise ValueError(f"{name}: block {index} uses {norm} (qk_norm=True); not supported by the rotary impulse")
+    heads = int(attn.num_heads)
+    if getattr(attn, "qkv", None) is not None:
+        width = attn.qkv.out_features // 3
+        if attn.qkv.out_features != 3 * width:
+            raise ValueError(f"{name}: block {index} qkv has {attn.qkv.out_features} rows (grouped-query attention); "
+                             "not supported")
+        weights = {"q": (attn.qkv.weight, slice(0, width)), "k": (attn.qkv.weight, slice(width, 2 * width)),
+                   "v": (attn.qkv.weight, slice(2 * width, 3 * width))}
+        biases = []
+        if attn.qkv.bias is not None:
+            biases.append((attn.qkv.bias, slice(0, 2 * width)))
+    else:
+        width = attn.q_proj.out_features
+        if attn.k_proj.out_features != width:
+            raise ValueError(f"{name}: block {index} has {attn.k_proj.out_features} key rows for {width} query rows "
+                             "(grouped-query attention); not supported")
+        weights = {p: (getattr(attn, f"{p}_proj").weight, slice(None)) for p in "qkv"}
+        biases = [(getattr(attn, f"{p}_proj").bias, slice(None)) for p in "qk"
+                  if getattr(attn, f"{p}_proj").bias is not None]
+    if isinstance(getattr(attn, "q_bias", None), nn.Parameter):
+        biases.append((attn.q_bias, slice(None)))
+    if isinstance(getattr(attn, "k_bias", None), nn.Parameter):
+        biases.append((attn.k_bias, slice(None)))
+    head_dim = width // heads
+    return {"attn": attn, "heads": heads, "head_dim": head_dim, "weights": weights, "biases": biases,
+            "norm": blk.norm1, "scale": float(getattr(attn, "scale", head_dim**-0.5)),
+            "half": bool(getattr(attn, "rotate_half", False))}
+
+
+_DEFAULTS: dict[str, Any] = {"target_mass": 0.75, "kernel_size": 3, "offsets": "fixed", "flip_phase": False}
+
+
+@register("impulse", family="rope", matches=is_rope_vit)
+def impulse_rope(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+    """Coherent-phase rotary impulse (see the module docstring).
+
+    Options: ``target_mass`` 0.75 (share on the target of an interior query when content is ignored), ``kernel_size``
+    3 | 5, ``offsets`` "fixed" | "random", ``flip_phase`` False (True builds the mirrored, wrong construction: a
+    negative control for tests).
+    """
+    opts = check_options("impulse", options, _DEFAULTS)
+    m = float(opts["target_mass"])
+    if not 0.0 < m < 1.0:
+        raise ValueError(f"impulse (rope): target_mass must be in (0, 1), got {m}")
+    if opts["kernel_size"] not in (3, 5) or opts["offsets"] not in ("fixed", "random"):
+        raise ValueError("impulse (rope): kernel_size must be 3 or 5 and offsets 'fixed' or 'random', got "
+                         f"{opts['kernel_size']!r}, {opts['offsets']!r}")
+    name = type(model).__name__
+    parts = [_attention_parts(name, i, blk) for i, blk in enumerate(model.blocks)]
+    ropes = _captured_ropes(model)
+    grid = _grid(model)
+    n_patch = grid[0] * grid[1]
+    if len(ropes) != len(parts) or any(r.shape[-2] != n_patch for r in ropes):
+        raise ValueError(f"{name}: rope does not cover the {grid[0]}x{grid[1]} patch grid in every block")
+    keys = n_patch + int(model.num_prefix_tokens)
+    c = math.log(m * (keys - 1) / (1 - m))
+    offsets, notes, margins = [], [], []
+    cache: dict[tuple, list] = {}
+    for index, (part, rope) in enumerate(zip(parts, ropes)):
+        d, heads = part["head_dim"], part["heads"]
+        head_offsets = impulse_offsets(heads, opts["kernel_size"], opts["offsets"], generator=generator)
+        key = (rope.data_ptr(), tuple(rope.shape), tuple(head_offsets))
+        if key not in cache or rope.dim() > 2:
+            rot = rope_rotations(rope.squeeze(0) if rope.dim() == 4 else rope, d, part["half"])
+            if rot.shape[0] not in (1, heads):
+                raise ValueError(f"{name}: block {index} rope has {rot.shape[0]} head rotations for {heads} heads")
+            cache[key] = rope_plan(rot, grid, head_offsets, flip=bool(opts["flip_phase"]))
+        plans = cache[key]
+        dim = part["norm"].normalized_shape[0]
+        u = torch.full((dim,), 1 / math.sqrt(dim), dtype=torch.float64)
+        proj = torch.eye(dim, dtype=torch.float64) - torch.outer(u, u)
+        writes = {}
+        for which in "qkv":
+            param, rows = part["weights"][which]
+            full = writes.get(id(param), (param, read_full(param).detach().double().clone()))[1]
+            full[rows] = full[rows] @ proj
+            if which != "v":
+                block = full[rows]
+                for head, (a, b, margin) in enumerate(plans):
+                    gain = math.sqrt(c / (part["scale"] * margin))
+                    vec = a if which == "q" else b
+                    block[head * d:(head + 1) * d] += gain * torch.outer(vec, u)
+                full[rows] = block
+            writes[id(param)] = (param, full)
+        for param, full in writes.values():
+            write_full_(param, full)
+        for param, rows in part["biases"]:
+            full = read_full(param).detach().double().clone()
+            full[rows] = 0.0
+            write_full_(param, full)
+        bias = read_full(part["norm"].bias).detach().double()
+        write_full_(part["norm"].bias, bias @ proj + u)
+        offsets.append(head_offsets)
+        margins.extend(p[2] for p in plans)
+    notes.append(f"coherent rotary phases: c={c:.4f}, per-head frequency margin M min {min(margins):.4f} / max "
+                 f"{max(margins):.4f} (gain² = c / (scale·M)); constant carried by norm1.bias along 1/√D")
+    if opts["flip_phase"]:
+        notes.append("flip_phase=True: phase sign flipped, each head peaks at the OPPOSITE offset (negative control)")
+    return InitResult(options=opts, offsets=offsets, notes=notes)
+
+
+@register("mimetic", family="rope", matches=is_rope_vit)
+def mimetic_rope(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+    """Refuses: mimetic's ``W_qᵀ W_k ≈ αZ + βI`` assumes unrotated Q/K (one-line ``ValueError``)."""
+    raise ValueError(f"{type(model).__name__} uses rotary position embeddings: mimetic's W_q^T W_k ~ aZ + bI is "
+                     "defined for unrotated Q/K and is not derived for RoPE; use impulse, torch or timm")
+
+
+@register_attention_maps(matches=is_rope_vit)
+def _rope_maps(model: nn.Module, images: torch.Tensor | None) -> AttentionMaps:
+    """``attention_maps`` for rotary ViTs: with images the model's own forward (prefix tokens first); without, the
+    forward of an all-zero image with ``pos_embed`` (if any) — the content-free input the construction designs for."""
+    grid = _grid(model)
+    prefix = int(model.num_prefix_tokens)
+    if images is None:
+        patch = model.patch_embed.patch_size
+        images = torch.zeros(1, model.patch_embed.proj.in_channels, grid[0] * patch[0], grid[1] * patch[1])
+        maps = [mp.mean(0)[:, prefix:, prefix:] for mp in captured_attention(model, images, list(model.blocks))]
+        maps = [mp / mp.sum(-1, keepdim=True) for mp in maps]
+        return AttentionMaps(maps, grid, 0, "pseudo-input")
+    maps = [mp.mean(0) for mp in captured_attention(model, images, list(model.blocks))]
+    return AttentionMaps(maps, grid, prefix, "images")
