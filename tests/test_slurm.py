@@ -148,6 +148,11 @@ data:
 STEPS_2_TASKS = 3 * 64 // (8 * 2)  # epochs x batches per rank
 
 
+# The jobs' runs folder holds a space and a '#': sbatch splits `#SBATCH` lines at whitespace and reads an unescaped
+# '#' as a comment, so a job log found at <run>/slurm/<job>.out shows the script's `--output` was quoted for sbatch.
+RUNS = "job runs #1"
+
+
 def _cli() -> list[str]:
     exe = Path(sys.executable).parent / "impulsevit"
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "impulsevit.cli"]
@@ -163,19 +168,19 @@ def workspace(tmp_path_factory, slurm_cluster):  # noqa: F811
 
 
 def _submit(ws, name: str, *extra: str) -> str:
-    proc = subprocess.run([*_cli(), "submit", "--recipe", "tiny.yaml", "--runs-dir", "runs", "--name", name, *extra],
+    proc = subprocess.run([*_cli(), "submit", "--recipe", "tiny.yaml", "--runs-dir", RUNS, "--name", name, *extra],
                           cwd=ws["root"], env=ws["env"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     m = re.search(r"Submitted batch job (\d+)", proc.stdout)
     assert m, proc.stdout
-    run_dir = ws["root"] / "runs" / name
+    run_dir = ws["root"] / RUNS / name
     assert f"{run_dir}/slurm/{m.group(1)}.out" in proc.stdout
     return m.group(1)
 
 
 def _wait(ws, name: str, job_id: str, until, timeout: float = 240.0) -> str:
     """Poll the run directory's events (no squeue/sacct) until ``until(state)``; returns the state."""
-    run_dir = ws["root"] / "runs" / name
+    run_dir = ws["root"] / RUNS / name
     t0 = time.monotonic()
     state = job_state(run_dir)
     while time.monotonic() - t0 < timeout:
@@ -189,7 +194,7 @@ def _wait(ws, name: str, job_id: str, until, timeout: float = 240.0) -> str:
 
 
 def _job_log(ws, name: str, job_id: str) -> str:
-    return (ws["root"] / "runs" / name / "slurm" / f"{job_id}.out").read_text()
+    return (ws["root"] / RUNS / name / "slurm" / f"{job_id}.out").read_text()
 
 
 def _loss_steps(run_dir: Path) -> list[int]:
@@ -219,7 +224,7 @@ def _plain_run(ws) -> tuple[int, list[int], str]:  # noqa: ANN001 - the workspac
         state = _wait(ws, "plain", job, lambda s: s in ("completed", "failed"))
         log = _job_log(ws, "plain", job)
         assert state == "completed", log
-        run_dir = ws["root"] / "runs" / "plain"
+        run_dir = ws["root"] / RUNS / "plain"
         ws["results"]["plain"] = (_check_run_dir(run_dir), _loss_steps(run_dir), log)
     return ws["results"]["plain"]
 
@@ -238,7 +243,7 @@ def test_submit_two_tasks_completes(workspace):
 def test_usr1_checkpoints_requeues_and_resumes(workspace):
     ws, name = workspace, "preempt"
     plain_step, plain_steps, _ = _plain_run(ws)
-    cluster, run_dir = ws["cluster"], ws["root"] / "runs" / name
+    cluster, run_dir = ws["cluster"], ws["root"] / RUNS / name
     job = _submit(ws, name, "--tasks-per-node", "2", "--trainer.strategy=ddp")
     t0 = time.monotonic()
     while not ((run_dir / "progress").exists() and int((run_dir / "progress").read_text() or 0) >= 5):
@@ -272,7 +277,7 @@ def test_usr1_checkpoints_requeues_and_resumes(workspace):
     assert _loss_steps(run_dir) == plain_steps  # neither duplicated nor missing steps across the requeue
     # the requeued job continued the interrupted epoch exactly: the uninterrupted run's weights, bit for bit
     a, b = (torch.load(d / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
-            for d in (run_dir, ws["root"] / "runs" / "plain"))
+            for d in (run_dir, ws["root"] / RUNS / "plain"))
     assert [k for k in a if not torch.equal(a[k], b[k])] == []
 
 
@@ -283,8 +288,8 @@ def test_ddp_checkpoint_from_two_ranks_resumes_on_one(workspace):
     against ``plain`` as it is, whatever order they run in)."""
     _plain_run(workspace)
     name = "plain-1task"
-    run_dir = workspace["root"] / "runs" / name
-    shutil.copytree(workspace["root"] / "runs" / "plain", run_dir)
+    run_dir = workspace["root"] / RUNS / name
+    shutil.copytree(workspace["root"] / RUNS / "plain", run_dir)
     job = _submit(workspace, name, "--tasks-per-node", "1", "--trainer.max_epochs=4")
     state = _wait(workspace, name, job, lambda s: s in ("completed", "failed")
                   and sum(e["event"] == "exit" for e in read_events(run_dir)) == 2)
@@ -302,7 +307,7 @@ def test_fsdp2_under_srun_resumes_on_fewer_ranks_and_exports(workspace):
     """FSDP2 (ModelParallelStrategy) with 2 SLURM tasks writes a distributed checkpoint; a 1-task job resumes from it
     and ``impulsevit export`` consolidates it into a timm state dict."""
     ws, name = workspace, "fsdp2"
-    run_dir = ws["root"] / "runs" / name
+    run_dir = ws["root"] / RUNS / name
     job = _submit(ws, name, "--tasks-per-node", "2", "--trainer.strategy=fsdp2", "--trainer.max_epochs=1")
     assert _wait(ws, name, job, lambda s: s in ("completed", "failed")) == "completed", _job_log(ws, name, job)
     log = _job_log(ws, name, job)

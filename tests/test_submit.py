@@ -14,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from impulsevit.cluster.events import append_event, events_path, job_state, read_events
-from impulsevit.cluster.sbatch import FitJob, SlurmOptions, fit_command, parse_slurm_time, render_sbatch
+from impulsevit.cluster.sbatch import (
+    FitJob,
+    SlurmOptions,
+    fit_command,
+    parse_slurm_time,
+    render_sbatch,
+    sbatch_word,
+)
 from impulsevit.cluster.slurm_config import load_defaults
 from impulsevit.cluster.submit import main
 
@@ -89,6 +96,23 @@ def test_array_job_runs_each_task_in_its_own_dir():
                          capture_output=True, env={**os.environ, "SLURM_ARRAY_TASK_ID": "3"}, check=True).stdout
     args = out.splitlines()
     assert args[args.index("--name") + 1] == "task3" and "--model.init.seed=3" in args and "--x=a b" in args
+
+
+@pytest.mark.parametrize(("value", "word"), [
+    ("/scratch/runs/x/slurm/%j.out", "/scratch/runs/x/slurm/%j.out"),
+    ("/my runs/x/%j.out", '"/my runs/x/%j.out"'),
+    ("/r#1/x", '"/r\\#1/x"'),
+    ("it's \"q\"", r'"it\'s \"q\""'),
+])
+def test_sbatch_word_quotes_what_sbatch_would_split(value, word):
+    assert sbatch_word(value) == word
+
+
+def test_output_path_with_space_percent_and_hash_is_one_sbatch_word():
+    job = FitJob(**{**JOB.__dict__, "runs_dir": Path("/scratch/my runs #2 50%"), "run_name": "a b"})
+    lines = sbatch_lines(render_sbatch(job, SlurmOptions()))
+    assert '#SBATCH --output="/scratch/my runs \\#2 50%%/a b/slurm/%j.out"' in lines, lines
+    assert '#SBATCH --job-name="a b"' in lines, lines
 
 
 @pytest.mark.parametrize("value,seconds", [("30", 1800), ("5:30", 330), ("1:00:00", 3600), ("2-00", 172800),

@@ -285,13 +285,27 @@ def _stage_lines(pairs: list[tuple[str, str]]) -> list[str]:
     ]
 
 
+def sbatch_word(value: str) -> str:
+    """``value`` as one word of an ``#SBATCH`` line, as sbatch reads it: sbatch splits those lines at whitespace,
+    takes ``"`` (and, in newer releases, ``'``) as a quote, ``\\`` as an escape and an unescaped ``#`` as the start of
+    a comment. A value holding none of these is returned as it is. (A literal ``%`` in an ``--output`` path is the
+    caller's to double: sbatch's filename patterns read ``%%`` as ``%``.) Not supported: newlines."""
+    if "\n" in value:
+        raise ValueError(f"an #SBATCH value cannot hold a newline: {value!r}")
+    if not any(c.isspace() or c in "\"'\\#" for c in value):
+        return value
+    escaped = "".join("\\" + c if c in "\"'\\#" else c for c in value)
+    return f'"{escaped}"'
+
+
 def render_sbatch(job: FitJob, opts: SlurmOptions) -> str:
     """The batch script (text) for ``job`` under ``opts``; deterministic (no dates, no environment lookups)."""
     opts.validate()
     array = opts.array is not None
     log_dir = job.run_dir / "slurm"
     pattern = "%A_%a" if array else "%j"
-    sb: list[str] = [f"--job-name={job.run_name}", f"--nodes={opts.nodes}", f"--ntasks-per-node={opts.ntasks_per_node}"]
+    sb: list[str] = [f"--job-name={sbatch_word(job.run_name)}", f"--nodes={opts.nodes}",
+                     f"--ntasks-per-node={opts.ntasks_per_node}"]
     if opts.gpus_per_node > 0:
         sb.append(f"--gpus-per-node={opts.gpus_per_node}")
     cpus, omp, cpus_why = task_cpus(job, opts)
@@ -304,7 +318,7 @@ def render_sbatch(job: FitJob, opts: SlurmOptions) -> str:
     if opts.exclusive:
         sb.append("--exclusive")
     sb += [f"--signal={SIGNAL}@{opts.signal_lead_s}", "--requeue", "--open-mode=append",
-           f"--output={log_dir}/{pattern}.out", *opts.extra_sbatch]
+           "--output=" + sbatch_word(f"{str(log_dir).replace('%', '%%')}/{pattern}.out"), *opts.extra_sbatch]
 
     tag = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}" if array else "${SLURM_JOB_ID}"
     events = f"{shlex.quote(str(log_dir))}/events.log"
