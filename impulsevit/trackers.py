@@ -37,6 +37,7 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
+from impulsevit._compat.lightning import flat_hyperparams, mlflow_tracking_uri
 from impulsevit.errors import ConfigError
 from impulsevit.io import atomic_write_json
 
@@ -195,7 +196,7 @@ def describe(logger: Logger) -> str:
     """Where ``logger`` writes, in one phrase (for the end summary): a directory, or the MLflow run at its URI."""
     kind = kind_of(logger)
     if kind == "mlflow":
-        return f"run {logger.run_id} (experiment {logger.experiment_id}) at {logger._tracking_uri}"
+        return f"run {logger.run_id} (experiment {logger.experiment_id}) at {mlflow_tracking_uri(logger)}"
     if kind == "wandb":
         exp = logger.experiment
         where = getattr(exp, "dir", None) or logger.save_dir
@@ -239,13 +240,11 @@ def resume_ids(run_dir: Path) -> dict[str, list[str]]:
 def log_hyperparams(loggers: Iterable[Logger], params: Mapping[str, Any]) -> None:
     """``params`` to every logger. MLflow keeps a parameter's first value (it refuses a changed one): on a resumed run
     the parameters it already holds are skipped, a changed value logged to the ``impulsevit`` logger."""
-    from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
-
     for lg in loggers:
         if kind_of(lg) != "mlflow":
             lg.log_hyperparams(dict(params))
             continue
-        flat = _flatten_dict(_convert_params(dict(params)))
+        flat = flat_hyperparams(dict(params))
         held = lg.experiment.get_run(lg.run_id).data.params
         changed = [k for k, v in flat.items() if k in held and held[k] != str(v)[:250]]
         if changed:

@@ -126,3 +126,17 @@ class CommHookOnAnyDeviceDDPStrategy(DDPStrategy):
         assert isinstance(self.model, DistributedDataParallel)
         self.model.register_comm_hook(state=self._ddp_comm_state, hook=self._ddp_comm_hook)
 
+
+
+def mlflow_tracking_uri(logger: Any) -> str:
+    """The tracking URI an ``MLFlowLogger`` writes to (Lightning keeps it only as the private ``_tracking_uri``)."""
+    return str(logger._tracking_uri)
+
+
+def flat_hyperparams(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` as Lightning's loggers send them: converted to loggable values and flattened with ``/`` (the private
+    ``_convert_params`` + ``_flatten_dict`` of ``lightning.fabric.utilities.logger``), so the keys match what
+    ``MLFlowLogger.log_hyperparams`` stores."""
+    from lightning.fabric.utilities.logger import _convert_params, _flatten_dict
+
+    return _flatten_dict(_convert_params(dict(params)))

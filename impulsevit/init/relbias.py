@@ -40,6 +40,7 @@ from impulsevit.init.api import InitResult, check_options, read_full, register, 
 from impulsevit.init.capture import captured_attention
 from impulsevit.init.diagnostics import AttentionMaps, register_attention_maps
 from impulsevit.init.impulse import impulse_offsets
+from impulsevit.init.kinds import _beit_classes, _relpos_classes, is_relbias_vit, is_swinv2
 
 __all__ = [
     "Carrier",
@@ -88,40 +89,6 @@ class Carrier:
     prefix: int = 0
     first: nn.Linear | None = None
     coords: torch.Tensor | None = None
-
-
-def _beit_classes() -> tuple[type, ...]:
-    from timm.models.beit import Beit
-
-    return (Beit,)
-
-
-def _relpos_classes() -> tuple[type, ...]:
-    from timm.models.vision_transformer_relpos import VisionTransformerRelPos
-
-    return (VisionTransformerRelPos,)
-
-
-def _swinv2_classes() -> tuple[type, ...]:
-    from timm.models.swin_transformer_v2 import SwinTransformerV2
-    from timm.models.swin_transformer_v2_cr import SwinTransformerV2Cr
-
-    return (SwinTransformerV2, SwinTransformerV2Cr)
-
-
-def is_relbias_vit(model: nn.Module) -> bool:
-    """True for timm ``Beit`` with a relative position bias (shared or per block) and ``VisionTransformerRelPos``."""
-    if isinstance(model, _relpos_classes()):
-        return True
-    if isinstance(model, _beit_classes()):
-        return getattr(model, "rel_pos_bias", None) is not None or any(
-            getattr(b.attn, "relative_position_bias_table", None) is not None for b in model.blocks)
-    return False
-
-
-def is_swinv2(model: nn.Module) -> bool:
-    """True for timm ``SwinTransformerV2`` and ``SwinTransformerV2Cr``."""
-    return isinstance(model, _swinv2_classes())
 
 
 def _index_pairs(index: torch.Tensor, window: tuple[int, int], prefix: int) -> torch.Tensor:

@@ -37,15 +37,9 @@ from impulsevit.init.api import InitResult, check_options, read_full, register, 
 from impulsevit.init.capture import captured_attention
 from impulsevit.init.diagnostics import AttentionMaps, register_attention_maps
 from impulsevit.init.impulse import impulse_offsets
+from impulsevit.init.kinds import is_rope_vit
 
 __all__ = ["is_rope_vit", "rope_rotations", "phase_weights", "rope_plan"]
-
-
-def is_rope_vit(model: nn.Module) -> bool:
-    """True for timm ``Eva`` models built with rotary embeddings (``model.rope`` set)."""
-    from timm.models.eva import Eva
-
-    return isinstance(model, Eva) and getattr(model, "rope", None) is not None
 
 
 def _grid(model: nn.Module) -> tuple[int, int]:

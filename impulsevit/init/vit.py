@@ -23,6 +23,7 @@ from torch import nn
 from impulsevit.init import impulse
 from impulsevit.init.api import InitResult, check_options, read_full, register
 from impulsevit.init.baselines import Value, as_tensor, torch_default_fills, write_values
+from impulsevit.init.kinds import is_relbias_vit, is_rope_vit
 
 __all__ = ["VitLayout", "vit_layout", "is_vit", "IMPULSE_DEFAULTS", "MIMETIC_DEFAULTS", "patch_pseudo_input"]
 
@@ -78,9 +79,6 @@ def is_vit(model: nn.Module) -> bool:
     BEiT with a relative position bias and ``VisionTransformerRelPos`` are not ViTs here: their logits carry a bias
     table / MLP, which :mod:`impulsevit.init.relbias` writes instead; nor are rotary ``Eva`` models
     (:mod:`impulsevit.init.rope`)."""
-    from impulsevit.init.relbias import is_relbias_vit
-    from impulsevit.init.rope import is_rope_vit
-
     if is_relbias_vit(model) or is_rope_vit(model):
         return False
     blocks = getattr(model, "blocks", None)
