@@ -265,11 +265,11 @@ def test_a_full_disk_under_the_tensorboard_writer_is_one_line_and_keeps_the_run(
     from _cli_helpers import TINY
 
     with small_tmpfs(tmp_path / "small", "1m") as mnt:
-        (mnt / "filler").write_bytes(bytes(1024 * 1024 - 20 * 1024))  # 20 KiB left: config, hparams, some events
+        (mnt / "filler").write_bytes(bytes(1024 * 1024 - 40 * 1024))  # 40 KiB left: config, hparams, run.json, events
         run = mnt / "runs" / "r"
         status = cli_main(["fit", "--recipe", str(TINY), f"--runs_dir={mnt / 'runs'}", "--name=r",
                            "--trainer.max_epochs=100", "--checkpoint.save_last=false", "--checkpoint.save_top_k=0",
-                           "--model.attention_every_n_epochs=null"])  # its records would fill the 20 KiB first
+                           "--model.attention_every_n_epochs=null"])  # its records would fill the 40 KiB first
         err = capsys.readouterr().err
         line = [ln for ln in err.splitlines() if ln.startswith("impulsevit fit: error: ")]
         assert status == 1 and len(line) == 1 and "Traceback" not in err and "you tried to log" not in err, err
