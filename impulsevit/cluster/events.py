@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+import urllib.parse
 from pathlib import Path
 
 
@@ -31,12 +32,17 @@ def events_path(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / "slurm" / "events.log"
 
 
+def _encode(value: str) -> str:
+    return "".join(urllib.parse.quote(c) if c.isspace() or c == "%" else c for c in value)
+
+
 def append_event(log_file: str | os.PathLike, /, **fields: object) -> None:
     """Append one ``key=value`` event line to ``log_file`` (timestamp, job id and restart count from the
-    SLURM environment are added)."""
+    SLURM environment are added). Values are percent-encoded where they hold whitespace or ``%`` (a path with a
+    space stays one token), and :func:`read_events` decodes them; the job script's own values have neither."""
     job = slurm_job_id() or "-"
     head = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} job={job} restart={os.environ.get('SLURM_RESTART_COUNT', '0')}"
-    body = " ".join(f"{k}={str(v).replace(' ', '_')}" for k, v in fields.items())
+    body = " ".join(f"{k}={_encode(str(v))}" for k, v in fields.items())
     path = Path(log_file)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:  # one short write per line; O_APPEND keeps lines whole
@@ -55,7 +61,7 @@ def read_events(run_dir: str | os.PathLike) -> list[dict[str, str]]:
         for tok in rest.split():
             key, sep, value = tok.partition("=")
             if sep:
-                ev[key] = value
+                ev[key] = urllib.parse.unquote(value)
         if "event" in ev:
             out.append(ev)
     return out
