@@ -40,3 +40,16 @@ def _no_leftover_process_group():
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def pytest_collection_finish(session):
+    """On an xdist worker under ``--dist loadgroup``: every item must carry its group suffix (``nodeid@group``), else
+    pytest-xdist ignored the groups (pytest 9.2 + xdist 3.8 does) and the SLURM files would start two loopback
+    clusters at once (their jobs then collide on the same ports). Fails the run instead of letting it flake."""
+    config = session.config
+    if not hasattr(config, "workerinput") or config.getvalue("dist") != "loadgroup":
+        return
+    ungrouped = [item.nodeid for item in session.items if "@" not in item.nodeid]
+    if ungrouped:
+        raise pytest.UsageError(f"pytest-xdist's loadgroup ignored the xdist_group marks (pytest {pytest.__version__}; "
+                                f"e.g. {ungrouped[0]}): install the versions setup.cfg pins (bash scripts/setup.sh)")
