@@ -14,7 +14,7 @@ Every checkpoint gets (as this callback's state, ``checkpoint["callbacks"]["RunR
   ``wall_seconds`` (training wall time summed over the run's resumed segments), ``device`` (accelerator, count and
   name), ``strategy``, ``versions`` (impulsevit, timm, torch, lightning) and ``started`` (UTC, first segment).
 
-It also keeps ``<default_root_dir>/run.json`` (:data:`SUMMARY_NAME`; global rank 0; atomic, through
+Under ``impulsevit fit`` it also keeps ``<run>/run.json`` (:data:`SUMMARY_NAME`; global rank 0; atomic, through
 :func:`impulsevit.io.atomic_write_json`), the run's state as plain JSON for ``impulsevit runs`` (which never opens a
 checkpoint): written when training starts, after every validation and when the fit ends — ``state`` ``running``,
 ``finished`` (the training loop ended), ``preempted`` (SIGTERM / SIGUSR1 checkpoint), ``interrupted`` (Ctrl-C) or
@@ -22,7 +22,9 @@ checkpoint): written when training starts, after every validation and when the f
 ``total_steps``, ``max_epochs``, the last and best ``val/acc1``, ``wall_seconds``, ``backbone``, ``init_method``,
 ``recipes`` (the ``--recipe`` names of the command line), ``host`` / ``pid`` and ``updated`` (UTC).
 
-A start that fails before training (a bad resume, unreadable data) leaves ``run.json`` as it was.
+A start that fails before training (a bad resume, unreadable data) leaves ``run.json`` as it was. A plain ``Trainer``
+without the CLI's run directory writes none (it would land in the working directory; ``impulsevit runs`` only reads
+runs directories).
 
 Pure bookkeeping: it changes nothing in training. Not recorded: time spent in runs that died without a checkpoint;
 ``run.json`` of a process killed by SIGKILL keeps its last ``running`` state (``impulsevit runs`` reads the lock too).
@@ -45,6 +47,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from impulsevit.callbacks.config_saver import RunConfigSaver
 from impulsevit.io import atomic_write_json
 
 __all__ = ["SUMMARY_NAME", "RunRecord", "device_description", "recipe_names"]
@@ -157,8 +160,10 @@ class RunRecord(L.Callback):
     # ------------------------------------------------------------------ run.json (see the module docstring)
     def write_summary(self, trainer: L.Trainer, pl_module: L.LightningModule, state: str,
                       reason: str | None = None) -> None:
-        """Write ``<default_root_dir>/run.json`` with ``state`` (global rank 0 only)."""
-        if not trainer.is_global_zero:
+        """Write ``<run>/run.json`` with ``state`` (global rank 0 only; only under the CLI, whose config writer holds
+        the run directory)."""
+        run_dir = next((cb.run_dir for cb in trainer.callbacks if isinstance(cb, RunConfigSaver)), None)
+        if not trainer.is_global_zero or run_dir is None:
             return
         hparams = getattr(pl_module, "hparams", {}) or {}
         init = hparams.get("init") if hasattr(hparams, "get") else None
@@ -178,7 +183,7 @@ class RunRecord(L.Callback):
             "host": socket.gethostname(), "pid": os.getpid(),
             "updated": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }
-        atomic_write_json(Path(trainer.default_root_dir) / SUMMARY_NAME, summary)
+        atomic_write_json(Path(run_dir) / SUMMARY_NAME, summary)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._training = True
