@@ -329,11 +329,11 @@ def main(argv: list[str]) -> int:
     if not any(a.split("=", 1)[0] in ("--recipe", "--config", "-c") for a in rest):
         print(f"impulsevit data preview: error: --recipe is required\n{USAGE}", file=sys.stderr)
         return 2
-    torch.set_grad_enabled(False)
     try:
         claim_preview(args.out, args.split, args.overwrite)
         dm = build_datamodule(rest)
-        result = collect(dm, args.split, args.num)
+        with torch.no_grad():  # scoped: a process that called main() in-process keeps its autograd state
+            result = collect(dm, args.split, args.num)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         print(f"impulsevit data preview: error: {exc}", file=sys.stderr)
         return 2
