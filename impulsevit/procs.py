@@ -47,8 +47,8 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-__all__ = ["OWNER_ENV", "Stopped", "adopt", "die_with_parent", "forward_signals", "parent_death_signal", "popen",
-           "raise_if_stopped", "stop_on_signals"]
+__all__ = ["OWNER_ENV", "Stopped", "adopt", "alive", "die_with_parent", "forward_signals", "parent_death_signal",
+           "popen", "raise_if_stopped", "stop_on_signals"]
 
 OWNER_ENV = "IMPULSEVIT_OWNER"
 """``<pid>@<host>`` of the ``impulsevit`` process whose children should die with it (see :func:`adopt`)."""
@@ -127,12 +127,13 @@ def adopt(sig: int = signal.SIGKILL) -> None:
         if os.getppid() == owner:
             if parent_death_signal() == 0:
                 die_with_parent(owner, sig)
-        elif os.getppid() == 1 and not _alive(owner):
+        elif os.getppid() == 1 and not alive(owner):
             os._exit(128 + int(sig))  # our owner is already gone: nothing would stop us otherwise
     os.environ[OWNER_ENV] = _owner_tag(os.getpid())
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """True while a process ``pid`` exists (one we may not signal counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -27,6 +27,7 @@ from pathlib import Path
 from impulsevit.cluster.events import slurm_job_id
 from impulsevit.errors import ConfigError, RunDirError
 from impulsevit.io import check_child_name, disk_errors, remove, temp_path
+from impulsevit.procs import alive
 
 __all__ = ["LOCK_NAME", "RUN_NAME_RULE", "RunDirLock", "check_name", "check_runs_dir", "clear_run", "existing_run",
            "launch_rank", "run_files"]
@@ -63,16 +64,6 @@ def launch_rank() -> int:
     return max((int(r) for r in ranks if r and r.isdigit()), default=0)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class RunDirLock:
     """``<run_dir>/.lock`` held by this process while it writes the run (see the module docstring).
 
@@ -102,7 +93,7 @@ class RunDirLock:
             pid = int(other.get("pid") or -1)
             if pid == me["pid"]:
                 return "the lock belongs to this process"
-            if pid <= 0 or not _alive(pid):
+            if pid <= 0 or not alive(pid):
                 return f"stale lock of pid {pid}, which is gone"
         return None
 

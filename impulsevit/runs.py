@@ -40,6 +40,7 @@ import yaml
 from impulsevit.callbacks.run_record import SUMMARY_NAME
 from impulsevit.cluster.events import read_events
 from impulsevit.errors import ConfigError
+from impulsevit.procs import alive
 from impulsevit.rundir import LOCK_NAME, existing_run
 
 __all__ = ["STATUSES", "RunRow", "format_table", "main", "read_run", "scan", "select"]
@@ -87,16 +88,6 @@ def _read_config(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def live_lock(run_dir: Path) -> dict[str, Any] | None:
     """The lock's owner when ``run_dir``'s lock is held by a live process (see the module docstring), else None."""
     lock = _read_json(run_dir / LOCK_NAME)
@@ -105,7 +96,7 @@ def live_lock(run_dir: Path) -> dict[str, Any] | None:
     if lock.get("host") != socket.gethostname():
         return lock
     try:
-        return lock if _pid_alive(int(lock["pid"])) else None
+        return lock if alive(int(lock["pid"])) else None
     except (TypeError, ValueError):
         return None
 

@@ -6,17 +6,16 @@ writer alone waits forever); a truncated, foreign or partly zeroed ``.beton`` mu
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("ffcv")
 
+from faults.harness import small_tmpfs  # noqa: E402
 from test_convert import make_tree  # noqa: E402
 
 from impulsevit.cli import main as cli_main  # noqa: E402
@@ -27,20 +26,6 @@ from impulsevit.data.storage.integrity import BetonError, check_header, verify_b
 from impulsevit.io import WriteError, atomic_write_text  # noqa: E402
 
 pytestmark = pytest.mark.ffcv
-
-
-@contextlib.contextmanager
-def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
-    """A real tmpfs of ``size`` mounted at ``path`` (skips the test when mounting is not permitted)."""
-    path.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
-                          text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or proc.returncode}); needs root")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def _no_temps(folder: Path) -> list[Path]:
