@@ -44,6 +44,7 @@ from impulsevit.io import atomic_write_json
 log = logging.getLogger("impulsevit")
 
 __all__ = [
+    "cli_run_directory",
     "TRACKERS",
     "TRACKERS_FILE",
     "check_trackers",
@@ -77,6 +78,16 @@ def kind_of(logger: Logger | str) -> str:
 
 
 # ------------------------------------------------------------------ the run directory
+def cli_run_directory(trainer: L.Trainer) -> Path | None:
+    """The run directory the CLI gave its resolved-config writer; ``None`` outside the CLI. Matched by class name, so
+    that callers need not import Lightning's CLI module (it needs jsonargparse, which a bare GPU machine may lack)."""
+    for cb in trainer.callbacks:
+        run_dir = getattr(cb, "run_dir", None)
+        if run_dir is not None and type(cb).__name__ == "RunConfigSaver":
+            return Path(run_dir)
+    return None
+
+
 def run_directory(trainer: L.Trainer) -> Path | None:
     """Where the run's own files go (see the module docstring); ``None``: no run directory (no CLI and no logger, or
     ``fast_dev_run``, which replaces the loggers and the config writer).
@@ -84,10 +95,9 @@ def run_directory(trainer: L.Trainer) -> Path | None:
     Under the CLI it is the ``run_dir`` of the resolved-config writer
     (:class:`~impulsevit.callbacks.config_saver.RunConfigSaver`). Collective for a plain ``Trainer`` (Lightning's
     ``log_dir`` broadcasts from rank 0): call it on every rank."""
-    for cb in trainer.callbacks:
-        run_dir = getattr(cb, "run_dir", None)
-        if run_dir is not None and type(cb).__name__ == "RunConfigSaver":
-            return Path(run_dir)
+    run_dir = cli_run_directory(trainer)
+    if run_dir is not None:
+        return run_dir
     if not trainer.loggers:
         return None
     tb = next((lg for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)), None)

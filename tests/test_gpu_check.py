@@ -14,9 +14,19 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
 
 
+def test_library_imports_without_jsonargparse() -> None:
+    """The fast stand-in for the bare-machine run: everything the GPU benchmarks import (the module, the callbacks, the
+    datamodules, the initializers) imports without Lightning's CLI module, which needs jsonargparse."""
+    code = ("import sys; import impulsevit, impulsevit.callbacks, impulsevit.module, impulsevit.data, impulsevit.init; "
+            "bad = sorted(m for m in sys.modules if m.startswith(('jsonargparse', 'lightning.pytorch.cli'))); "
+            "print(bad); sys.exit(1 if bad else 0)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+
+
+@pytest.mark.slow
 def test_bare_machine_mode(tmp_path: Path) -> None:
     copy = tmp_path / "repo"
     shutil.copytree(REPO, copy, symlinks=True, ignore=shutil.ignore_patterns(

@@ -47,8 +47,8 @@ from typing import Any
 import lightning as L
 import torch
 
-from impulsevit.callbacks.config_saver import RunConfigSaver
 from impulsevit.io import atomic_write_json
+from impulsevit.trackers import cli_run_directory
 
 __all__ = ["SUMMARY_NAME", "RunRecord", "device_description", "recipe_names"]
 
@@ -162,7 +162,7 @@ class RunRecord(L.Callback):
                       reason: str | None = None) -> None:
         """Write ``<run>/run.json`` with ``state`` (global rank 0 only; only under the CLI, whose config writer holds
         the run directory)."""
-        run_dir = next((cb.run_dir for cb in trainer.callbacks if isinstance(cb, RunConfigSaver)), None)
+        run_dir = cli_run_directory(trainer)
         if not trainer.is_global_zero or run_dir is None:
             return
         hparams = getattr(pl_module, "hparams", {}) or {}
