@@ -90,10 +90,10 @@ def plain_loop(steps: int, batch: int, warmup: int) -> float:
     return (time.perf_counter() - start) / (len(loader) - warmup)
 
 
-def impulsevit_fit(steps: int, batch: int, warmup: int, runs_dir: Path) -> float:
-    """Seconds per optimizer step of ``impulsevit fit`` (steps ``[warmup, steps)``)."""
+def impulsevit_fit_cli(steps: int, batch: int, warmup: int, runs_dir: Path, extra: list[str] = ()) -> ImpulseCLI:
+    """One ``impulsevit fit`` run (in-process, the real CLI) of the benchmark's setting; ``extra``: more CLI args."""
     data = {"class_path": "impulsevit.data.SyntheticDataModule", "init_args": data_kwargs(steps, batch)}
-    timer = {"class_path": "__main__.StepTimer", "init_args": {"warmup": warmup}}
+    timer = {"class_path": f"{StepTimer.__module__}.StepTimer", "init_args": {"warmup": warmup}}
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "tiny_synthetic.yaml"
     argv = [
         "fit", "--recipe", str(recipe), f"--runs_dir={runs_dir}", "--name=bench",
@@ -105,11 +105,17 @@ def impulsevit_fit(steps: int, batch: int, warmup: int, runs_dir: Path) -> float
         f"--model.scheduler.warmup_lr={WARMUP_LR}",
         "--trainer.max_epochs=1", "--trainer.deterministic=false", "--trainer.log_every_n_steps=50",
         "--trainer.enable_progress_bar=true", "--trainer.enable_model_summary=true", "--trainer.limit_val_batches=0",
-        "--trainer.num_sanity_val_steps=0", f"--trainer.callbacks=[{json.dumps(timer)}]",
+        "--trainer.num_sanity_val_steps=0", f"--trainer.callbacks=[{json.dumps(timer)}]", *extra,
     ]
     with mock.patch.object(sys, "argv", ["impulsevit"]):
         cli = ImpulseCLI(args=prepare_argv(argv))
     torch.use_deterministic_algorithms(False)
+    return cli
+
+
+def impulsevit_fit(steps: int, batch: int, warmup: int, runs_dir: Path) -> float:
+    """Seconds per optimizer step of ``impulsevit fit`` (steps ``[warmup, steps)``)."""
+    cli = impulsevit_fit_cli(steps, batch, warmup, runs_dir)
     t = next(cb for cb in cli.trainer.callbacks if isinstance(cb, StepTimer))
     assert t.steps == steps - warmup, (t.steps, steps, warmup)
     return (t.end - t.start) / t.steps
