@@ -90,8 +90,9 @@ def mean_std(xs: list[float]) -> str:
 @pytest.mark.slow
 def test_study_report_matches_logged_metrics_and_lists_failures(recipe: Path, tmp_path: Path, capsys) -> None:
     runs_dir = tmp_path / "runs"
+    # --runs_dir (fit's spelling) is the study's --runs-dir, not an override that would move the runs out of the study
     rc = study.main(["--recipe", str(recipe), "--methods", "impulse,torch,nosuch", "--seeds", "2",
-                     "--runs-dir", str(runs_dir)])
+                     "--runs_dir", str(runs_dir)])
     assert rc == 1, "a study with failed runs must exit non-zero"
     sdir = runs_dir / "tiny_study-study"
     plan = json.loads((sdir / "study.json").read_text())

@@ -127,12 +127,34 @@ def _parser() -> argparse.ArgumentParser:
                         "impulse,mimetic,torch)")
     p.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 per method")
     p.add_argument("--name", default=None, help="study name (default: <recipe>-study)")
-    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--runs-dir", "--runs_dir", dest="runs_dir", default="runs",
+                   help="where the study folder goes (default: runs)")
     p.add_argument("--collect", action="store_true", help="only rebuild the report from the run directories")
     p.add_argument("--run-index", type=int, default=None, help="run only this entry of the plan")
     p.add_argument("--submit", action="store_true", help="submit the plan as a SLURM array instead of running here")
     p.add_argument("--dry-run", action="store_true", help="with --submit: print the sbatch script, submit nothing")
     return p
+
+
+# fit arguments the study sets for every run itself: an override of them would move the runs out of the study folder or
+# make every run the same method / seed (the report would then count wrong runs), so they are refused before any work
+_OWNED = {"--resume": "the study resumes each run itself (--resume auto)",
+          "--model.init.method": "choose the methods with --methods",
+          "--model.init": "choose the methods with --methods",
+          "--model.init.seed": "choose the seeds with --seeds", "--seed_everything": "choose the seeds with --seeds",
+          "--trainer.default_root_dir": "the study places its runs in <runs-dir>/<name>/"}
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Refuse the ``impulsevit fit`` overrides that the study itself sets per run (:data:`_OWNED`).
+
+    Raises:
+        ConfigError: names the argument and what to use instead.
+    """
+    for arg in overrides:
+        key = arg.split("=", 1)[0]
+        if key in _OWNED:
+            raise ConfigError(f"{key} cannot be passed to a study: {_OWNED[key]}")
 
 
 def _new_plan(args: argparse.Namespace, recipe_path: Path, overrides: list[str]) -> dict[str, Any]:
@@ -180,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("impulsevit study --array-task STUDY_DIR fit ...")
         return _array_task(Path(argv[1]), argv[2:])
     args, overrides = _parser().parse_known_args(argv)
+    check_overrides(overrides)
 
     from impulsevit.recipes import resolve_recipe
 
