@@ -14,12 +14,15 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from . import zygote as _zygote
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "recipes" / "tiny_synthetic.yaml"
@@ -56,7 +59,22 @@ def start(*args: str, cwd: str | os.PathLike, extra_env: dict[str, str] | None =
 
 
 def run(*args: str, cwd: str | os.PathLike, timeout: float = 300, extra_env: dict[str, str] | None = None) -> Result:
-    """Run the command to its end (killing its whole session on timeout) and return its :class:`Result`."""
+    """Run the command to its end (killing its whole session on timeout) and return its :class:`Result`.
+
+    The command is forked from this worker's warm interpreter (:mod:`tests.faults.zygote`: the same ``impulsevit``
+    main in a new process and session, without the seconds of importing torch each time); without one (it could not
+    start, or ``IMPULSEVIT_TEST_FORK=0``), a fresh ``python -m impulsevit.cli`` as :func:`start` runs it."""
+    zygote = _zygote.get(env())
+    if zygote is not None:
+        with tempfile.TemporaryDirectory(prefix="impulsevit-fault-") as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            rc, pid = zygote.run([str(a) for a in args], str(cwd), env(**(extra_env or {})), out, err, timeout)
+            if rc is None:
+                kill_session(pid)
+                zygote.wait_after_kill()
+                pytest.fail(f"impulsevit {' '.join(map(str, args))} did not finish in {timeout} s\n"
+                            f"{err.read_text(errors='replace')[-3000:]}")
+            return Result(rc, out.read_text(errors="replace"), err.read_text(errors="replace"), pid)
     proc = start(*args, cwd=cwd, extra_env=extra_env)
     try:
         out, err = proc.communicate(timeout=timeout)
