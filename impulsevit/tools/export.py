@@ -46,7 +46,6 @@ import torch
 from torch import nn
 
 from impulsevit._compat.timm import model_card_readme
-from impulsevit.checkpointing import atomic_torch_save
 from impulsevit.errors import ConfigError, UserError
 from impulsevit.io import claim_output, commit, disk_errors, remove, temp_path
 from impulsevit.safe_load import (
@@ -56,6 +55,7 @@ from impulsevit.safe_load import (
     load_checkpoint,
     load_distributed_checkpoint,
 )
+from impulsevit.training.checkpointing import atomic_torch_save
 
 __all__ = ["EXPORT_FILES", "backbone_state_dict", "build_model", "data_config", "export_checkpoint",
            "export_folder", "is_export_folder", "load_checkpoint_file", "main", "model_card", "push_to_hub",
@@ -165,8 +165,8 @@ def data_config(ckpt: dict[str, Any]) -> dict[str, Any]:
 
 def _timm_kwargs(hp: dict[str, Any]) -> dict[str, Any]:
     """The ``timm.create_model`` keyword arguments (without ``num_classes``) of a checkpoint's hyperparameters: its
-    ``backbone_kwargs`` with the linked ``img_size`` folded in (:func:`impulsevit.backbone.timm_kwargs`)."""
-    from impulsevit.backbone import timm_kwargs
+    ``backbone_kwargs`` with the linked ``img_size`` folded in (:func:`impulsevit.training.backbone.timm_kwargs`)."""
+    from impulsevit.training.backbone import timm_kwargs
 
     if not hp.get("backbone"):
         return dict(hp.get("backbone_kwargs") or {})
