@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from impulsevit._compat.checkpoint import epochs_done
 from impulsevit.errors import ConfigError
 from impulsevit.safe_load import UntrustedFileError, check_distributed_checkpoint, load_checkpoint
 
@@ -269,7 +270,7 @@ def finished_run(path: str | os.PathLike, max_epochs: int | None, max_steps: int
     path = Path(path)
     try:
         ckpt = load_checkpoint(path, mmap=True) if path.is_file() else None
-        done = int(ckpt["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"]) if ckpt else None
+        done = epochs_done(ckpt) if ckpt else None
         step = int(ckpt["global_step"]) if ckpt else None
     except Exception:  # noqa: BLE001 - unknown: let Lightning decide
         return None

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from impulsevit._compat.checkpoint import callback_state
 from impulsevit._compat.timm import model_card_readme
 from impulsevit.errors import ConfigError, UserError
 from impulsevit.io import claim_output, commit, disk_errors, remove, temp_path
@@ -124,20 +125,13 @@ def backbone_state_dict(ckpt: dict[str, Any], ema: bool = False) -> dict[str, to
     return {k: v.detach().clone().contiguous() for k, v in out.items()}
 
 
-def _callback_state(ckpt: dict[str, Any], name: str) -> dict[str, Any] | None:
-    for key, state in (ckpt.get("callbacks") or {}).items():
-        if (key == name or str(key).startswith(name + "{")) and isinstance(state, dict):
-            return state
-    return None
-
-
 def run_record(ckpt: dict[str, Any]) -> dict[str, Any]:
     """The ``RunRecord`` callback's state (:mod:`impulsevit.callbacks.run_record`), ``{}`` for older checkpoints."""
-    return dict(_callback_state(ckpt, "RunRecord") or {})
+    return dict(callback_state(ckpt, "RunRecord") or {})
 
 
 def _init_state(ckpt: dict[str, Any]) -> dict[str, Any] | None:
-    return _callback_state(ckpt, "Initializer")
+    return callback_state(ckpt, "Initializer")
 
 
 def data_config(ckpt: dict[str, Any]) -> dict[str, Any]:
