@@ -68,6 +68,7 @@ def test_an_old_class_path_resolves_in_jsonargparse():
     assert type(init.model) is ImageClassifier
 
 
+@pytest.mark.slow  # two CLI start-ups in subprocesses: ~30-60 s on 2 busy cores
 def test_an_old_class_path_resolves_through_the_command_line():
     """``impulsevit fit`` (a real subprocess) given a trainer strategy by its old ``class_path`` imports the class
     (its ``init_args`` come from the class's signature, which a path that imports nothing does not get)."""
