@@ -159,6 +159,16 @@ def test_every_folder_is_in_the_design_layer_table():
     assert not stale, f"docs/design.md's layer table names paths that do not exist: {stale}"
 
 
+def test_nothing_inside_imports_an_old_module_path():
+    """The package imports its modules by their paths now, never by an alias of ``impulsevit/_aliases.py`` (an alias
+    is for users' code and old configs; inside, it would hide an edge from the rules above)."""
+    from impulsevit._aliases import MOVED
+
+    bad = sorted(f"{src} imports {old} (now {MOVED[old]})" for src, path in MODULES.items()
+                 for old in imports(path) if old in MOVED)
+    assert not bad, "\n".join(bad)
+
+
 def test_slurm_environment_is_read_in_one_place():
     """``SLURM_RESTART_COUNT`` / ``SLURM_JOB_ID`` are read by :mod:`impulsevit.env` only (the SLURM batch scripts
     that :mod:`impulsevit.cluster.sbatch` renders print them as shell text, which is not a read here)."""
