@@ -29,8 +29,8 @@ import yaml
 from impulsevit.callbacks.attention_evolution import AttentionEvolution, probe_maps
 from impulsevit.init import initialize
 from impulsevit.init.locality import locality
-from impulsevit.module import ImageClassifier
-from impulsevit.recipes import resolve_recipe
+from impulsevit.run.recipes import resolve_recipe
+from impulsevit.training.module import ImageClassifier
 
 
 def main() -> None:

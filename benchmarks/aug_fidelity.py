@@ -263,7 +263,7 @@ def mixup_draws(n: int, size: int, which: str, seed: int) -> dict[str, np.ndarra
     from :class:`MixupConfig` (the same on both backends); ``timm``: DeiT's arguments given to timm directly."""
     from timm.data import Mixup
 
-    from impulsevit.config import MixupConfig
+    from impulsevit.training.config import MixupConfig
 
     if which == "module":
         m = MixupConfig()

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from impulsevit._compat.checkpoint import distributed_meta_file
 from impulsevit.errors import ConfigError
 
 __all__ = ["DCP_METADATA_GLOBALS", "SAFE_GLOBALS", "TRUST_ENV", "TRUST_FLAG", "TRUST_HELP", "UntrustedFileError",
@@ -230,7 +231,6 @@ def _dcp_global(module: str, name: str) -> bool:
 
 # ---------------------------------------------------------------------------------------------- distributed checkpoints
 _DCP_METADATA = ".metadata"
-_LIGHTNING_META = "meta.pt"  # Lightning's non-tensor part of a distributed checkpoint
 
 
 def read_dcp_metadata(folder: str | os.PathLike) -> Any:
@@ -309,8 +309,8 @@ def check_distributed_checkpoint(folder: str | os.PathLike, *, trust: bool | Non
             _load_weights_only(io.BytesIO(data), "cpu", False)
         except _WeightsOnlyRefused as exc:
             raise _refusal(folder, "distributed checkpoint", f"its entry {fqn}: {exc.args[0]}") from None
-    if (folder / _LIGHTNING_META).is_file():
-        load_checkpoint(folder / _LIGHTNING_META, mmap=True)
+    if distributed_meta_file(folder).is_file():
+        load_checkpoint(distributed_meta_file(folder), mmap=True)
 
 
 def load_distributed_checkpoint(folder: str | os.PathLike, *, trust: bool | None = None) -> dict[str, Any]:
@@ -331,7 +331,7 @@ def load_distributed_checkpoint(folder: str | os.PathLike, *, trust: bool | None
         merged = Path(tmp) / "merged.pt"
         dcp_to_torch_save(folder, merged)
         ckpt = load_checkpoint(merged, trust=trust)
-    meta = folder / _LIGHTNING_META
+    meta = distributed_meta_file(folder)
     if meta.is_file():
         ckpt = {**load_checkpoint(meta, trust=trust), **ckpt}
     return ckpt

@@ -5,6 +5,7 @@ import os
 
 import pytest
 import torch
+from _lanes import SLOW_FILES
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -26,7 +27,10 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+    tests = os.path.dirname(__file__)
     for item in items:
+        if os.path.relpath(item.path, tests) in SLOW_FILES:  # the fast lane: pytest -m "not slow" (tests/_lanes.py)
+            item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(xdist_group(item.path)))
 

@@ -143,7 +143,7 @@ def test_without_a_logger_nothing_is_written(tmp_path):
 
     from impulsevit.callbacks import AttentionEvolution
     from impulsevit.data.loading.synthetic import SyntheticDataModule
-    from impulsevit.module import ImageClassifier
+    from impulsevit.training.module import ImageClassifier
 
     model = ImageClassifier("vit_tiny_patch16_224", {"img_size": 16, "patch_size": 4, "embed_dim": 32, "depth": 1,
                                                      "num_heads": 2}, num_classes=4)

@@ -13,7 +13,7 @@ import yaml
 from _cli_helpers import REPO, TINY, run_cli, scalars, state_dict, tiny
 
 from impulsevit.cli import main, prepare_argv
-from impulsevit.recipes import RecipeNotFoundError, available_recipes, describe, resolve_recipe
+from impulsevit.run.recipes import RecipeNotFoundError, available_recipes, describe, resolve_recipe
 
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 
@@ -252,8 +252,8 @@ def test_null_on_the_command_line_is_none_for_every_optional_key(capsys, class_p
     """Every ``X | None`` key of the recipes' data classes (their ``augment`` / ``storage`` blocks included) and of the
     model, given as ``--key=null`` or ``--key null``, parses to None (jsonargparse passed a nested one on as the text
     ``'None'``, or failed on ``float | None``)."""
-    from impulsevit.module import ImageClassifier
-    from impulsevit.preview import build_datamodule
+    from impulsevit.tools.preview import build_datamodule
+    from impulsevit.training.module import ImageClassifier
 
     recipe = _recipe_per_data_class()[class_path]
     data_cls = __import__("importlib").import_module(class_path.rpartition(".")[0])

@@ -22,7 +22,7 @@ import yaml
 from _cli_helpers import TINY, scalars, tiny
 
 from impulsevit.cli import main
-from impulsevit.rundir import LOCK_NAME
+from impulsevit.run.rundir import LOCK_NAME
 
 SHORT = ("--trainer.max_epochs=1", "--data.init_args.num_train=32", "--data.init_args.num_val=16")
 

@@ -22,6 +22,7 @@ import pytest
 import torch
 from torch import nn
 
+from impulsevit._compat import checkpoint as compat_checkpoint
 from impulsevit._compat import cli as compat_cli
 from impulsevit._compat import lightning as compat_lightning
 from impulsevit._compat import timm as compat_timm
@@ -148,6 +149,9 @@ ENTRY_TESTS = {
     "lightning.callback_state_key": "test_compat.py::test_callback_state_key",
     "lightning.default_data_parallel_to_world": "test_compat.py::test_default_data_parallel_to_world",
     "lightning.CommHookOnAnyDeviceDDPStrategy": "test_compat.py::test_ddp_comm_hook_members",
+    "checkpoint.epochs_done": "test_compat.py::test_checkpoint_layout",
+    "checkpoint.callback_state": "test_compat.py::test_checkpoint_layout",
+    "checkpoint.distributed_meta_file": "test_compat.py::test_distributed_meta_file",
     "cli.SubcommandRunHookCLI": "test_compat.py::test_subcommand_run_hook",
     "cli.parser_actions": "test_compat.py::test_parser_actions",
     "cli.subcommand_parsers": "test_compat.py::test_subcommand_parsers",
@@ -240,6 +244,52 @@ def test_lightning_loop_state_layout(tmp_path):
     bp.load_state_dict(progress)
     assert bp.total.processed == bp.total.started - 1 and bp.total.completed == bp.total.processed
     assert not compat_lightning.rerun_interrupted_validation({"loops": {}})
+
+
+def test_checkpoint_layout(tmp_path):
+    """A checkpoint the installed Lightning writes (a real ``Trainer``, a callback with state keyed by arguments; a
+    run stopped by ``max_steps`` inside an epoch) holds the epochs done and the callbacks' states where the helpers
+    read them."""
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    class Stateful(L.Callback):
+        def __init__(self, tag: str) -> None:
+            self.tag = tag
+
+        @property
+        def state_key(self) -> str:
+            return compat_lightning.callback_state_key(self, tag=self.tag)
+
+        def state_dict(self) -> dict:
+            return {"tag": self.tag}
+
+    def fit(max_steps: int, name: str) -> dict:
+        trainer = L.Trainer(accelerator="cpu", max_epochs=3, max_steps=max_steps, limit_train_batches=2,
+                            limit_val_batches=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                            enable_checkpointing=False, default_root_dir=tmp_path, callbacks=[Stateful("a")])
+        trainer.fit(BoringModel())
+        trainer.save_checkpoint(tmp_path / name)
+        return torch.load(tmp_path / name, weights_only=True)
+
+    done = fit(-1, "done.ckpt")
+    assert compat_checkpoint.epochs_done(done) == 3
+    assert compat_checkpoint.callback_state(done, Stateful) == {"tag": "a"}
+    assert compat_checkpoint.callback_state(done, Stateful.__qualname__) == {"tag": "a"}
+    assert compat_checkpoint.callback_state(done, "Other") is None
+    assert compat_checkpoint.callback_state({}, Stateful) is None
+    # max_steps ends training after 1 batch of epoch 1: that epoch's training counts as processed (so --resume with
+    # a larger max_steps but the same max_epochs starts at epoch 2, as Lightning itself does)
+    assert compat_checkpoint.epochs_done(fit(3, "mid.ckpt")) == 2
+    with pytest.raises(KeyError):
+        compat_checkpoint.epochs_done({"state_dict": {}})
+
+
+def test_distributed_meta_file():
+    """Lightning writes (and reads) the non-tensor part of a distributed checkpoint under the name the entry gives."""
+    from lightning.fabric.utilities.load import _METADATA_FILENAME
+
+    assert _METADATA_FILENAME == "meta.pt"
+    assert compat_checkpoint.distributed_meta_file(Path("run/step=1")) == Path("run/step=1/meta.pt")
 
 
 def test_callback_state_key():

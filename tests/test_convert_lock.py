@@ -12,8 +12,8 @@ import pytest
 from _cli_helpers import subprocess_env
 from test_convert import make_tree
 
+from impulsevit.data.locking import file_lock
 from impulsevit.data.storage.convert import read_manifest
-from impulsevit.data.storage.locking import file_lock
 
 
 @pytest.mark.slow
@@ -50,7 +50,7 @@ def test_a_killed_holder_leaves_no_stale_lock_and_waiters_name_the_holder(tmp_pa
     import threading
 
     lock = tmp_path / "out.beton.lock"
-    code = ("import sys, time; from impulsevit.data.storage.locking import file_lock\n"
+    code = ("import sys, time; from impulsevit.data.locking import file_lock\n"
             f"with file_lock({str(lock)!r}):\n    print('held', flush=True); time.sleep(600)\n")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=subprocess_env())
     try:

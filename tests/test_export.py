@@ -27,7 +27,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from impulsevit.cli import main
-from impulsevit.module import ImageClassifier
+from impulsevit.training.module import ImageClassifier
 
 KWARGS = {"img_size": 32, "patch_size": 4, "embed_dim": 64, "depth": 2, "num_heads": 2}  # tiny_synthetic's backbone
 FMNIST_MEAN, FMNIST_STD = 0.2860, 0.3530

@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 def test_library_imports_without_jsonargparse() -> None:
     """The fast stand-in for the bare-machine run: everything the GPU benchmarks import (the module, the callbacks, the
     datamodules, the initializers) imports without Lightning's CLI module, which needs jsonargparse."""
-    code = ("import sys; import impulsevit, impulsevit.callbacks, impulsevit.module, impulsevit.data, impulsevit.init; "
+    code = ("import sys; import impulsevit, impulsevit.callbacks, impulsevit.training.module, impulsevit.data, "
+            "impulsevit.init; "
             "bad = sorted(m for m in sys.modules if m.startswith(('jsonargparse', 'lightning.pytorch.cli'))); "
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

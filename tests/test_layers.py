@@ -1,7 +1,9 @@
-"""The import rules of docs/design.md ("Layers"), checked on the source: every ``import`` inside impulsevit, at module
-level or inside a function, must go to an allowed layer or to a leaf module (one with no impulsevit imports); each
-module's layer is the row of docs/design.md's layer table that names it (every module is named there); there is no
-import cycle; and the data sub-packages keep their own rules."""
+"""The import rules of docs/design.md ("Layers"), checked on the source: each module's layer is the layer of its folder
+(docs/design.md's layer table lists folders: ``training/``, ``run/``, ...; the package's root files ``*.py`` are the
+leaves at the bottom; ``__init__.py`` is the public face above everything); every ``import`` inside impulsevit, at
+module level or inside a function, goes to the same or an allowed lower layer (no exception but the public face);
+nothing imports the public face; there is no import cycle, the root package included; and the data sub-packages keep
+their own rules."""
 
 from __future__ import annotations
 
@@ -16,8 +18,12 @@ PKG = Path(__file__).resolve().parents[1] / "impulsevit"
 
 DESIGN = PKG.parent / "docs" / "design.md"
 
-# layer -> the layers it may import (leaf modules are allowed from anywhere)
-ALLOWED = {0: {0}, 1: {0, 1}, 2: {0, 1, 2}, 3: {0, 3}, 4: {0, 4}, 5: {0, 1, 2, 3, 4, 5}}
+ROOT = "impulsevit"  # the package's __init__.py: the lazy public face
+FACE = 99  # its layer: above every other one
+
+# layer -> the layers it may import: 0 leaves, 1 init, 2 training, 3 data, 4 cluster, 5 run, 6 entry points
+ALLOWED = {0: {0}, 1: {0, 1}, 2: {0, 1, 2}, 3: {0, 3}, 4: {0, 4}, 5: {0, 1, 2, 3, 4, 5}, 6: {0, 1, 2, 3, 4, 5, 6},
+           FACE: {0, 1, 2, 3, 4, 5, 6}}
 
 
 def module_name(path: Path) -> str:
@@ -27,32 +33,35 @@ def module_name(path: Path) -> str:
 
 @functools.cache
 def layer_table() -> dict[str, int]:
-    """docs/design.md's layer table: each path of its "packages / modules" column (relative to ``impulsevit/``; a
-    folder ends with ``/``) -> the row's layer number."""
+    """docs/design.md's layer table: each entry of its "folders" column (relative to ``impulsevit/``: a folder ending
+    with ``/``, ``*.py`` for the root files, ``__init__.py`` for the public face) -> the row's layer number (the
+    public face: :data:`FACE`)."""
     text = DESIGN.read_text()
     section = text[text.index("## Layers"):text.index("## Where a change goes")]
     out: dict[str, int] = {}
     for line in section.splitlines():
-        row = re.match(r"\| (\d+)\. [^|]*\| ([^|]*) \|", line)
+        row = re.match(r"\| (\d+|top)\. [^|]*\| ([^|]*) \|", line)
         if row:
-            for path in re.findall(r"`([^`]+(?:\.py|/))`", row.group(2)):  # files and folders, not commands
-                out[path.removeprefix("impulsevit/")] = int(row.group(1))
+            number = FACE if row.group(1) == "top" else int(row.group(1))
+            for path in re.findall(r"`([\w*.]+(?:/|\.py))`", row.group(2)):
+                out[path.removeprefix("impulsevit/")] = number
     return out
 
 
-def table_entry(name: str) -> str | None:
-    """The most specific path of the layer table that covers module ``name`` (a file named exactly, or a folder
-    holding it), or None."""
-    path = str(MODULES[name].relative_to(PKG))
-    covering = [p for p in layer_table() if p == path or (p.endswith("/") and path.startswith(p))]
-    return max(covering, key=len, default=None)
+def folder(name: str) -> str:
+    """The entry of the layer table that holds module ``name``: its top folder under ``impulsevit/`` (``training/``),
+    ``*.py`` for a file at the root, ``__init__.py`` for the root package itself."""
+    parts = MODULES[name].relative_to(PKG).parts
+    if len(parts) > 1:
+        return parts[0] + "/"
+    return "__init__.py" if parts[0] == "__init__.py" else "*.py"
 
 
 def layer(name: str) -> int:
-    """The layer docs/design.md's table gives module ``name``: 0 shared leaves, 1 init, 2 training, 3 data,
-    4 cluster, 5 entry points."""
-    entry = table_entry(name)
-    assert entry is not None, f"{name} is not in docs/design.md's layer table"
+    """The layer of module ``name``'s folder: 0 leaves, 1 init, 2 training, 3 data, 4 cluster, 5 run, 6 entry
+    points, :data:`FACE` the public face."""
+    entry = folder(name)
+    assert entry in layer_table(), f"{name}: its folder {entry} is not in docs/design.md's layer table"
     return layer_table()[entry]
 
 
@@ -96,15 +105,20 @@ MODULES = {module_name(p): p for p in PKG.rglob("*.py")}
 
 
 def internal(name: str) -> set[str]:
-    return {m for m in imports(MODULES[name]) if m in MODULES and m != "impulsevit"} - {name}
+    """The impulsevit modules ``name`` imports, the root package (``import impulsevit``) included."""
+    return {m for m in imports(MODULES[name]) if m in MODULES} - {name}
 
 
 def test_every_import_respects_the_layers():
-    leaves = {m for m in MODULES if not internal(m)}
+    """No arrow runs up: every import goes to the importer's own layer or one it may build on, its own package aside;
+    the one exception is the public face (``impulsevit/__init__.py``), which nothing imports."""
     bad = []
     for src in sorted(MODULES):
         for dst in sorted(internal(src)):
-            if dst in leaves or dst.startswith(src + ".") or src.startswith(dst + "."):  # leaf, or own package
+            if dst == ROOT:
+                bad.append(f"{src} imports the public face {ROOT} (import the module that defines the name)")
+                continue
+            if dst.startswith(src + ".") or (src != ROOT and src.startswith(dst + ".")):  # own package
                 continue
             if layer(dst) not in ALLOWED[layer(src)]:
                 bad.append(f"{src} (layer {layer(src)}) imports {dst} (layer {layer(dst)})")
@@ -122,24 +136,45 @@ def test_the_rules_see_real_edges():
     """The parser finds the imports the layers are about (so an empty result above is not a parsing failure), and
     the table gives the layers the design names."""
     assert "impulsevit.init.api" in internal("impulsevit.init.vit")
-    assert "impulsevit.recipes" in internal("impulsevit.cluster.submit")  # `from impulsevit import recipes`
-    assert layer("impulsevit.study.launch") == 5 and layer("impulsevit.callbacks.initializer") == 2
+    assert "impulsevit.run.recipes" in internal("impulsevit.cli.submit")
+    assert layer("impulsevit.study.launch") == 6 and layer("impulsevit.callbacks.initializer") == 2
     assert "impulsevit.cli.argv" in internal("impulsevit.cli.entry")  # the CLI package's own modules
-    assert "impulsevit.cli.trainer_cli" in internal("impulsevit.preview") and layer("impulsevit.cli.trainer_cli") == 5
-    assert "impulsevit.data.storage.locking" in internal("impulsevit.data.sources.download")  # inside a function
-    assert layer("impulsevit.cluster.submit") == 5 and layer("impulsevit.cluster.sbatch") == 4
-    assert layer("impulsevit.data.loading.config") == 3 and layer("impulsevit.config") == 2
-    assert layer("impulsevit.io") == 0 and layer("impulsevit.rundir") == 5
-    assert ("impulsevit.cli.entry", "impulsevit.cluster.submit") in edges()
+    assert "impulsevit.cli.trainer_cli" in internal("impulsevit.tools.preview")
+    assert layer("impulsevit.tools.preview") == 6
+    assert "impulsevit.data.locking" in internal("impulsevit.data.sources.download")  # inside a function
+    assert "impulsevit.training.module" in internal(ROOT) and layer(ROOT) == FACE  # the lazy public face
+    assert layer("impulsevit.cli.submit") == 6 and layer("impulsevit.cluster.sbatch") == 4
+    assert layer("impulsevit.data.loading.config") == 3 and layer("impulsevit.training.config") == 2
+    assert layer("impulsevit.io") == 0 and layer("impulsevit.env") == 0 and layer("impulsevit.run.rundir") == 5
+    assert layer("impulsevit._compat.lightning") == 0 and layer("impulsevit.models.convmixer") == 1
+    assert ("impulsevit.cli.entry", "impulsevit.cli.submit") in edges()
 
 
-def test_every_module_is_in_the_design_layer_table():
-    """Every module of the package is covered by a path of docs/design.md's layer table, and every path there names
-    something that exists."""
-    missing = sorted(m for m in MODULES if table_entry(m) is None)
-    assert not missing, "modules missing from docs/design.md's layer table:\n" + "\n".join(missing)
-    stale = sorted(p for p in layer_table() if not (PKG / p).exists())
+def test_every_folder_is_in_the_design_layer_table():
+    """Every folder of the package (and its root files, and its public face) has a row of docs/design.md's layer
+    table, and every entry there names something that exists."""
+    missing = sorted({folder(m) for m in MODULES} - set(layer_table()))
+    assert not missing, f"folders missing from docs/design.md's layer table: {missing}"
+    stale = sorted(p for p in layer_table() if p != "*.py" and not (PKG / p).exists())
     assert not stale, f"docs/design.md's layer table names paths that do not exist: {stale}"
+
+
+def test_nothing_inside_imports_an_old_module_path():
+    """The package imports its modules by their paths now, never by an alias of ``impulsevit/_aliases.py`` (an alias
+    is for users' code and old configs; inside, it would hide an edge from the rules above)."""
+    from impulsevit._aliases import MOVED
+
+    bad = sorted(f"{src} imports {old} (now {MOVED[old]})" for src, path in MODULES.items()
+                 for old in imports(path) if old in MOVED)
+    assert not bad, "\n".join(bad)
+
+
+def test_slurm_environment_is_read_in_one_place():
+    """``SLURM_RESTART_COUNT`` / ``SLURM_JOB_ID`` are read by :mod:`impulsevit.env` only (the SLURM batch scripts
+    that :mod:`impulsevit.cluster.sbatch` renders print them as shell text, which is not a read here)."""
+    readers = sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
+                     if re.search(r"environ[^\n]*[\"'](SLURM_RESTART_COUNT|SLURM_JOB_ID)[\"']", p.read_text()))
+    assert readers == ["env.py"], readers
 
 
 def provider_modules() -> dict[str, str]:

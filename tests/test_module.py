@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 from impulsevit import ImageClassifier
 from impulsevit.callbacks import NonFiniteLossGuard
 from impulsevit.data.loading.synthetic import SyntheticDataModule
-from impulsevit.strategies import FSDP2Strategy, check_strategy, default_precision
+from impulsevit.training.strategies import FSDP2Strategy, check_strategy, default_precision
 
 VIT = dict(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=2, weight_init="skip")
 
@@ -255,7 +255,7 @@ def test_strategy_names_and_precision() -> None:
     from lightning.pytorch.strategies import FSDPStrategy, StrategyRegistry
 
     assert StrategyRegistry["fsdp"]["strategy"] is FSDPStrategy  # Lightning's own name is left alone
-    from impulsevit.strategies import BF16DDPStrategy
+    from impulsevit.training.strategies import BF16DDPStrategy
 
     t = L.Trainer(strategy="ddp_bf16", accelerator="cpu", devices=1, logger=False)
     assert isinstance(t.strategy, BF16DDPStrategy) and t.strategy._ddp_comm_hook.__name__ == "bf16_compress_hook"

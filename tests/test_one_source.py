@@ -98,7 +98,7 @@ def test_a_checkpoint_from_before_the_link_resumes_and_loads(tmp_path: Path) -> 
     import torch
     from _cli_helpers import run_cli
 
-    from impulsevit.module import ImageClassifier
+    from impulsevit.training.module import ImageClassifier
 
     run_cli(*tiny(tmp_path, "old", "--trainer.max_steps=2", "--trainer.limit_val_batches=0"))
     path = tmp_path / "old" / "checkpoints" / "last.ckpt"
@@ -117,7 +117,7 @@ def test_a_plain_trainer_model_built_for_another_size_is_refused_at_setup(tmp_pa
     import lightning as L
 
     from impulsevit.data import SyntheticDataModule
-    from impulsevit.module import ImageClassifier
+    from impulsevit.training.module import ImageClassifier
 
     model = ImageClassifier("vit_tiny_patch16_224", {"img_size": 32, "patch_size": 4, "embed_dim": 32, "depth": 1,
                                                      "num_heads": 2}, num_classes=4, log_attention=False)

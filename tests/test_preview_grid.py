@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from impulsevit.preview import MIN_TILE, main, render_grid
+from impulsevit.tools.preview import MIN_TILE, main, render_grid
 
 
 def test_small_images_are_enlarged_with_square_pixels_and_labelled():

@@ -32,8 +32,8 @@ REFERENCE_1K = {
 
 def _build_meta(recipe: Path) -> tuple[torch.nn.Module, dict, int]:
     """The recipe's backbone on the meta device, built as ``ImageClassifier`` builds it: the data's ``image_size`` is
-    the input size (``impulsevit.backbone.timm_kwargs``). ``model_cfg`` gets the resolved ``timm_kwargs``."""
-    from impulsevit.backbone import timm_kwargs
+    the input size (``impulsevit.training.backbone.timm_kwargs``). ``model_cfg`` gets the resolved ``timm_kwargs``."""
+    from impulsevit.training.backbone import timm_kwargs
 
     cfg = yaml.safe_load(recipe.read_text())
     model_cfg, data_args = cfg["model"], cfg["data"]["init_args"]

@@ -28,13 +28,13 @@ import torch
 import yaml
 from _cli_helpers import LR_TAG, TINY, run_cli, scalars, state_dict, subprocess_env, tiny
 
-from impulsevit.checkpointing import (
+from impulsevit.errors import ConfigError
+from impulsevit.training.checkpointing import (
     AtomicCheckpointIO,
     checkpoint_candidates,
     is_complete_checkpoint,
     latest_checkpoint,
 )
-from impulsevit.errors import ConfigError
 
 STOP_AFTER_EPOCH_0 = '--trainer.callbacks=[{"class_path": "_cli_helpers.StopAfterEpoch", "init_args": {"epoch": 0}}]'
 

@@ -17,8 +17,8 @@ import lightning as L
 from _cli_helpers import TINY, subprocess_env
 
 from impulsevit.cluster.events import append_event, events_path
-from impulsevit.runs import format_table, scan, select
-from impulsevit.runs import main as runs_main
+from impulsevit.run.runs import format_table, scan, select
+from impulsevit.run.runs import main as runs_main
 
 
 class RaiseAtStep(L.Callback):

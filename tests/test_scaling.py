@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from impulsevit.cli.submit import build, cpu_warning, main
 from impulsevit.cluster import scaling
-from impulsevit.cluster.submit import build, cpu_warning, main
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 

@@ -24,7 +24,7 @@ from slurm_cluster import slurm_cluster  # noqa: F401  (the module-scoped pytest
 from impulsevit.callbacks.preemption import Preempted, SlurmRequeue
 from impulsevit.cluster.events import job_state, read_events
 from impulsevit.data.loading.synthetic import SyntheticDataModule
-from impulsevit.module import ImageClassifier
+from impulsevit.training.module import ImageClassifier
 
 # in-process runs happen on a machine with SLURM installed but outside a job: Lightning's hint about srun is noise
 pytestmark = pytest.mark.filterwarnings("ignore:The `srun` command is available")

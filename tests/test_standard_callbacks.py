@@ -17,7 +17,7 @@ from impulsevit.callbacks.preemption import SlurmRequeue
 from impulsevit.callbacks.rng_state import RNGStateCheckpoint
 from impulsevit.callbacks.run_checkpoint import RunCheckpoint
 from impulsevit.data import SyntheticDataModule
-from impulsevit.module import ImageClassifier
+from impulsevit.training.module import ImageClassifier
 
 BACKBONE = dict(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, weight_init="skip")
 
@@ -112,7 +112,7 @@ def test_lightning_still_records_the_handlers_it_restores(tmp_path):
 def test_checkpoint_keys_of_the_checkpoint_callbacks_do_not_name_their_module():
     """Checkpoints store callback state under ``Callback.state_key``: the class's qualified name (plus, for
     ``ModelCheckpoint`` subclasses, its monitor / mode / intervals), never its module, so checkpoints written while
-    these callbacks lived in ``impulsevit.checkpointing`` resume with the same keys."""
+    these callbacks lived in ``impulsevit.training.checkpointing`` resume with the same keys."""
     assert RNGStateCheckpoint().state_key == "RNGStateCheckpoint"
     key = RunCheckpoint(monitor="val/acc1", mode="max", save_last=True).state_key
     assert key == ("RunCheckpoint{'monitor': 'val/acc1', 'mode': 'max', 'every_n_train_steps': 0, "

@@ -20,7 +20,7 @@ from slurm_cluster import slurm_cluster  # noqa: F401  (module-scoped loopback S
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from impulsevit import study
-from impulsevit.recipes import packaged_recipes_dir
+from impulsevit.run.recipes import packaged_recipes_dir
 
 TINY_RECIPE = """\
 # Tiny study recipe for tests: 1-block ViT on synthetic blobs, 2 epochs

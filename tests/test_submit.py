@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from impulsevit.cli.submit import main
 from impulsevit.cluster.events import append_event, events_path, job_state, read_events
 from impulsevit.cluster.sbatch import (
     FitJob,
@@ -23,7 +24,6 @@ from impulsevit.cluster.sbatch import (
     sbatch_word,
 )
 from impulsevit.cluster.slurm_config import load_defaults
-from impulsevit.cluster.submit import main
 
 GOLDEN = Path(__file__).parent / "golden"
 TINY_RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "tiny_synthetic.yaml"

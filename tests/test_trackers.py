@@ -1,7 +1,7 @@
-"""Trackers add to the run's TensorBoard logger, never replace it (impulsevit/trackers.py): the run's config.yaml,
-events and attention records stay in the run directory whatever loggers are added; each tracker holds the same final
-val top-1 as TensorBoard; a preempted and resumed run is ONE W&B run (real ``wandb`` client, offline files) and ONE
-MLflow run with continuous steps (a real ``mlflow server`` on 127.0.0.1, sqlite backend)."""
+"""Trackers add to the run's TensorBoard logger, never replace it (impulsevit/training/trackers.py): the run's
+config.yaml, events and attention records stay in the run directory whatever loggers are added; each tracker holds the
+same final val top-1 as TensorBoard; a preempted and resumed run is ONE W&B run (real ``wandb`` client, offline files)
+and ONE MLflow run with continuous steps (a real ``mlflow server`` on 127.0.0.1, sqlite backend)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from jsonargparse import Namespace
 
 from impulsevit.cli.trainer_cli import fit_summary
 from impulsevit.errors import ConfigError
-from impulsevit.trackers import TRACKERS_FILE, check_trackers, place_logger_config
+from impulsevit.training.trackers import TRACKERS_FILE, check_trackers, place_logger_config
 
 PREEMPT = '--trainer.callbacks=[{"class_path": "_cli_helpers.SignalAtStep", "init_args": {"step": 5}}]'
 STEPS = 8  # tiny_synthetic: 2 epochs x 4 steps

@@ -1,6 +1,7 @@
 """The one door to the libraries' private members: every use impulsevit makes of a private name of Lightning, torch,
 timm, FFCV or jsonargparse/argparse lives in this package, one module per library (:mod:`.lightning`,
-:mod:`.torch`, :mod:`.timm`, :mod:`.ffcv`, :mod:`.jsonargparse`).
+:mod:`.torch`, :mod:`.timm`, :mod:`.ffcv`, :mod:`.cli`), and so does every private layout of a Lightning checkpoint
+(dictionary keys, file names: :mod:`.checkpoint`, which imports no Lightning).
 
 Each entry's docstring ends with three lines: ``Reaches:`` (the private members it touches), ``Checked on:`` (the
 setup.cfg pin of that library; ``tests/test_compat.py`` runs the entry on the installed version) and ``Waits for:``

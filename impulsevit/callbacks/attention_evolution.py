@@ -12,9 +12,9 @@ checkpoint so a resumed run measures against the same one.
 Written from global rank 0: TensorBoard scalars ``attention_evolution/<source>/<metric>/layer_<i>`` (means over
 heads), one image grid per layer and logging point (``attention_evolution/images/layer_<i>``), and the raw per-head
 numbers as one JSON file per logging point, ``<run dir>/attention/step_<step>.json`` (the run directory of
-:func:`impulsevit.trackers.run_directory`, whatever loggers are added; atomic; a resumed run rewrites a point it reaches
-again with the same numbers). Every logger gets the scalars; the image grids go to TensorBoard and to the loggers with a
-``log_image`` (W&B). Every rank computes (FSDP2 gathers its shards
+:func:`impulsevit.training.trackers.run_directory`, whatever loggers are added; atomic; a resumed run rewrites a point
+it reaches again with the same numbers). Every logger gets the scalars; the image grids go to TensorBoard and to the
+loggers with a ``log_image`` (W&B). Every rank computes (FSDP2 gathers its shards
 collectively); the work happens at validation epoch ends, never inside a training step.
 
 Families: whatever ``impulsevit.init.attention_maps`` handles with images (ViT / DeiT: real attention; Swin: one
@@ -34,7 +34,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from impulsevit.callbacks.attention_logging import attention_grid, default_queries, full_parameters
 from impulsevit.io import atomic_write_json
-from impulsevit.trackers import log_image, run_directory
+from impulsevit.training.trackers import log_image, run_directory
 
 __all__ = ["AttentionEvolution", "layer_means", "probe_maps"]
 

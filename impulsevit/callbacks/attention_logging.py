@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torchvision.utils import make_grid
 
-from impulsevit.trackers import log_image, log_text
+from impulsevit.training.trackers import log_image, log_text
 
 __all__ = [
     "grid_shape",
@@ -170,8 +170,8 @@ def log_attention(
     """Compute attention maps + per-head summary and write them to the trainer's loggers.
 
     TensorBoard (and W&B) get images ``{tag}/layer_{i:02d}`` (query rows x head columns, see :func:`attention_grid`)
-    and the text ``{tag}/summary`` (the summary table; MLflow too, :func:`impulsevit.trackers.log_text`); every logger
-    gets the scalars of :func:`summary_scalars`. Call on every
+    and the text ``{tag}/summary`` (the summary table; MLflow too, :func:`impulsevit.training.trackers.log_text`);
+    every logger gets the scalars of :func:`summary_scalars`. Call on every
     rank; only global rank 0 writes. Returns whether the model had attention maps.
     """
     result = compute_attention(model, offsets)

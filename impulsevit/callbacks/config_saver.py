@@ -11,7 +11,7 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from impulsevit.io import atomic_write_text
-from impulsevit.trackers import log_hyperparams, log_text, record_trackers, run_directory
+from impulsevit.training.trackers import log_hyperparams, log_text, record_trackers, run_directory
 
 log = logging.getLogger("impulsevit")
 
@@ -20,10 +20,10 @@ class RunConfigSaver(SaveConfigCallback):
     """Writes the resolved config to ``<run_dir>/config.yaml`` at setup, atomically, overwriting an existing one.
 
     ``run_dir`` (the CLI passes its run directory) is where: it is the run's
-    :func:`~impulsevit.trackers.run_directory`, whatever loggers the trainer has; without it, Lightning's
+    :func:`~impulsevit.training.trackers.run_directory`, whatever loggers the trainer has; without it, Lightning's
     ``trainer.log_dir``. At ``fit``, the W&B / MLflow run ids go to ``<run_dir>/trackers.json``
-    (:func:`~impulsevit.trackers.record_trackers`) and the config, without the command's run-control keys, to every
-    logger other than TensorBoard as hyperparameters (``config/...``).
+    (:func:`~impulsevit.training.trackers.record_trackers`) and the config, without the command's run-control keys, to
+    every logger other than TensorBoard as hyperparameters (``config/...``).
 
     Lightning's :class:`SaveConfigCallback` does the rank-0 / once-only bookkeeping; this class uses its extension
     point (``save_to_log_dir=False`` plus :meth:`save_config`) for the two things it cannot do: an atomic write

@@ -221,7 +221,7 @@ class Initializer(L.Callback):
             log_attention(trainer, model, "init/attention", trainer.global_step, offsets=report.offsets or None)
         if trainer.global_rank != 0:
             return
-        from impulsevit.trackers import log_hyperparams, log_text
+        from impulsevit.training.trackers import log_hyperparams, log_text
 
         log_hyperparams(trainer.loggers, {"init": {"method": report.method, "seed": self.seed, "family": report.family,
                                                    "options": report.options}})

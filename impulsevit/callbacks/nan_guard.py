@@ -46,8 +46,8 @@ import torch
 import torch.distributed as dist
 
 from impulsevit._compat.torch import foreach_norm
-from impulsevit.checkpointing import checkpoint_dir, latest_checkpoint, save_checkpoint
 from impulsevit.errors import TrainingDiverged
+from impulsevit.training.checkpointing import checkpoint_dir, latest_checkpoint, save_checkpoint
 
 __all__ = ["NonFiniteLossGuard", "nonfinite_flag"]
 

@@ -70,8 +70,9 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from impulsevit._compat.lightning import hand_back_signal_handlers, rerun_interrupted_validation
-from impulsevit.checkpointing import checkpoint_dir, save_checkpoint
-from impulsevit.cluster.events import append_event, slurm_job_id
+from impulsevit.env import slurm_job_id, slurm_restart_count
+from impulsevit.eventlog import append_event
+from impulsevit.training.checkpointing import checkpoint_dir, save_checkpoint
 
 __all__ = ["InterruptedAgain", "Preempted", "SlurmRequeue"]
 
@@ -157,7 +158,8 @@ class SlurmRequeue(Callback):
         return checkpoint_dir(trainer) / self.filename
 
     def _save(self, trainer: pl.Trainer, reason: str) -> Path:
-        """All ranks: :func:`impulsevit.checkpointing.save_checkpoint` (temp name, rank 0 renames it into place)."""
+        """All ranks: :func:`impulsevit.training.checkpointing.save_checkpoint` (temp name, rank 0 renames it into
+        place)."""
         step = trainer.global_step
         path = save_checkpoint(trainer, self.checkpoint_path(trainer), f"step{step}")
         self._saved_step = step
@@ -220,7 +222,7 @@ class SlurmRequeue(Callback):
         if not self._active:
             return
         if trainer.ckpt_path:
-            restart = os.environ.get("SLURM_RESTART_COUNT", "0")
+            restart = slurm_restart_count()
             self._say(trainer, f"resumed from {trainer.ckpt_path} at global step {trainer.global_step} "
                                f"(epoch {trainer.current_epoch}, SLURM restart {restart})",
                       event="resume", path=trainer.ckpt_path, step=trainer.global_step)

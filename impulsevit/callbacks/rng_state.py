@@ -5,7 +5,7 @@ behind them.
 batch from (seed, rank, epoch, batch)), stores every rank's torch / numpy / python RNG states in each checkpoint and
 restores each rank's own on resume, so stochastic parts of training (mixup, drop path, dropout) continue exactly after a
 resume. Its checkpoint entry is keyed ``RNGStateCheckpoint`` (Lightning's ``Callback.state_key``: the class's
-qualified name, not its module), the same key as when it lived in :mod:`impulsevit.checkpointing`.
+qualified name, not its module), the same key as when it lived in :mod:`impulsevit.training.checkpointing`.
 """
 
 from __future__ import annotations

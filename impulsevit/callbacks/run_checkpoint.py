@@ -3,7 +3,7 @@
 It also writes ``last.ckpt`` at the step where any callback sets ``trainer.should_stop`` (``max_time``, early stopping
 mid-epoch, ...), so every graceful stop leaves a checkpoint to resume from. Its checkpoint entry is keyed by
 ``ModelCheckpoint.state_key`` (the class's qualified name ``RunCheckpoint`` and its monitor / mode / intervals, not its
-module), the same key as when it lived in :mod:`impulsevit.checkpointing`.
+module), the same key as when it lived in :mod:`impulsevit.training.checkpointing`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from impulsevit.checkpointing import RUN_KEY, checkpoint_dir, run_limits, save_checkpoint
+from impulsevit.training.checkpointing import RUN_KEY, checkpoint_dir, run_limits, save_checkpoint
 
 __all__ = ["RunCheckpoint", "can_stop_now"]
 
@@ -85,8 +85,8 @@ class RunCheckpoint(ModelCheckpoint):
         checkpoint[RUN_KEY] = run_limits(trainer)
 
     def write_last(self, trainer: Trainer) -> None:
-        """Write ``<dirpath>/last.ckpt`` through :func:`impulsevit.checkpointing.save_checkpoint` (every rank: a
-        collective) unless it already holds this global step, or saving is off (sanity check, ``fast_dev_run``, not
+        """Write ``<dirpath>/last.ckpt`` through :func:`impulsevit.training.checkpointing.save_checkpoint` (every rank:
+        a collective) unless it already holds this global step, or saving is off (sanity check, ``fast_dev_run``, not
         fitting)."""
         if not self.keep_last or trainer.sanity_checking or trainer.fast_dev_run or trainer.state.fn != "fit":
             return

@@ -1,7 +1,8 @@
 """The ``RunRecord`` callback: what a checkpoint must carry so that the model can be shared without its run directory.
 
 Every checkpoint gets (as this callback's state, ``checkpoint["callbacks"]["RunRecord"]``) a plain dict, read by
-``impulsevit export`` (:func:`impulsevit.export.run_record`) for the model folder's ``config.json`` and model card:
+``impulsevit export`` (:func:`impulsevit.tools.export.run_record`) for the model folder's ``config.json`` and model
+card:
 
 - ``data_config``: the evaluation transform the run used, in timm's terms (``input_size`` ``[3, S, S]``, ``mean`` /
   ``std`` on the 0–1 scale, ``interpolation``, ``crop_pct``, ``crop_mode``), from the datamodule's
@@ -48,7 +49,7 @@ import lightning as L
 import torch
 
 from impulsevit.io import atomic_write_json
-from impulsevit.trackers import cli_run_directory
+from impulsevit.training.trackers import cli_run_directory
 
 __all__ = ["SUMMARY_NAME", "RunRecord", "device_description", "recipe_names"]
 
@@ -90,9 +91,9 @@ def device_description(trainer: L.Trainer) -> str:
 def _versions() -> dict[str, str]:
     import timm
 
-    import impulsevit
+    from impulsevit._version import __version__
 
-    versions = {"impulsevit": impulsevit.__version__, "timm": timm.__version__, "torch": torch.__version__,
+    versions = {"impulsevit": __version__, "timm": timm.__version__, "torch": torch.__version__,
                 "lightning": L.__version__, "python": platform.python_version()}
     return {k: str(v) for k, v in versions.items()}  # plain str: torch's TorchVersion breaks weights_only loading
 

@@ -33,7 +33,7 @@ from lightning.fabric.utilities.throughput import Throughput, get_available_flop
 from torch import nn
 
 from impulsevit._compat.lightning import is_log_step
-from impulsevit.datainfo import data_info
+from impulsevit.training.datainfo import data_info
 
 __all__ = ["DENSE_PEAK_FLOPS", "ThroughputLogger", "backbone_flops", "compute_dtype", "device_peak_flops", "peak_flops",
            "training_flops"]

@@ -9,7 +9,7 @@ from typing import Any
 
 from impulsevit.cli.subcommands import ALL_SUBCOMMANDS, TRAINER_SUBCOMMANDS
 from impulsevit.errors import ConfigError
-from impulsevit.recipes import resolve_recipe
+from impulsevit.run.recipes import resolve_recipe
 
 _CONFIG_FLAGS = ("--recipe", "--config", "-c")
 _NO_VALUE_FLAGS = ("-h", "--help", "--print_config", "--overwrite", "--untrained", "--trust-checkpoint",

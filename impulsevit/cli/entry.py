@@ -14,13 +14,13 @@ from typing import Any
 
 from impulsevit.cli.argv import prepare_argv
 from impulsevit.cli.errors import one_line, user_error
+from impulsevit.cli.extensions import load_plugins, split_plugins_flag
 from impulsevit.cli.subcommands import ALL_SUBCOMMANDS, EXTERNAL_SUBCOMMANDS, TRAINER_SUBCOMMANDS, USAGE
 from impulsevit.cli.trainer_cli import ImpulseCLI
 from impulsevit.errors import ConfigError, UserError
-from impulsevit.extensions import load_plugins, split_plugins_flag
 from impulsevit.memory import reuse_large_allocations
 from impulsevit.procs import adopt
-from impulsevit.recipes import RecipeNotFoundError, format_listing
+from impulsevit.run.recipes import RecipeNotFoundError, format_listing
 
 log = logging.getLogger("impulsevit")
 
@@ -39,13 +39,13 @@ class _StderrHandler(logging.StreamHandler):
 
 PROVIDERS: dict[str, tuple[str, str]] = {
     "convert": ("impulsevit.data.storage.convert_cli", "main"),
-    "submit": ("impulsevit.cluster.submit", "main"),
+    "submit": ("impulsevit.cli.submit", "main"),
     "study": ("impulsevit.study", "main"),
     "demo": ("impulsevit.init.demo", "main"),
     "init": ("impulsevit.init.plugins", "main"),
-    "data": ("impulsevit.preview", "main"),
+    "data": ("impulsevit.tools.preview", "main"),
     "download": ("impulsevit.data.sources.download", "main"),
-    "runs": ("impulsevit.runs", "main"),
+    "runs": ("impulsevit.run.runs", "main"),
 }
 """Subcommand of :data:`~impulsevit.cli.subcommands.EXTERNAL_SUBCOMMANDS` -> (module, function(argv) -> exit status),
 imported when that subcommand runs. Here, at the top of the command line, not beside the subcommand names: the
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ``--debug`` (anywhere) or ``IMPULSEVIT_DEBUG=1`` shows the traceback of those errors too. ``--plugins MOD[,MOD]``
     (anywhere), ``IMPULSEVIT_PLUGINS`` and the entry-point group ``impulsevit.plugins`` name modules imported first
-    (:mod:`impulsevit.extensions`)."""
+    (:mod:`impulsevit.cli.extensions`)."""
     adopt()  # a DDP rank started by an impulsevit process dies with it; this process owns what it starts
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("IMPULSEVIT_DEBUG", "") not in ("", "0")
@@ -170,7 +170,7 @@ def _dispatch(argv: list[str], debug: bool, where: list[str]) -> int:
     argv, plugins = split_plugins_flag(argv)
     load_plugins(plugins)
     if len(argv) > 1 and argv[0] == "predict" and not argv[1].startswith("-"):
-        from impulsevit.predict import main as predict_main  # `predict MODEL IMAGES`: a folder of images
+        from impulsevit.tools.predict import main as predict_main  # `predict MODEL IMAGES`: a folder of images
 
         where.append("predict")
         return predict_main(argv[1:])
@@ -190,7 +190,7 @@ def _dispatch(argv: list[str], debug: bool, where: list[str]) -> int:
         print(format_listing())
         return 0
     if sub == "export":
-        from impulsevit.export import main as export_main
+        from impulsevit.tools.export import main as export_main
 
         return export_main(rest)
     if sub in EXTERNAL_SUBCOMMANDS:

@@ -1,5 +1,5 @@
 """Which run directory a command uses, which checkpoint ``--resume`` names in it, and what a new ``fit`` does with a
-run already there. The lock and the inventory of a run directory are :mod:`impulsevit.rundir`'s."""
+run already there. The lock and the inventory of a run directory are :mod:`impulsevit.run.rundir`'s."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 from lightning.pytorch import Trainer
 
-from impulsevit.checkpointing import dangling_links, resume_candidate
 from impulsevit.errors import ConfigError, RunDirError
 from impulsevit.io import child_path
-from impulsevit.rundir import RUN_NAME_RULE, clear_run, existing_run
+from impulsevit.run.rundir import RUN_NAME_RULE, clear_run, existing_run
+from impulsevit.training.checkpointing import dangling_links, resume_candidate
 
 log = logging.getLogger("impulsevit")
 

@@ -10,7 +10,7 @@ parsers would add nothing they use (config files, class paths).
 
 from __future__ import annotations
 
-from impulsevit import __version__
+from impulsevit._version import __version__
 
 TRAINER_SUBCOMMANDS = ("fit", "validate", "test", "predict")
 EXTERNAL_SUBCOMMANDS = ("convert", "submit", "study", "demo", "init", "data", "download", "runs")

@@ -19,19 +19,19 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from impulsevit import __version__
 from impulsevit._compat.cli import SubcommandRunHookCLI, subcommand_parsers
+from impulsevit._version import __version__
 from impulsevit.callbacks.config_saver import RunConfigSaver
 from impulsevit.callbacks.run_checkpoint import RunCheckpoint
-from impulsevit.checkpointing import AtomicCheckpointIO
 from impulsevit.cli.errors import one_line
 from impulsevit.cli.parser import ImpulseArgumentParser
 from impulsevit.cli.run_policy import resume_checkpoint, run_dir_of, start_new_run
 from impulsevit.data.loading.base import BaseImageDataModule
+from impulsevit.env import slurm_restart_count
 from impulsevit.errors import ConfigError, UserError
 from impulsevit.io import WriteError, disk_oserror, write_error
-from impulsevit.preflight import finished_run
-from impulsevit.rundir import RunDirLock, check_runs_dir, launch_rank, run_files
+from impulsevit.run.preflight import finished_run
+from impulsevit.run.rundir import RunDirLock, check_runs_dir, launch_rank, run_files
 from impulsevit.safe_load import (
     TRUST_FLAG,
     UntrustedFileError,
@@ -40,14 +40,16 @@ from impulsevit.safe_load import (
     trust_requested,
     trusting,
 )
-from impulsevit.strategies import check_strategy, default_precision
-from impulsevit.trackers import check_trackers, describe, place_logger_config, resume_ids, tracker_loggers
+from impulsevit.training.checkpointing import AtomicCheckpointIO
+from impulsevit.training.strategies import check_strategy, default_precision
+from impulsevit.training.trackers import check_trackers, describe, place_logger_config, resume_ids, tracker_loggers
 
 log = logging.getLogger("impulsevit")
 
 
 class ImpulseCLI(SubcommandRunHookCLI):
-    """LightningCLI for :class:`impulsevit.module.ImageClassifier` and any :class:`BaseImageDataModule` subclass.
+    """LightningCLI for :class:`impulsevit.training.module.ImageClassifier` and any :class:`BaseImageDataModule`
+    subclass.
 
     See :mod:`impulsevit.cli` for the command line. Extra keys (all subcommands): ``name``, ``runs_dir``, ``resume``
     and the ``checkpoint`` group (:class:`~impulsevit.callbacks.run_checkpoint.RunCheckpoint`, a Lightning
@@ -57,9 +59,9 @@ class ImpulseCLI(SubcommandRunHookCLI):
     ``TensorBoardLogger(save_dir=runs_dir, name=name, version="")`` *first* among the loggers (the recipe's / command
     line's ``trainer.logger`` and ``--tracker`` ones come after it, never instead; ``--no_tensorboard`` leaves it out,
     ``--trainer.logger=false`` turns every logger off), the
-    :class:`~impulsevit.checkpointing.AtomicCheckpointIO` plugin, ``precision`` = bf16-mixed on GPU / 32-true on CPU,
-    ``strategy: fsdp`` (FSDP1) refused in favour of ``fsdp2`` and ``seed_everything: 0``. Every other callback comes
-    from the model (:func:`impulsevit.callbacks.standard_callbacks`), as for a plain ``Trainer``.
+    :class:`~impulsevit.training.checkpointing.AtomicCheckpointIO` plugin, ``precision`` = bf16-mixed on GPU / 32-true
+    on CPU, ``strategy: fsdp`` (FSDP1) refused in favour of ``fsdp2`` and ``seed_everything: 0``. Every other callback
+    comes from the model (:func:`impulsevit.callbacks.standard_callbacks`), as for a plain ``Trainer``.
 
     Every checkpoint it reads (``--resume``, ``--ckpt_path``, the candidates of ``--resume auto``) is read through
     :mod:`impulsevit.safe_load`: one that would run code is refused in one line, unless the command line holds
@@ -68,7 +70,7 @@ class ImpulseCLI(SubcommandRunHookCLI):
     """
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
-        from impulsevit.module import ImageClassifier
+        from impulsevit.training.module import ImageClassifier
 
         ImpulseArgumentParser.model_class = ImageClassifier
         kwargs.setdefault("seed_everything_default", 0)
@@ -108,7 +110,7 @@ class ImpulseCLI(SubcommandRunHookCLI):
         return trainer.global_step > self.start_step
 
     def _start(self, args: list[str] | None, run: bool, kwargs: dict[str, Any]) -> None:
-        from impulsevit.module import ImageClassifier
+        from impulsevit.training.module import ImageClassifier
 
         super().__init__(
             model_class=ImageClassifier,
@@ -226,7 +228,7 @@ class ImpulseCLI(SubcommandRunHookCLI):
             check_runs_dir(self._value(self.config, "runs_dir"))
         self._check_typed_blocks()
         if self.subcommand == "fit":
-            from impulsevit.preflight import check_epochs
+            from impulsevit.run.preflight import check_epochs
 
             trainer_cfg = self._value(self.config, "trainer") or {}
             check_epochs(trainer_cfg.get("max_epochs"), trainer_cfg.get("max_steps"))
@@ -238,19 +240,19 @@ class ImpulseCLI(SubcommandRunHookCLI):
             check_init_method(init.get("method", "impulse"), init.get("options"))
         if self.subcommand is not None:
             self._place_trackers()
-        importlib.import_module("impulsevit.strategies")  # registers `fsdp2` / `ddp_bf16` with Lightning
+        importlib.import_module("impulsevit.training.strategies")  # registers `fsdp2` / `ddp_bf16` with Lightning
         importlib.import_module("impulsevit.models")  # registers impulsevit's architectures with timm
 
     def _resumes(self) -> bool:
         """``fit`` continuing its run: ``--resume`` / ``--ckpt_path`` given, or a requeued SLURM job."""
-        requeued = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
+        requeued = slurm_restart_count() > 0
         given = self._value(self.config, "resume") is not None or self._value(self.config, "ckpt_path") is not None
         return self.subcommand == "fit" and (given or requeued)
 
     def _place_trackers(self) -> None:
         """``--tracker`` checked; the configured loggers' save location defaulted to the run directory, and on a
         resumed ``fit`` the W&B / MLflow run ids of ``<run>/trackers.json`` passed back
-        (:mod:`impulsevit.trackers`)."""
+        (:mod:`impulsevit.training.trackers`)."""
         self._trackers = check_trackers(self._value(self.config, "tracker"))
         self._tracker_ids = resume_ids(self.run_dir) if self._resumes() else {}
         trainer = self._value(self.config, "trainer")
@@ -262,8 +264,8 @@ class ImpulseCLI(SubcommandRunHookCLI):
         ``__post_init__``; ``data``'s ``batch_size`` / ``num_workers``), checked on the parsed values before any class
         is built: a bad value is the error even when the data root is missing, and under ``submit`` (which parses
         without building)."""
-        from impulsevit.config import MixupConfig, OptimizerConfig, SchedulerConfig, as_config
         from impulsevit.data.loading.base import check_batch_size, check_num_workers
+        from impulsevit.training.config import MixupConfig, OptimizerConfig, SchedulerConfig, as_config
 
         model = self._value(self.config, "model")
         for key, cls in (("optimizer", OptimizerConfig), ("scheduler", SchedulerConfig), ("mixup", MixupConfig)):
@@ -373,7 +375,7 @@ class ImpulseCLI(SubcommandRunHookCLI):
         """The data has at least 2 classes (named with its dataset and root), and for ``fit`` at least one training
         batch per process (:meth:`BaseImageDataModule.check_fits_batch`). Its image size is the model's
         (``data.image_size`` is linked to ``model.img_size`` and checked against the backbone when it is built)."""
-        from impulsevit.preflight import check_classes
+        from impulsevit.run.preflight import check_classes
 
         check_classes(self.datamodule.num_classes, _describe_data(self._value(self.config, "data")))
         if self.subcommand == "fit" and isinstance(self.datamodule, BaseImageDataModule):
@@ -382,7 +384,7 @@ class ImpulseCLI(SubcommandRunHookCLI):
     def _checkpoint_to_load(self) -> Path | None:
         """The checkpoint ``--resume`` names (made the subcommand's ``ckpt_path``) or the ``--ckpt_path`` given,
         checked against the model; None when neither is given (or ``--resume auto`` found none for ``fit``)."""
-        from impulsevit.preflight import check_resume, check_resume_loader, stored_step
+        from impulsevit.run.preflight import check_resume, check_resume_loader, stored_step
 
         model, sub_init = self.model, self.config_init[self.subcommand]
         path = self._resume_path()
@@ -428,7 +430,7 @@ class ImpulseCLI(SubcommandRunHookCLI):
 
     def _check_start_without_checkpoint(self) -> None:
         """``fit`` from scratch: the init method fits the backbone; the other subcommands need ``--untrained``."""
-        from impulsevit.preflight import check_init
+        from impulsevit.run.preflight import check_init
 
         sub, model = self.subcommand, self.model
         if sub == "fit":
@@ -442,7 +444,7 @@ class ImpulseCLI(SubcommandRunHookCLI):
         """Take the run directory's lock; refuse to start a new run over an existing one unless ``--overwrite``."""
         self.run_lock = RunDirLock(self.run_dir)  # set first: __init__ releases it whatever fails after
         self.run_lock.acquire()
-        requeued = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) > 0
+        requeued = slurm_restart_count() > 0
         if not resuming and not requeued:
             start_new_run(self.run_dir, overwrite=self._value(self.config, "overwrite"))
 
@@ -503,7 +505,7 @@ def _visible_devices() -> str:
 def _checked_num_classes(num_classes: int | None) -> int | None:
     """The data's class count, linked to the model's; fewer than 2 is a :class:`ConfigError` (before the model is
     built, where torchmetrics would fail with a message that does not mention the data)."""
-    from impulsevit.preflight import check_classes
+    from impulsevit.run.preflight import check_classes
 
     check_classes(num_classes, "data.num_classes")
     return num_classes

@@ -15,38 +15,12 @@ file of the submitted run directory (``job=<array id>_<task id>``); :func:`job_s
 from __future__ import annotations
 
 import os
-import time
 import urllib.parse
-from pathlib import Path
 
+from impulsevit.env import slurm_job_id
+from impulsevit.eventlog import append_event, events_path
 
-def slurm_job_id() -> str | None:
-    """``$SLURM_JOB_ID``, or ``<array job id>_<task id>`` inside an array job; ``None`` outside SLURM."""
-    array = os.environ.get("SLURM_ARRAY_JOB_ID")
-    if array and os.environ.get("SLURM_ARRAY_TASK_ID"):
-        return f"{array}_{os.environ['SLURM_ARRAY_TASK_ID']}"
-    return os.environ.get("SLURM_JOB_ID")
-
-
-def events_path(run_dir: str | os.PathLike) -> Path:
-    return Path(run_dir) / "slurm" / "events.log"
-
-
-def _encode(value: str) -> str:
-    return "".join(urllib.parse.quote(c) if c.isspace() or c == "%" else c for c in value)
-
-
-def append_event(log_file: str | os.PathLike, /, **fields: object) -> None:
-    """Append one ``key=value`` event line to ``log_file`` (timestamp, job id and restart count from the
-    SLURM environment are added). Values are percent-encoded where they hold whitespace or ``%`` (a path with a
-    space stays one token), and :func:`read_events` decodes them; the job script's own values have neither."""
-    job = slurm_job_id() or "-"
-    head = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} job={job} restart={os.environ.get('SLURM_RESTART_COUNT', '0')}"
-    body = " ".join(f"{k}={_encode(str(v))}" for k, v in fields.items())
-    path = Path(log_file)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:  # one short write per line; O_APPEND keeps lines whole
-        f.write(f"{head} {body}\n")
+__all__ = ["append_event", "events_path", "job_state", "read_events", "slurm_job_id"]  # the writer: impulsevit.eventlog
 
 
 def read_events(run_dir: str | os.PathLike) -> list[dict[str, str]]:

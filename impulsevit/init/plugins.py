@@ -44,7 +44,7 @@ class MethodInfo:
 
     Attributes:
         name: the string a recipe gives as ``model.init.method``.
-        kind: ``builtin``, ``registered`` (``@register`` in a plugin module, :mod:`impulsevit.extensions`) or
+        kind: ``builtin``, ``registered`` (``@register`` in a plugin module, :mod:`impulsevit.cli.extensions`) or
             ``plugin``.
         families: for registered methods, the model families it supports (dispatch order); empty for plugins.
         source: ``builtin``, ``registered by <module>`` (both, joined by `` + ``, when a plugin module adds a family

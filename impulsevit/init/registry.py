@@ -5,7 +5,7 @@ It sits below :mod:`impulsevit.init.api` (which dispatches through it) and :mod:
 resolves names against it), so neither imports the other back. The built-in family modules are imported on first use
 (:func:`_load_builtin`) so their ``@register`` calls run: every module of the ``impulsevit.init`` package is imported
 (there is no list of them), so a new family file with ``@register`` is picked up by being there. Families from outside
-the package register from a module ``impulsevit`` imports as a plugin (:mod:`impulsevit.extensions`).
+the package register from a module ``impulsevit`` imports as a plugin (:mod:`impulsevit.cli.extensions`).
 """
 
 from __future__ import annotations

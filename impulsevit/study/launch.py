@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = _parser().parse_known_args(argv)
     check_overrides(overrides)
 
-    from impulsevit.recipes import resolve_recipe
+    from impulsevit.run.recipes import resolve_recipe
 
     recipe_path = resolve_recipe(args.recipe).resolve()  # RecipeNotFoundError: a ConfigError
     study_name = args.name if args.name is not None else f"{recipe_path.stem}-study"
@@ -240,9 +240,9 @@ def main(argv: list[str] | None = None) -> int:
 def _submit(args: argparse.Namespace, recipe: Path, study_name: str, n_runs: int, overrides: list[str]) -> int:
     """Hand the plan to ``impulsevit submit`` as one array job (task i = plan entry i); its launcher is
     ``<impulsevit> study --array-task <study dir>``, in front of the ``fit`` argv that submit writes."""
+    from impulsevit.cli.submit import default_launcher
+    from impulsevit.cli.submit import main as submit_main
     from impulsevit.cluster.slurm_config import load_defaults
-    from impulsevit.cluster.submit import default_launcher
-    from impulsevit.cluster.submit import main as submit_main
 
     sp = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for flag in ("--launcher", "--slurm-config", "--container-image"):

@@ -1,4 +1,5 @@
-"""Faults around trackers (``--tracker``, impulsevit/trackers.py), through the real command in its own session: a
+"""Faults around trackers (``--tracker``, impulsevit/training/trackers.py), through the real command in its own
+session: a
 wrong tracker name is one line before any work. (A SIGTERM mid-fit with W&B / MLflow on, and no process left behind:
 tests/test_trackers.py, whose preempted runs go through this harness.)"""
 

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 
-from impulsevit.config import MixupConfig, OptimizerConfig, SchedulerConfig
 from impulsevit.data.loading.base import check_batch_size, check_num_workers
-from impulsevit.preflight import check_epochs
+from impulsevit.run.preflight import check_epochs
+from impulsevit.training.config import MixupConfig, OptimizerConfig, SchedulerConfig
 from tests.faults.harness import TINY, assert_one_line_error, run, small_tmpfs, snapshot
 
 SHORT = ("--trainer.max_epochs=1", "--data.init_args.num_train=32", "--data.init_args.num_val=16")

@@ -1,11 +1,11 @@
 """Typed configuration blocks of :class:`~impulsevit.data.loading.datamodule.ImageDataModule` (``data.augment``,
 ``data.storage``).
 
-Plain dataclasses, as ``ImageClassifier``'s blocks (:mod:`impulsevit.config`): LightningCLI / jsonargparse accepts a
-mapping in a recipe and dotted overrides (``--data.init_args.augment.re_prob=0.25``), and a misspelled key or a value
-of the wrong type is an error naming the key. Each block checks its ranges in ``__post_init__`` and raises a one-line
-:class:`~impulsevit.errors.ConfigError` (a ``ValueError``) naming the key (``data.augment.re_prob must be in [0, 1],
-got 1.5``), which ``impulsevit fit`` prints as that one line.
+Plain dataclasses, as ``ImageClassifier``'s blocks (:mod:`impulsevit.training.config`): LightningCLI / jsonargparse
+accepts a mapping in a recipe and dotted overrides (``--data.init_args.augment.re_prob=0.25``), and a misspelled key or
+a value of the wrong type is an error naming the key. Each block checks its ranges in ``__post_init__`` and raises a
+one-line :class:`~impulsevit.errors.ConfigError` (a ``ValueError``) naming the key (``data.augment.re_prob must be in
+[0, 1], got 1.5``), which ``impulsevit fit`` prints as that one line.
 
 What lives where: the keys a user types most stay at the top level of ``data.init_args`` (``dataset``, ``root``,
 ``backend``, ``image_size``, ``batch_size``, ``num_workers``, ``cache_dir``, ``train_subset`` / ``val_subset``), and so

@@ -55,7 +55,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from impulsevit.config import as_config
+from impulsevit.blocks import as_config
 from impulsevit.data.augment.device import DeviceAugment, fix_timm_posterize, normalize, selects_on_host
 from impulsevit.data.loading.base import (
     BaseImageDataModule,

@@ -72,7 +72,7 @@ def ensure_dataset(info: DatasetInfo, root: str | os.PathLike, verify: Verify = 
     """Download ``info`` into ``root`` unless its marker files are already there; concurrent callers (ranks of
     several nodes sharing ``root``) are serialised by a lock file ``<root>.lock``: one downloads, the others wait and
     find the files."""
-    from impulsevit.data.storage.locking import file_lock
+    from impulsevit.data.locking import file_lock
 
     root = Path(root)
     claim_output(root, False, "into", what="data root")

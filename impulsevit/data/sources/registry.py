@@ -11,7 +11,7 @@ uses ImageNet's normalisation statistics unless told otherwise.
 
 :func:`register_dataset` is the one way a dataset enters the registry — the built-ins below and a user's own module
 alike (exported as ``impulsevit.data.register_dataset``; the module is imported by ``impulsevit`` as a plugin, see
-:mod:`impulsevit.extensions`). Its :class:`DatasetInfo` says everything the datamodule, ``impulsevit convert`` and
+:mod:`impulsevit.cli.extensions`). Its :class:`DatasetInfo` says everything the datamodule, ``impulsevit convert`` and
 ``impulsevit download`` use: the reader, class and image counts, splits, statistics, how to count the classes of a
 tree without a fixed count, and how to download it::
 

@@ -12,7 +12,7 @@ run
 leaves only a temp file, which the next run removes (when its process is gone); a rerun skips splits whose manifest
 matches the request and the source's current file sizes and mtimes (``force=True`` rebuilds). FFCV cannot append to a
 ``.beton``, so an interrupted split restarts from its beginning. Conversions of one output are serialised across
-processes and nodes by a lock file next to it (:mod:`impulsevit.data.storage.locking`).
+processes and nodes by a lock file next to it (:mod:`impulsevit.data.locking`).
 
 How images are stored is a :class:`~impulsevit.data.storage.presets.Preset`; :data:`PRESETS`, :class:`Preset`,
 :func:`default_preset`, :func:`read_manifest`, :func:`manifest_path` and :func:`beton_num_classes` are re-exported
@@ -320,12 +320,12 @@ def _remove_stale_temps(out: Path, log: Callable[[str], None]) -> None:
 
 def _one_writer(convert: Callable[..., dict]) -> Callable[..., dict]:
     """Serialise conversions of the same output across processes and nodes with the lock file ``<out>.lock``
-    (:func:`impulsevit.data.storage.locking.file_lock`): one converts, the others wait and then find it up to date."""
+    (:func:`impulsevit.data.locking.file_lock`): one converts, the others wait and then find it up to date."""
     import functools
 
     @functools.wraps(convert)
     def locked(source: ImageSource, out: str | os.PathLike, *args, **kwargs) -> dict:  # noqa: ANN002, ANN003
-        from impulsevit.data.storage.locking import file_lock
+        from impulsevit.data.locking import file_lock
 
         out = Path(out)
         with file_lock(out.with_name(out.name + ".lock"), what=f"the conversion of {out}",

@@ -9,7 +9,7 @@ Usage::
 Everything not recognised here is passed to ``impulsevit fit`` unchanged (``--trainer.max_epochs=100``). Defaults come
 from ``~/.config/impulsevit/slurm.yaml`` (:mod:`impulsevit.cluster.slurm_config`), flags override them.
 ``--dry-run`` prints the script and writes/submits nothing. When the recipe's FFCV ``.beton`` files are missing, a
-conversion job (one node, all its cores, ``impulsevit convert``; :mod:`impulsevit.cluster.convert_job`) is submitted
+conversion job (one node, all its cores, ``impulsevit convert``; :mod:`impulsevit.cli.convert_job`) is submitted
 first and the training job waits for it with ``--dependency=afterok:<id>`` (``--no-convert-job`` turns this off).
 A GPU job whose CPUs per task are fewer than the recipe's GPUs consume (:mod:`impulsevit.cluster.scaling`: the
 GPU's training img/s over the loader's img/s per core, + 2; GPU type from ``--constraint``, else A100) gets a one-line
@@ -27,13 +27,13 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from impulsevit import recipes
-from impulsevit.cluster.convert_job import conversion_commands, convert_script_path, render_convert_sbatch
+from impulsevit.cli.convert_job import conversion_commands, convert_script_path, render_convert_sbatch
 from impulsevit.cluster.events import events_path, job_state
 from impulsevit.cluster.sbatch import FitJob, SlurmOptions, fit_command, recipe_data_workers, render_sbatch, task_cpus
 from impulsevit.cluster.scaling import cpu_request_warning, gpu_from_constraint, read_recipe_layout
 from impulsevit.cluster.slurm_config import config_path, load_defaults
 from impulsevit.io import atomic_write_text
+from impulsevit.run import recipes
 
 # fit options the batch script sets itself (why), so they must not come in as fit overrides
 _FIXED_KEYS = {"--trainer.devices": "from --gpus-per-node / --tasks-per-node", "--trainer.num_nodes": "from --nodes",
@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def resolve_recipe(recipe: str) -> str:
-    """An absolute path for a recipe file or name (:func:`impulsevit.recipes.resolve_recipe`), so the job finds it
+    """An absolute path for a recipe file or name (:func:`impulsevit.run.recipes.resolve_recipe`), so the job finds it
     from any directory; raises ``RecipeNotFoundError`` (a ``ValueError``) naming the closest recipes."""
     return str(recipes.resolve_recipe(recipe).resolve())
 

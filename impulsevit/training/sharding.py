@@ -1,5 +1,5 @@
 """How ``ImageClassifier.configure_model`` places the backbone: FSDP2 ``fully_shard`` under the ``fsdp2`` strategy
-(:mod:`impulsevit.strategies`), then ``torch.compile``.
+(:mod:`impulsevit.training.strategies`), then ``torch.compile``.
 
 - sharding: each block (the children of ``blocks`` / ``layers`` / ``stages``) is its own FSDP2 unit, then the
   backbone; under ``bf16-mixed`` precision with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` (bf16

@@ -45,8 +45,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from impulsevit._compat.checkpoint import callback_state
 from impulsevit._compat.timm import model_card_readme
-from impulsevit.checkpointing import atomic_torch_save
 from impulsevit.errors import ConfigError, UserError
 from impulsevit.io import claim_output, commit, disk_errors, remove, temp_path
 from impulsevit.safe_load import (
@@ -56,6 +56,7 @@ from impulsevit.safe_load import (
     load_checkpoint,
     load_distributed_checkpoint,
 )
+from impulsevit.training.checkpointing import atomic_torch_save
 
 __all__ = ["EXPORT_FILES", "backbone_state_dict", "build_model", "data_config", "export_checkpoint",
            "export_folder", "is_export_folder", "load_checkpoint_file", "main", "model_card", "push_to_hub",
@@ -124,20 +125,13 @@ def backbone_state_dict(ckpt: dict[str, Any], ema: bool = False) -> dict[str, to
     return {k: v.detach().clone().contiguous() for k, v in out.items()}
 
 
-def _callback_state(ckpt: dict[str, Any], name: str) -> dict[str, Any] | None:
-    for key, state in (ckpt.get("callbacks") or {}).items():
-        if (key == name or str(key).startswith(name + "{")) and isinstance(state, dict):
-            return state
-    return None
-
-
 def run_record(ckpt: dict[str, Any]) -> dict[str, Any]:
     """The ``RunRecord`` callback's state (:mod:`impulsevit.callbacks.run_record`), ``{}`` for older checkpoints."""
-    return dict(_callback_state(ckpt, "RunRecord") or {})
+    return dict(callback_state(ckpt, "RunRecord") or {})
 
 
 def _init_state(ckpt: dict[str, Any]) -> dict[str, Any] | None:
-    return _callback_state(ckpt, "Initializer")
+    return callback_state(ckpt, "Initializer")
 
 
 def data_config(ckpt: dict[str, Any]) -> dict[str, Any]:
@@ -165,8 +159,8 @@ def data_config(ckpt: dict[str, Any]) -> dict[str, Any]:
 
 def _timm_kwargs(hp: dict[str, Any]) -> dict[str, Any]:
     """The ``timm.create_model`` keyword arguments (without ``num_classes``) of a checkpoint's hyperparameters: its
-    ``backbone_kwargs`` with the linked ``img_size`` folded in (:func:`impulsevit.backbone.timm_kwargs`)."""
-    from impulsevit.backbone import timm_kwargs
+    ``backbone_kwargs`` with the linked ``img_size`` folded in (:func:`impulsevit.training.backbone.timm_kwargs`)."""
+    from impulsevit.training.backbone import timm_kwargs
 
     if not hp.get("backbone"):
         return dict(hp.get("backbone_kwargs") or {})

@@ -18,10 +18,11 @@ Example recipe fragment::
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from impulsevit.blocks import as_config  # re-exported: the model's blocks and the data's share it
 
 __all__ = ["InitConfig", "OptimizerConfig", "SchedulerConfig", "MixupConfig", "resolve_lr", "as_config"]
 
@@ -185,24 +186,3 @@ def resolve_lr(cfg: OptimizerConfig, global_batch: int | None) -> float:
     ratio = global_batch / cfg.base_batch_size
     scale = {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[cfg.lr_scaling]
     return float(cfg.base_lr * scale)
-
-
-def as_config(cls: type, value: Any, key: str, section: str = "model") -> Any:
-    """``value`` as a ``cls`` dataclass: ``None`` gives the defaults, a mapping is checked key by key.
-
-    ``section`` is the recipe section the block belongs to (``model``, ``data``); messages name ``section.key``.
-
-    Raises:
-        TypeError: a mapping with keys that ``cls`` does not have (the message names ``key`` and the valid keys).
-    """
-    if value is None:
-        return cls()
-    if isinstance(value, cls):
-        return value
-    if isinstance(value, dict):
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(value) - names)
-        if unknown:
-            raise TypeError(f"unknown key(s) {unknown} in {section}.{key}; valid keys: {sorted(names)}")
-        return cls(**value)
-    raise TypeError(f"{section}.{key} must be a mapping or {cls.__name__}, got {type(value).__name__}")

@@ -3,7 +3,8 @@
 - optimizer: timm's ``create_optimizer_v2`` (AdamW by default) with weight decay filtered off biases / norms / the
   backbone's ``no_weight_decay()`` names, optional layer decay; ``fused=True`` for AdamW / Adam on CUDA. The lr is
   given directly or scaled from ``base_lr`` by the global batch (:func:`global_batch_size`:
-  per-device batch x data-parallel replicas x ``accumulate_grad_batches``; :func:`impulsevit.config.resolve_lr`).
+  per-device batch x data-parallel replicas x ``accumulate_grad_batches``;
+  :func:`impulsevit.training.config.resolve_lr`).
 - plan (:func:`lr_plan`): the optimizer steps the cosine spans (``model.scheduler.epochs`` x steps per epoch when set,
   else ``trainer.estimated_stepping_batches``; no cooldown epochs, unlike timm's ``train.py``), the warmup steps,
   steps per epoch and epochs. The plan is stored in checkpoints; a resume whose plan differs (another
@@ -25,7 +26,7 @@ from timm.optim import create_optimizer_v2, get_optimizer_info
 from timm.scheduler import CosineLRScheduler, StepLRScheduler
 from torch import nn
 
-from impulsevit.config import OptimizerConfig, SchedulerConfig
+from impulsevit.training.config import OptimizerConfig, SchedulerConfig
 
 __all__ = ["PLAN_KEYS", "build_optimizer", "build_scheduler", "describe_plan", "global_batch_size", "lr_plan",
            "plan_changed", "rebuild_scheduler"]

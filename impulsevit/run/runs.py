@@ -2,7 +2,7 @@
 
 Read from each run's own plain files only (no checkpoint is opened): ``run.json`` (the summary
 :class:`~impulsevit.callbacks.run_record.RunRecord` keeps: state, epoch / step, last and best ``val/acc1``, wall time),
-``config.yaml`` (backbone, init method), the lock ``.lock`` (:mod:`impulsevit.rundir`), the job's events log
+``config.yaml`` (backbone, init method), the lock ``.lock`` (:mod:`impulsevit.run.rundir`), the job's events log
 ``slurm/events.log`` (:mod:`impulsevit.cluster.events`) and, in a study, ``study.json`` and the run's
 ``status.json`` (:mod:`impulsevit.study`).
 
@@ -41,7 +41,7 @@ from impulsevit.callbacks.run_record import SUMMARY_NAME
 from impulsevit.cluster.events import read_events
 from impulsevit.errors import ConfigError
 from impulsevit.procs import alive
-from impulsevit.rundir import LOCK_NAME, existing_run
+from impulsevit.run.rundir import LOCK_NAME, existing_run
 
 __all__ = ["STATUSES", "RunRow", "format_table", "main", "read_run", "scan", "select"]
 

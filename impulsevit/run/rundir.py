@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from impulsevit.cluster.events import slurm_job_id
+from impulsevit.env import slurm_job_id
 from impulsevit.errors import ConfigError, RunDirError
 from impulsevit.io import check_child_name, disk_errors, remove, temp_path
 from impulsevit.procs import alive

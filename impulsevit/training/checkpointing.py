@@ -31,6 +31,7 @@ import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from impulsevit._compat.checkpoint import distributed_meta_file
 from impulsevit.io import TEMP_RE, atomic_write, atomic_write_text, commit, remove, temp_path
 from impulsevit.safe_load import UntrustedFileError, load_checkpoint, trust_requested
 
@@ -52,7 +53,6 @@ __all__ = [
 ]
 
 _TMP_RE = TEMP_RE
-_DCP_META = "meta.pt"  # Lightning's name for the non-tensor part of a distributed checkpoint (rank 0, written last)
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
@@ -192,10 +192,10 @@ def is_complete_checkpoint(path: str | os.PathLike) -> bool:
     if path.is_file():
         return path.stat().st_size > 0 and _loads(path)
     if path.is_dir():
-        meta = path / _DCP_META
+        meta = distributed_meta_file(path)
         if not (meta.is_file() and (path / ".metadata").is_file()):
             return False
-        newest_other = max(f.stat().st_mtime_ns for f in path.iterdir() if f.name != _DCP_META)
+        newest_other = max(f.stat().st_mtime_ns for f in path.iterdir() if f.name != meta.name)
         return meta.stat().st_mtime_ns >= newest_other and _loads(meta)
     return False
 
@@ -205,7 +205,7 @@ def checkpoint_step(path: str | os.PathLike) -> int | None:
     distributed checkpoint folder: its ``meta.pt``), or None when it does not load."""
     path = Path(path)
     if path.is_dir():
-        path = path / _DCP_META
+        path = distributed_meta_file(path)
     head = _load_head(path) if path.is_file() and path.stat().st_size > 0 else None
     return int(head["global_step"]) if head is not None else None
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 
-from impulsevit.config import MixupConfig
+from impulsevit.training.config import MixupConfig
 
 __all__ = ["classification_loss", "make_mixup", "soft_cross_entropy"]
 

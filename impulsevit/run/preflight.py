@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from impulsevit._compat.checkpoint import epochs_done
 from impulsevit.errors import ConfigError
 from impulsevit.safe_load import UntrustedFileError, check_distributed_checkpoint, load_checkpoint
 
@@ -42,8 +43,8 @@ def check_classes(num_classes: int | None, where: str) -> None:
 def check_epochs(max_epochs: int | None, max_steps: int | None) -> None:
     """Raise :class:`ConfigError` unless ``trainer.max_epochs`` is None (Lightning's default), ``>= 1``, or ``-1``
     (Lightning: no epoch limit) together with ``trainer.max_steps >= 1``: the lr schedule is planned over a finite
-    number of optimizer steps (:func:`impulsevit.optim.lr_plan`), so a run without any limit is not supported (set
-    ``max_steps``; ``max_time`` alone does not give a plan)."""
+    number of optimizer steps (:func:`impulsevit.training.optim.lr_plan`), so a run without any limit is not supported
+    (set ``max_steps``; ``max_time`` alone does not give a plan)."""
     if max_epochs is None:
         return
     steps = -1 if max_steps is None else int(max_steps)
@@ -137,9 +138,9 @@ _TRAINING_ONLY_KWARGS = ("drop_rate", "drop_path_rate", "attn_drop_rate", "proj_
 
 def _model_settings(hparams: dict[str, Any], keys: tuple[str, ...] = _STRUCTURE_KEYS) -> dict[str, Any]:
     """``keys`` of ``hparams``, with ``backbone_kwargs`` as timm gets them (the linked ``img_size`` folded in, as
-    :func:`impulsevit.backbone.timm_kwargs` does: a checkpoint from before the link, with ``backbone_kwargs.img_size``,
-    compares equal to one with ``img_size``)."""
-    from impulsevit.backbone import timm_kwargs
+    :func:`impulsevit.training.backbone.timm_kwargs` does: a checkpoint from before the link, with
+    ``backbone_kwargs.img_size``, compares equal to one with ``img_size``)."""
+    from impulsevit.training.backbone import timm_kwargs
 
     out = {k: hparams.get(k) for k in keys if k in hparams}
     if "backbone_kwargs" in out or hparams.get("img_size") is not None:
@@ -269,7 +270,7 @@ def finished_run(path: str | os.PathLike, max_epochs: int | None, max_steps: int
     path = Path(path)
     try:
         ckpt = load_checkpoint(path, mmap=True) if path.is_file() else None
-        done = int(ckpt["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"]) if ckpt else None
+        done = epochs_done(ckpt) if ckpt else None
         step = int(ckpt["global_step"]) if ckpt else None
     except Exception:  # noqa: BLE001 - unknown: let Lightning decide
         return None

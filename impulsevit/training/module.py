@@ -2,25 +2,25 @@
 
 The class holds the Lightning hooks; each concern is a small module of its own that it delegates to:
 
-- backbone (:mod:`impulsevit.backbone`): ``timm.create_model(backbone, num_classes=..., img_size=...,
+- backbone (:mod:`impulsevit.training.backbone`): ``timm.create_model(backbone, num_classes=..., img_size=...,
   **backbone_kwargs)``, built in ``__init__`` so ``load_from_checkpoint`` needs no trainer. The input size has one
   source, the data's ``image_size``: the CLI links it to ``img_size``, passed to timm for architectures built for a
   fixed size.
 - init: the ``impulsevit.callbacks.Initializer`` is added by ``configure_callbacks`` from ``init`` (so the initializer
   is data in the recipe) and runs once at ``on_fit_start``, never on a resumed run. ``init.method`` is checked once at
   construction (:func:`impulsevit.init.check_init_method`).
-- optimizer, lr plan and schedule, and the schedule's rebuild when a resume changes the plan (:mod:`impulsevit.optim`).
-  The plan is stored in checkpoints (``lr_plan``); a resume whose plan differs prints one line and rebuilds the
-  schedule for the new plan at the current step.
+- optimizer, lr plan and schedule, and the schedule's rebuild when a resume changes the plan
+  (:mod:`impulsevit.training.optim`). The plan is stored in checkpoints (``lr_plan``); a resume whose plan differs
+  prints one line and rebuilds the schedule for the new plan at the current step.
 - loss: timm ``Mixup``/CutMix + soft-target cross-entropy, or cross-entropy with ``label_smoothing``
-  (:mod:`impulsevit.loss`).
-- EMA: timm ``ModelEmaV3`` of the backbone (:mod:`impulsevit.ema`), evaluated next to the raw model (``val_ema/*``,
-  ``test_ema/*``). Not supported with ``fsdp2`` (clear error).
+  (:mod:`impulsevit.training.loss`).
+- EMA: timm ``ModelEmaV3`` of the backbone (:mod:`impulsevit.training.ema`), evaluated next to the raw model
+  (``val_ema/*``, ``test_ema/*``). Not supported with ``fsdp2`` (clear error).
 - metrics: torchmetrics top-1 / top-5 for train (top-1 against the dominant class of the mixed target), val and test
-  (:mod:`impulsevit.metrics`).
-- placement (:mod:`impulsevit.sharding`): FSDP2 ``fully_shard`` per block under the ``fsdp2`` strategy, then
+  (:mod:`impulsevit.training.metrics`).
+- placement (:mod:`impulsevit.training.sharding`): FSDP2 ``fully_shard`` per block under the ``fsdp2`` strategy, then
   ``torch.compile`` when ``compile`` is set, in ``configure_model``.
-- the data's size and class count are read from the trainer through :func:`impulsevit.datainfo.data_info`.
+- the data's size and class count are read from the trainer through :func:`impulsevit.training.datainfo.data_info`.
 
 Speed switches (standard in timm's ``train.py`` / DeiT on GPUs; each is a no-op on CPU unless stated):
 
@@ -34,14 +34,14 @@ Speed switches (standard in timm's ``train.py`` / DeiT on GPUs; each is a no-op 
   autocast); the process-wide setting is changed in ``setup``.
 - Under ``fsdp2`` with ``bf16-mixed`` precision, ``fully_shard`` gets ``MixedPrecisionPolicy(param_dtype=bf16,
   reduce_dtype=fp32)``: bf16 all-gathers and compute, fp32 gradient reduce-scatter and fp32 master weights.
-- DDP gradient compression is the ``ddp_bf16`` strategy (``impulsevit.strategies``).
+- DDP gradient compression is the ``ddp_bf16`` strategy (``impulsevit.training.strategies``).
 
 The training step reads nothing back to the host: the loss goes to the loggers at ``log_every_n_steps`` and to the
 progress bar (``loss``) only at those steps; the train accuracy is updated without torchmetrics' argument checks
 (which read the device).
 
 Gradient clipping, accumulation and precision are ``Trainer`` flags (``gradient_clip_val``, ``accumulate_grad_batches``,
-``precision``; use ``impulsevit.strategies.default_precision()``: ``bf16-mixed`` on GPU, ``32-true`` on CPU).
+``precision``; use ``impulsevit.training.strategies.default_precision()``: ``bf16-mixed`` on GPU, ``32-true`` on CPU).
 Batches are ``(images float (B, 3, S, S), labels int64 (B,) or soft targets float (B, num_classes))``.
 """
 
@@ -59,11 +59,12 @@ from timm.data import Mixup
 from timm.utils import ModelEmaV3
 from torch import nn
 
-from impulsevit import optim
-from impulsevit import strategies as _strategies  # noqa: F401  (registers the `fsdp2` strategy name)
 from impulsevit._compat.lightning import is_log_step
-from impulsevit.backbone import check_image_size, create_backbone, timm_kwargs
-from impulsevit.config import (
+from impulsevit.init import check_init_method
+from impulsevit.training import optim
+from impulsevit.training import strategies as _strategies  # noqa: F401  (registers the `fsdp2` strategy name)
+from impulsevit.training.backbone import check_image_size, create_backbone, timm_kwargs
+from impulsevit.training.config import (
     InitConfig,
     MixupConfig,
     OptimizerConfig,
@@ -71,12 +72,11 @@ from impulsevit.config import (
     as_config,
     resolve_lr,
 )
-from impulsevit.datainfo import data_info
-from impulsevit.ema import make_ema
-from impulsevit.init import check_init_method
-from impulsevit.loss import classification_loss, make_mixup
-from impulsevit.metrics import accuracy_metrics
-from impulsevit.sharding import compile_backbone, shard_backbone
+from impulsevit.training.datainfo import data_info
+from impulsevit.training.ema import make_ema
+from impulsevit.training.loss import classification_loss, make_mixup
+from impulsevit.training.metrics import accuracy_metrics
+from impulsevit.training.sharding import compile_backbone, shard_backbone
 
 __all__ = ["ImageClassifier", "check_image_size"]
 
@@ -101,8 +101,8 @@ class ImageClassifier(L.LightningModule):
         compile: ``torch.compile`` the backbone (inductor; see the module docstring); a mapping gives
             ``torch.compile``'s keyword arguments (``mode``, ``backend``, ``fullgraph``, ...).
         img_size: the input size in pixels (square; the CLI links ``data.image_size``), passed to timm for
-            architectures built for a fixed size (:mod:`impulsevit.backbone`); ``None``: the backbone's default, and
-            the data's size is checked against it at ``setup``.
+            architectures built for a fixed size (:mod:`impulsevit.training.backbone`); ``None``: the backbone's
+            default, and the data's size is checked against it at ``setup``.
 
     Not supported: EMA together with the ``fsdp2`` strategy; Lightning's FSDP1 ``FSDPStrategy`` (use ``fsdp2``).
     """
@@ -163,8 +163,8 @@ class ImageClassifier(L.LightningModule):
 
     # ------------------------------------------------------------------ structure
     def build_backbone(self) -> nn.Module:
-        """A fresh ``timm.create_model`` of this model's settings (:func:`impulsevit.backbone.timm_kwargs`), on the
-        current default device.
+        """A fresh ``timm.create_model`` of this model's settings (:func:`impulsevit.training.backbone.timm_kwargs`),
+        on the current default device.
 
         Raises:
             ValueError: unknown model name or kwargs the model rejects (names the model and the kwargs); a
@@ -202,7 +202,7 @@ class ImageClassifier(L.LightningModule):
 
     def configure_model(self) -> None:
         """Under the ``fsdp2`` strategy (``ModelParallelStrategy``): FSDP2 ``fully_shard`` per block, then the backbone;
-        then ``torch.compile`` when ``compile`` is set (:mod:`impulsevit.sharding`).
+        then ``torch.compile`` when ``compile`` is set (:mod:`impulsevit.training.sharding`).
 
         Idempotent (Lightning calls it for every stage). Raises ``ValueError`` when EMA is requested with FSDP2.
         """
@@ -307,13 +307,13 @@ class ImageClassifier(L.LightningModule):
         if self.ema is not None:
             self.ema.update(self.backbone, step=self.global_step)
 
-    # ------------------------------------------------------------------ optimization (impulsevit.optim)
+    # ------------------------------------------------------------------ optimization (impulsevit.training.optim)
     def global_batch_size(self) -> int | None:
         """Per-device batch x data-parallel replicas x ``accumulate_grad_batches``; ``None`` if the batch is unknown."""
         return optim.global_batch_size(self.trainer, data_info(self.trainer).batch_size)
 
     def lr_plan(self) -> dict[str, Any]:
-        """The schedule's plan for this run (:func:`impulsevit.optim.lr_plan`)."""
+        """The schedule's plan for this run (:func:`impulsevit.training.optim.lr_plan`)."""
         return optim.lr_plan(self.trainer, self.scheduler_cfg)
 
     def configure_optimizers(self) -> dict[str, Any]:
