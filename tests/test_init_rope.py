@@ -124,6 +124,23 @@ def test_only_q_k_v_norm1_and_qk_biases_change_and_values_ignore_the_constant():
         assert torch.allclose(blk.norm1.bias.detach() @ ones, torch.tensor(1.0), atol=1e-5)
 
 
+def test_torch_base_is_the_torch_method_outside_the_attention():
+    """``base='torch'``: every weight the construction does not touch equals the ``torch`` method's for the same seed
+    (and differs from the model's own init); a base that is not a choice is one error."""
+    ref = build("rope_cat_no_pos_embed")
+    ii.initialize(ref, "torch", generator=3)
+    own = build("rope_cat_no_pos_embed").state_dict()
+    model = build("rope_cat_no_pos_embed")
+    ii.initialize(model, "impulse", generator=3, base="torch")
+    touched = (".attn.qkv.", ".norm1.bias", ".attn.q_bias", ".attn.k_bias")
+    untouched = [k for k in ref.state_dict() if not any(t in k for t in touched)]
+    got = model.state_dict()
+    assert all(torch.equal(got[k], ref.state_dict()[k]) for k in untouched)
+    assert any(not torch.equal(got[k], own[k]) for k in untouched if k.endswith("mlp.fc1.weight"))
+    with pytest.raises(ValueError, match="base must be 'model' or 'torch'"):
+        ii.initialize(build("rope_cat_no_pos_embed"), "impulse", generator=3, base="timm")
+
+
 def test_mimetic_refuses_in_one_line_and_model_unchanged():
     model = build("rope_cat_no_pos_embed")
     before = {k: v.clone() for k, v in model.state_dict().items()}

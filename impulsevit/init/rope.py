@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from impulsevit.init.api import InitResult, check_options, read_full, register, write_full_
+from impulsevit.init.baselines import torch_default_fills, write_values
 from impulsevit.init.capture import captured_attention
 from impulsevit.init.diagnostics import AttentionMaps, register_attention_maps
 from impulsevit.init.impulse import impulse_offsets
@@ -204,7 +205,8 @@ def _attention_parts(name: str, index: int, blk: nn.Module) -> dict[str, Any]:
             "half": bool(getattr(attn, "rotate_half", False))}
 
 
-_DEFAULTS: dict[str, Any] = {"target_mass": 0.75, "kernel_size": 3, "offsets": "fixed", "flip_phase": False}
+_DEFAULTS: dict[str, Any] = {"target_mass": 0.75, "kernel_size": 3, "offsets": "fixed", "flip_phase": False,
+                             "base": "model"}
 
 
 @register("impulse", family="rope", matches=is_rope_vit)
@@ -213,9 +215,18 @@ def impulse_rope(model: nn.Module, generator: torch.Generator, options: dict[str
 
     Options: ``target_mass`` 0.75 (share on the target of an interior query when content is ignored), ``kernel_size``
     3 | 5, ``offsets`` "fixed" | "random", ``flip_phase`` False (True builds the mirrored, wrong construction: a
-    negative control for tests).
+    negative control for tests), ``base`` "model" | "torch": what every other weight starts as — "model" keeps the
+    model's own init (timm's ``Eva`` always applies its truncated-normal init), "torch" first gives every module its
+    PyTorch constructor init, as the ``torch`` method does (the paper's pipeline builds its ViTs with timm's
+    ``weight_init='skip'``, i.e. constructor init, and changes only the attention). Opt-in: measured in
+    ``docs/results.md`` before it can become a default.
     """
     opts = check_options("impulse", options, _DEFAULTS)
+    if opts["base"] not in ("model", "torch"):
+        raise ValueError(f"impulse (rope): base must be 'model' or 'torch', got {opts['base']!r}")
+    if opts["base"] == "torch":
+        values, _ = torch_default_fills(model, generator)
+        write_values(model, values)
     m = float(opts["target_mass"])
     if not 0.0 < m < 1.0:
         raise ValueError(f"impulse (rope): target_mass must be in (0, 1), got {m}")
