@@ -46,6 +46,7 @@ __all__ = [
     "WriteError",
     "atomic_path",
     "atomic_write",
+    "atomic_write_bytes",
     "atomic_write_json",
     "atomic_write_text",
     "check_child_name",
@@ -55,6 +56,7 @@ __all__ = [
     "disk_errors",
     "disk_oserror",
     "fsync_dir",
+    "read_json",
     "remove",
     "require_free_space",
     "temp_path",
@@ -279,6 +281,16 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any], nee
     with atomic_path(path, needed) as tmp, open(tmp, "wb") as fh:
         write(fh)
         fh.flush()
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    atomic_write(path, lambda fh: fh.write(data), needed=len(data))
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """The JSON value in ``path`` (the reading side of :func:`atomic_write_json`)."""
+    return json.loads(Path(path).read_text())
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -2,8 +2,8 @@
 
 Modules: :mod:`~impulsevit.study.plan` (the plan and the recipe headers it reads; pure),
 :mod:`~impulsevit.study.report` (reading the runs back, ``report.md`` / ``report.png``),
-:mod:`~impulsevit.study.launch` (the command: fit subprocesses, SLURM array tasks, submission) and
-:mod:`~impulsevit.study.files` (every file the study writes goes through its atomic write).
+:mod:`~impulsevit.study.launch` (the command: fit subprocesses, SLURM array tasks, submission); every file the study
+writes goes through :mod:`impulsevit.io`'s atomic writes.
 
 Layout: ``<runs-dir>/<study>/`` holds ``study.json`` (the plan: recipe, methods, seeds, overrides), one run directory
 per ``<method>-s<seed>`` (written by ``impulsevit fit``), ``report.md`` and ``report.png``. Each run records its own

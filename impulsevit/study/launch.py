@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from impulsevit.errors import ConfigError
-from impulsevit.io import child_path, claim_output
+from impulsevit.io import atomic_write_json, child_path, claim_output, read_json
 from impulsevit.procs import forward_signals, popen
-from impulsevit.study.files import read_json, write_json
 from impulsevit.study.plan import DEFAULT_METHODS, paper_numbers, plan_entry_args, plan_runs, run_args, study_header
 from impulsevit.study.report import collect, write_report
 
@@ -38,7 +37,7 @@ def _fit_state(rc: int, received: list[int]) -> str:
 def _run_fit(cmd: list[str], rdir: Path, record: bool) -> tuple[int, str, list[int]]:
     rdir.mkdir(parents=True, exist_ok=True)
     if record:
-        write_json(rdir / "status.json", {"state": "running", "started": time.time()})
+        atomic_write_json(rdir / "status.json", {"state": "running", "started": time.time()}, indent=2)
     t0, received = time.time(), []
     with open(rdir / "study_fit.log", "ab") as log:
         # its own process group: a Ctrl-C in the terminal reaches the fit once, forwarded from here (twice would
@@ -53,7 +52,7 @@ def _run_fit(cmd: list[str], rdir: Path, record: bool) -> tuple[int, str, list[i
         stops = [signal.Signals(sig).name for sig in received if sig in _STOPS]
         if state == "interrupted":
             status["signal"] = stops[0]
-        write_json(rdir / "status.json", status)
+        atomic_write_json(rdir / "status.json", status, indent=2)
     return rc, state, received
 
 
@@ -218,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             plan = read_json(plan_file)
         elif not (args.submit and args.dry_run):
             study_dir.mkdir(parents=True, exist_ok=True)
-            write_json(plan_file, plan)
+            atomic_write_json(plan_file, plan, indent=2)
         if args.submit:
             return _submit(args, recipe_path, study_name, len(plan["runs"]), overrides)
         stopped = _run_plan(study_dir, plan, args.run_index)

@@ -15,7 +15,7 @@ import os
 import statistics
 from pathlib import Path
 
-from impulsevit.study.files import read_json, write_atomic
+from impulsevit.io import atomic_write_bytes, atomic_write_text, read_json
 
 __all__ = ["RunResult", "read_attention", "read_scalars", "collect", "render_report", "write_report"]
 
@@ -244,9 +244,9 @@ def write_report(study_dir: str | os.PathLike, results: list[RunResult], paper: 
     study_dir = Path(study_dir)
     plan = read_json(study_dir / "study.json")
     md = study_dir / "report.md"
-    write_atomic(md, render_report(study_dir.name, plan, results, paper or {}))
-    write_atomic(study_dir / "report.png", render_plot(results))
+    atomic_write_text(md, render_report(study_dir.name, plan, results, paper or {}))
+    atomic_write_bytes(study_dir / "report.png", render_plot(results))
     attention = render_attention_plot(results)
     if attention is not None:
-        write_atomic(study_dir / "report_attention.png", attention)
+        atomic_write_bytes(study_dir / "report_attention.png", attention)
     return md

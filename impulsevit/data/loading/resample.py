@@ -95,15 +95,6 @@ def coefficients(in_size: int, in0: float, in1: float, out_full: int, out_start:
     return bounds, weights
 
 
-@njit(cache=True)
-def _clip8(v: int) -> int:
-    v >>= PRECISION_BITS
-    if v < 0:
-        return 0
-    if v > 255:
-        return 255
-    return v
-
 
 LANES = 96
 """Lanes (bytes of a row) per call of :func:`_fir_block`: a compile-time trip count lets the compiler unroll the
