@@ -3,13 +3,18 @@
 Most fault cases fail before any work, in well under a second, but a fresh interpreter spends 5–6 s of CPU importing
 torch, Lightning and timm first: across the suite's ~90 such commands that start-up was most of its time. The zygote
 is one interpreter per test worker that imports what ``python -m impulsevit.cli`` imports (the console script's
-module and every subcommand provider of ``impulsevit.cli.entry.PROVIDERS``) once, then for each request forks a child
+module: torch, Lightning, timm, the fit / validate / test / predict command line) once, then for each request forks a
+child
 that becomes the command exactly as a fresh ``python -m impulsevit.cli ARGS`` would run it: its own session
 (``setsid``), the working directory, the environment (``PYTHONPATH`` entries put first on ``sys.path``), stdin from
 ``/dev/null``, stdout / stderr to files, ``sys.argv``, then the console script's ``main`` with the interpreter's exit
 rules (``SystemExit`` codes, an uncaught exception printed by ``sys.excepthook`` with status 1, ``atexit`` handlers
-run). Its exit status is reported as ``subprocess`` does (``-N`` for a signal).
+run — except the zygote's own ``weakref.finalize`` hooks, such as a temp folder a library made at import: the child
+did not create them, and running them deleted W&B's media folder under the next command). Its exit status is reported
+as ``subprocess`` does (``-N`` for a signal).
 
+The subcommand providers (``impulsevit.cli.entry.PROVIDERS``) are not imported ahead: one of them imports W&B, whose
+media temp folder, made at import, would then be shared by every child and deleted by the first that finished a run.
 Not covered this way, so kept on real ``exec``'d processes (:func:`harness.start`): anything that signals the command
 while it works (the child tests), and a failure while importing impulsevit itself (the zygote would fail first, and
 the harness then falls back to a fresh process for every command). ``IMPULSEVIT_TEST_FORK=0`` turns the zygote off.
@@ -29,20 +34,19 @@ import threading
 from pathlib import Path
 
 SERVER = r'''
-import atexit, importlib, json, os, sys, traceback
-import impulsevit.cli.entry as entry
+import atexit, json, os, sys, traceback
 from impulsevit.cli import main as cli_main
-for module, _ in entry.PROVIDERS.values():
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        pass
 reply = os.fdopen(os.dup(1), "w", buffering=1)
 os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
 reply.write(json.dumps({"ready": True}) + "\n")
 
 
 def child(req):
+    # the zygote's own finalizers (e.g. a library's temp folder made at import, W&B's media folder) belong to the
+    # zygote: a child that ran them at its exit would delete them under the next child
+    import weakref
+    for info in list(getattr(weakref.finalize, "_registry", {}).values()):
+        info.atexit = False
     os.setsid()
     os.chdir(req["cwd"])
     os.environ.clear()
