@@ -44,6 +44,27 @@ def test_prepare_argv_moves_subcommand_resolves_recipe_and_names_the_run():
     assert prepare_argv(["--name", "fit", "test"])[:1] == ["test"]
 
 
+def test_a_recipe_s_init_options_stay_with_its_method(tmp_path, capsys):
+    """``fit --recipe R --model.init.method=torch`` on a recipe whose ``model.init.options`` are impulse's (the
+    Mixer recipes; every study of them) starts torch from no options, says so once, and trains; options given on
+    the command line are kept."""
+    recipe = tmp_path / "tiny_with_options.yaml"
+    recipe.write_text(TINY.read_text().replace("init: {method: impulse, seed: 0}",
+                                               "init: {method: impulse, seed: 0, options: {gain_pos: 18.0}}"))
+    assert "gain_pos" in recipe.read_text()
+    cli = run_cli("fit", "--recipe", str(recipe), f"--runs_dir={tmp_path}", "--name=torch", "--trainer.max_steps=1",
+                  "--model.init.method=torch")
+    assert cli.trainer.global_step == 1 and dict(cli.model.init_cfg.options) == {}
+    err = capsys.readouterr().err
+    assert "the recipe's model.init.options {'gain_pos': 18.0} are for 'impulse'; --model.init.method=torch starts " \
+           "from none" in err
+    argv = prepare_argv(["fit", "--recipe", str(recipe), "--model.init.method", "impulse"])
+    assert "--model.init.options={}" not in argv  # the recipe's own method keeps its options
+    argv = prepare_argv(["fit", "--recipe", str(recipe), "--model.init.method=timm",
+                         '--model.init.options={"mode": ""}'])
+    assert "--model.init.options={}" not in argv  # options given for the new method are the user's
+
+
 def test_recipe_names_resolve_and_unknown_names_name_the_closest_ones(capsys):
     assert resolve_recipe("quickstart") == (REPO / "recipes" / "quickstart.yaml").resolve()
     assert resolve_recipe(str(TINY)) == TINY

@@ -22,6 +22,8 @@ from impulsevit.cli import main
 
 PLUGIN = textwrap.dedent('''
     """A user's extension: three classes of random 32 px images, and an init method for ViTs of its own family."""
+    import dataclasses
+
     import numpy as np
     import torch
 
@@ -53,13 +55,15 @@ PLUGIN = textwrap.dedent('''
         return type(model).__name__ == "VisionTransformer" and len(model.blocks) <= 4
 
 
-    @register("flat_pos", family="small_vit", matches=is_small_vit)
+    @dataclasses.dataclass(frozen=True)
+    class FlatPosOptions:
+        scale: float = 0.02
+
+
+    @register("flat_pos", family="small_vit", matches=is_small_vit, options=FlatPosOptions)
     def flat_pos(model, generator, options):
-        scale = float(options.pop("scale", 0.02))
-        if options:
-            raise TypeError(f"unknown option(s) {sorted(options)} for init method 'flat_pos'")
-        model.pos_embed.copy_(torch.randn(model.pos_embed.shape, generator=generator) * scale)
-        return InitResult(options={"scale": scale}, notes=["pos_embed from the plugin"])
+        model.pos_embed.copy_(torch.randn(model.pos_embed.shape, generator=generator) * options.scale)
+        return InitResult(options={"scale": options.scale}, notes=["pos_embed from the plugin"])
 ''')
 
 

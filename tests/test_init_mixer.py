@@ -108,7 +108,7 @@ def test_validation_errors_leave_model_untouched():
     assert all(torch.equal(before[k], v) for k, v in small.state_dict().items())
     with pytest.raises(ValueError, match=r"num_offsets=5 must be in \[1, S//N=4\]"):
         ii.initialize(make(), "impulse", num_offsets=5)
-    with pytest.raises(ValueError, match="layout must be one of"):
+    with pytest.raises(ValueError, match=r"option 'layout' of init method 'impulse' \(mixer\) must be one of"):
         ii.initialize(make(), "impulse", layout="diagonal")
     resmlp = MlpMixer(img_size=32, patch_size=4, embed_dim=64, num_blocks=1, block_layer=ResBlock, mlp_ratio=4,
                       num_classes=10)

@@ -1,6 +1,8 @@
 """User initializers from a recipe, for real: an import path ``module:function`` to a module in a temp directory, and
-an installed plugin (a ``*.dist-info`` with an ``impulsevit.initializers`` entry point) — both through the real CLI
-(``impulsevit fit`` on the tiny synthetic recipe; ``impulsevit init list``), the entry point in a fresh process."""
+an installed plugin (a ``*.dist-info`` with ``module:function`` entry points in the group ``impulsevit.plugins``, and
+one in the deprecated ``impulsevit.initializers``) — both through the real CLI (``impulsevit fit`` on the tiny
+synthetic recipe; ``impulsevit init list``), the entry point in a fresh process. Both wrap into a registered handler
+whose options are checked by the one schema check (``impulsevit/init/options.py``)."""
 
 from __future__ import annotations
 
@@ -31,6 +33,9 @@ PLUGIN = textwrap.dedent('''
 
     def no_generator(model):
         pass
+
+    def typed_init(model, generator, *, scale: float = 1.0, mode: str = "a"):
+        return None
 
     NOT_A_FUNCTION = 3
 ''')
@@ -72,7 +77,13 @@ def test_import_path_trains_through_impulsevit_fit(tmp_path, monkeypatch):
         ("{mod}:missing", {}, r"module '{mod}' has no attribute 'missing'"),
         ("{mod}:NOT_A_FUNCTION", {}, r"is a int, expected a function fn\(model, generator, \*\*options\)"),
         ("{mod}:no_generator", {}, r"no_generator\(model\) cannot be called as fn\(model, generator"),
-        ("{mod}:my_init", {"scal": 1.0}, r"with options \['scal'\].*unexpected keyword argument 'scal'"),
+        ("{mod}:my_init", {"scal": 1.0},
+         r"options: unknown option\(s\) \['scal'\] for init method '{mod}:my_init' \(plugin\) \(did you mean "
+         r"'scale'\?\); valid: \['scale'\]"),
+        ("{mod}:typed_init", {"scale": "big"},
+         r"options: option 'scale' of init method '{mod}:typed_init' \(plugin\) must be float, got 'big'"),
+        ("impulse", {"gain_k": 7.0},
+         r"options: unknown option\(s\) \['gain_k'\] for init method 'impulse' \(did you mean 'gain_qk'\?\)"),
         ("impluse", {}, r"unknown init method 'impluse'; available: .*impulse.* or an import path 'module:function'"),
     ],
 )
@@ -82,21 +93,23 @@ def test_bad_method_fails_at_construction_naming_it(tmp_path, monkeypatch, metho
     method, message = method.format(mod=mod), message.format(mod=mod)
     args = [f"--model.init.method={method}"]
     args += [f"--model.init.options={options}".replace("'", '"')] if options else []
-    with pytest.raises(ValueError, match=r"^model.init.method: .*" + message) as err:
+    expected = message if message.startswith("options: ") else "method: .*" + message  # the key that is wrong
+    with pytest.raises(ValueError, match=r"^model.init." + expected) as err:
         run_cli(*tiny(tmp_path, "bad", *args))
     assert "\n" not in str(err.value) and method in str(err.value)
     assert not (tmp_path / "bad" / "checkpoints").exists()  # failed while building the model: nothing ran
 
 
 def _dist_info(site: Path) -> None:
-    """An installed distribution ``userplug 0.3`` providing the entry point ``scaled_normal`` (no pip involved)."""
+    """An installed distribution ``userplug 0.3`` providing the entry point ``scaled_normal`` (no pip involved), one
+    that does not resolve, one shadowed by a built-in and one in the deprecated group."""
     _write_plugin(site, "userplug_inits")
     info = site / "userplug-0.3.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: userplug\nVersion: 0.3\n")
     (info / "entry_points.txt").write_text(
-        "[impulsevit.initializers]\nscaled_normal = userplug_inits:my_init\nbroken = userplug_inits:missing\n"
-        "torch = userplug_inits:my_init\n"
+        "[impulsevit.plugins]\nscaled_normal = userplug_inits:my_init\nbroken = userplug_inits:missing\n"
+        "torch = userplug_inits:my_init\n\n[impulsevit.initializers]\nlegacy_normal = userplug_inits:my_init\n"
     )
 
 
@@ -131,6 +144,7 @@ def test_entry_point_plugin_is_listed_and_trains_in_a_fresh_process(tmp_path):
     assert "plugin" in rows["scaled_normal"]
     assert "entry point of userplug 0.3 (userplug_inits:my_init)" in rows["scaled_normal"]
     assert "error" in rows["broken"] and "has no attribute 'missing'" in listing
+    assert "deprecated group impulsevit.initializers" in rows["legacy_normal"]  # still read, and said so
     assert "shadowed by the built-in" in listing  # the entry point named 'torch' never replaces the built-in
     assert "import path" in rows["user_inits_list:my_init"]
     assert "module 'user_inits_list' has no attribute 'nope'" in bad
@@ -141,3 +155,13 @@ def test_entry_point_plugin_is_listed_and_trains_in_a_fresh_process(tmp_path):
     assert report["notes"] == ["plugin from entry point of userplug 0.3 (userplug_inits:my_init)",
                                "scaled normal, my note"]
     assert ckpt["global_step"] == 4
+
+
+def test_the_one_entry_point_group_is_the_same_string_in_both_readers():
+    """``impulsevit.cli.extensions`` (plugin modules, read at start) keeps its own copy of the group name so the
+    entry point imports no torch; it must be the group ``impulsevit.init.plugins`` reads init functions from."""
+    from impulsevit.cli import extensions
+    from impulsevit.init import plugins
+
+    assert extensions.ENTRY_POINT_GROUP == plugins.ENTRY_POINT_GROUP == "impulsevit.plugins"
+

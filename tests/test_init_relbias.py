@@ -157,7 +157,7 @@ def test_mimetic_refuses_in_one_line_and_options_validated():
         assert "\n" not in str(err.value)
     model = build(VITS["relpos_mlp"][0], SMALL)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(ValueError, match="target_mass must be in"):
+    with pytest.raises(ValueError, match="option 'target_mass' of init method 'impulse' .* must be in"):
         ii.initialize(model, "impulse", target_mass=1.5)
     with pytest.raises(TypeError, match="unknown option"):
         ii.initialize(model, "impulse", gain_qk=3)

@@ -137,7 +137,8 @@ def test_torch_base_is_the_torch_method_outside_the_attention():
     got = model.state_dict()
     assert all(torch.equal(got[k], ref.state_dict()[k]) for k in untouched)
     assert any(not torch.equal(got[k], own[k]) for k in untouched if k.endswith("mlp.fc1.weight"))
-    with pytest.raises(ValueError, match="base must be 'model' or 'torch'"):
+    with pytest.raises(ValueError,
+                       match=r"option 'base' of init method 'impulse' \(rope\) must be one of \('model', 'torch'\)"):
         ii.initialize(build("rope_cat_no_pos_embed"), "impulse", generator=3, base="timm")
 
 
@@ -147,6 +148,6 @@ def test_mimetic_refuses_in_one_line_and_model_unchanged():
     with pytest.raises(ValueError, match="rotary position embeddings: mimetic") as err:
         ii.initialize(model, "mimetic")
     assert "\n" not in str(err.value)
-    with pytest.raises(ValueError, match="target_mass must be in"):
+    with pytest.raises(ValueError, match="option 'target_mass' of init method 'impulse' .* must be in"):
         ii.initialize(model, "impulse", target_mass=0.0)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -115,11 +115,17 @@ def test_optimizer_state_valid_after_init(tmp_path: Path) -> None:
 
 
 def test_bad_option_fails_before_training_naming_method_and_backbone(tmp_path: Path) -> None:
-    m = ImageClassifier("vit_tiny_patch16_224", dict(VIT), num_classes=4,
+    # a name no handler of the method takes: refused at construction, with the closest valid name
+    with pytest.raises(ValueError, match=r"^model.init.options: unknown option\(s\) \['gain_qq'\] for init method "
+                                         r"'impulse' \(did you mean 'gain_qk'\?\)"):
+        ImageClassifier("vit_tiny_patch16_224", dict(VIT), num_classes=4,
                         init={"method": "impulse", "options": {"gain_qq": 7.0}}, log_attention=False)
+    # a value of the wrong type for the family that applies: refused before training, the model untouched
+    m = ImageClassifier("vit_tiny_patch16_224", dict(VIT), num_classes=4,
+                        init={"method": "impulse", "options": {"gain_qk": "high"}}, log_attention=False)
     before = {k: v.clone() for k, v in m.backbone.state_dict().items()}
     with pytest.raises(TypeError, match=r"init method 'impulse' does not fit backbone 'vit_tiny_patch16_224'.*"
-                                        r"gain_qq"):
+                                        r"option 'gain_qk' of init method 'impulse' \(vit\) must be float"):
         fit(tmp_path, m, max_steps=1)
     for k, v in m.backbone.state_dict().items():  # nothing was modified (weight_init=skip garbage may hold NaN)
         torch.testing.assert_close(v, before[k], rtol=0, atol=0, equal_nan=True, msg=k)
