@@ -1,8 +1,8 @@
 """Lightning internals impulsevit uses (see :mod:`impulsevit._compat`), each with why no public API does the job.
 
-Lightning is pinned to one minor version in ``setup.cfg`` because of this module; ``tests/test_compat.py`` exercises
-each entry on the installed version, so an upgrade that moves one of these fails there, by name, instead of somewhere
-in a training run.
+Lightning is pinned to one minor version in ``setup.cfg`` because of this module; ``tests/house/test_compat.py``
+exercises each entry on the installed version, so an upgrade that moves one of these fails there, by name, instead of
+somewhere in a training run.
 """
 
 from __future__ import annotations

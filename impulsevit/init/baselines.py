@@ -39,7 +39,7 @@ _RUNNING_STATS_NORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBa
                        nn.LazyBatchNorm2d, nn.LazyBatchNorm3d, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d,
                        nn.LazyInstanceNorm1d, nn.LazyInstanceNorm2d, nn.LazyInstanceNorm3d)
 """torch's norms with (optional) running statistics: every ``torch.nn`` subclass of its private ``_NormBase``
-(``tests/test_compat.py`` checks the list against the installed torch; quantized ``torch.ao`` norms are not
+(``tests/house/test_compat.py`` checks the list against the installed torch; quantized ``torch.ao`` norms are not
 included)."""
 _NORM = (nn.LayerNorm, nn.GroupNorm, *_RUNNING_STATS_NORM, nn.RMSNorm)
 
