@@ -29,7 +29,7 @@ from impulsevit.errors import ConfigError
 __all__ = ["ENTRY_POINT_GROUP", "ENV_VAR", "load_plugins", "split_plugins_flag"]
 
 ENTRY_POINT_GROUP = "impulsevit.plugins"  # = impulsevit.init.plugins.ENTRY_POINT_GROUP (not imported: the entry stays
-# light, importing no torch before the subcommand is known; tests/test_init_plugins.py checks they agree)
+# light, importing no torch before the subcommand is known; tests/init/test_plugins.py checks they agree)
 ENV_VAR = "IMPULSEVIT_PLUGINS"
 
 
