@@ -19,8 +19,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from impulsevit.init.options import NoOptions
-
 __all__ = ["Handler", "InitResult", "add_function", "find", "methods", "origins", "register", "schemas", "supports"]
 
 
@@ -36,7 +34,7 @@ class InitResult:
 
 Handler = Callable[[nn.Module, torch.Generator, Any], InitResult]
 """The one handler signature: ``handler(model, generator, options) -> InitResult``, where ``options`` is an instance of
-the schema the handler registered (:mod:`impulsevit.init.options`; a ``dict`` for a schema-less one)."""
+the schema the handler registered (:mod:`impulsevit.init.options`; the ``dict`` given for one registered without)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +52,7 @@ _PACKAGE = __name__.rpartition(".")[0]  # impulsevit.init: the built-in families
 
 
 def register(method: str, *, family: str, matches: Callable[[nn.Module], bool],
-             options: type | None = NoOptions) -> Callable[[Handler], Handler]:
+             options: type | None = None) -> Callable[[Handler], Handler]:
     """Decorator registering ``handler(model, generator, options) -> InitResult`` for ``method`` on models where
     ``matches(model)`` is true.
 
@@ -63,8 +61,9 @@ def register(method: str, *, family: str, matches: Callable[[nn.Module], bool],
         family: the model family the handler adapts (shown by ``impulsevit init list`` and the report).
         matches: whether the handler applies to a model (no side effects; called on meta-device models too).
         options: the handler's options schema, a frozen dataclass (:mod:`impulsevit.init.options`): the user's
-            options are checked against it in one place and reach the handler as an instance of it. The default
-            :class:`~impulsevit.init.options.NoOptions` takes none; ``None`` passes any keys as a ``dict``.
+            options are checked against it in one place and reach the handler as an instance of it
+            (:class:`~impulsevit.init.options.NoOptions` takes none). Without one (``None``, the default, as
+            handlers written before schemas existed) the options reach the handler unchecked, as the ``dict`` given.
 
     ``initialize`` runs the first registered handler of ``method`` whose ``matches`` is true; the built-in families
     are loaded before a handler from outside the package is added, so they come first."""
