@@ -124,14 +124,20 @@ def test_same_seed_same_numbers(two_runs):
 
 def test_resume_keeps_references_and_skips_the_init_point(two_runs, tmp_path):
     """Interrupted after epoch 1 and resumed: the init point is not measured again (the resumed weights are not the
-    initial ones), and the final point equals the uninterrupted run's (same references, same probe images)."""
+    initial ones), the final point equals the uninterrupted run's (same references, same probe images), and the run
+    keeps exactly one record per point (a record of the same point at another step is removed)."""
     stop = '--trainer.callbacks=[{"class_path": "_cli_helpers.StopAfterEpoch", "init_args": {"epoch": 0}}]'
     _run(tmp_path, "c", stop)
     assert sorted(_records(tmp_path / "c")) == [0, 4]
     first = (tmp_path / "c" / "attention" / "step_00000000.json").read_text()
+    # what an earlier life of the run left for a point the resumed run reaches at another step (e.g. one that trained
+    # past its last checkpoint with a loader that does not resume mid-epoch): it must not stay as a second epoch_2
+    stale = json.loads(first) | {"point": "epoch_2", "epoch": 1, "step": 7}
+    (tmp_path / "c" / "attention" / "step_00000007.json").write_text(json.dumps(stale))
     _run(tmp_path, "c", "--resume", "auto")
     recs, ref = _records(tmp_path / "c"), _records(two_runs / "a")
-    assert sorted(recs) == [0, 4, 8]
+    assert sorted(recs) == [0, 4, 8]  # exactly one record per point
+    assert [recs[s]["point"] for s in (0, 4, 8)] == ["init", "epoch_1", "epoch_2"]
     assert (tmp_path / "c" / "attention" / "step_00000000.json").read_text() == first
     assert recs[8]["sources"] == ref[8]["sources"]
 

@@ -260,30 +260,83 @@ def test_submit_runs_the_plan_as_a_real_slurm_array(recipe: Path, tmp_path: Path
                                   f"{100 * val_acc1(sdir / name)[-1]:.2f}"]
 
 
-def test_attention_plot_draws_each_method_to_its_longest_run():
-    """A run with one logged point fewer must not cut its method's curve short (the table's "end" is each run's last
-    point): the curve is NaN-padded, so it reaches the last point any run of the method logged."""
+def _real_attention_run(tmp_path: Path) -> Path:
+    """A finished tiny run (tiny synthetic recipe, 2 epochs: records at steps 0, 4, 8 = init, epoch_1, epoch_2) written
+    by the real ``AttentionEvolution`` through the CLI."""
+    from _cli_helpers import run_cli, tiny
+
+    run_cli(*tiny(tmp_path, "real"))
+    return tmp_path / "real"
+
+
+def _study_of(sdir: Path, runs: dict[str, list[dict]]) -> None:
+    """A study folder whose runs (``<method>-s<seed>``) are done and hold exactly ``runs[name]`` as attention records
+    (and one val/acc1 each, so that ``collect`` keeps them as done)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    plan = {"recipe": "tiny", "methods": sorted({n.split("-")[0] for n in runs}), "seeds": 2, "overrides": [],
+            "runs": [{"method": n.split("-")[0], "seed": int(n.split("-s")[1]), "name": n, "args": []} for n in runs]}
+    sdir.mkdir(parents=True)
+    (sdir / "study.json").write_text(json.dumps(plan))
+    for name, records in runs.items():
+        (sdir / name / "attention").mkdir(parents=True)
+        (sdir / name / "status.json").write_text(json.dumps({"state": "done", "returncode": 0}))
+        with SummaryWriter(str(sdir / name)) as w:
+            w.add_scalar("val/acc1", 0.5, 1)
+        for rec in records:
+            (sdir / name / "attention" / f"step_{rec['step']:08d}.json").write_text(json.dumps(rec))
+
+
+def test_attention_figure_and_table_use_the_recorded_epochs(tmp_path: Path) -> None:
+    """Seeds with different records (one lost epoch_1, as a run preempted at the last step of epoch 1 and resumed
+    does; one that kept an earlier life's second epoch_2 record at another step): the figure's x is each record's
+    epoch, each point the mean over the seeds that recorded it, and the table's "end" is the figure's last point."""
     import matplotlib
 
     matplotlib.use("Agg")
     from unittest import mock
 
-    from impulsevit.study.report import ATTENTION_METRICS, RunResult, render_attention_plot
-
-    def run(method: str, seed: int, points: int) -> RunResult:
-        return RunResult(f"{method}_{seed}", method, seed, "done",
-                         attention={m: [[0.1 * i, 0.2 * i] for i in range(points)] for m in ATTENTION_METRICS})
-
-    drawn = {}
     import matplotlib.axes
 
+    from impulsevit.study.report import collect, read_attention, render_attention_plot, render_report
+
+    real = _real_attention_run(tmp_path)
+    recs = [json.loads(f.read_text()) for f in sorted((real / "attention").glob("step_*.json"))]
+    assert [(r["point"], r["step"]) for r in recs] == [("init", 0), ("epoch_1", 4), ("epoch_2", 8)]
+
+    def shifted(rec: dict, by: float, **fields) -> dict:  # the same record with every per-layer mean moved by ``by``
+        out = json.loads(json.dumps(rec)) | fields
+        means = out["sources"]["images"]["means"]
+        out["sources"]["images"]["means"] = {k: [v + by for v in vs] for k, vs in means.items()}
+        return out
+
+    init, e1, e2 = recs
+    stale_e2 = shifted(e2, 5.0, step=6)  # an earlier life's epoch_2 at step 6: the later one (step 8) counts
+    sdir = tmp_path / "study"
+    _study_of(sdir, {"impulse-s0": [init, e1, e2], "impulse-s1": [shifted(init, 0.1), shifted(e2, 0.1), stale_e2],
+                     "torch-s0": [init, e1, e2], "torch-s1": [init, e1, e2]})
+    assert sorted(read_attention(sdir / "impulse-s1")["distance"]) == [0, 2]  # one record per epoch, no epoch 1
+
+    results = collect(sdir)
+    drawn: dict[str, list[tuple[list[float], list[float]]]] = {}
     real_plot = matplotlib.axes.Axes.plot
 
-    def spy(self, x, y, *args, **kwargs):
-        drawn.setdefault(kwargs.get("label"), []).append(len(x))
+    def spy(self, x, y, *args, **kwargs):  # noqa: ANN001, ANN202
+        drawn.setdefault(kwargs.get("label"), []).append((list(x), list(y)))
         return real_plot(self, x, y, *args, **kwargs)
 
     with mock.patch.object(matplotlib.axes.Axes, "plot", spy):
-        png = render_attention_plot([run("impulse", 0, 5), run("impulse", 1, 4), run("torch", 0, 5)])
-    assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    assert set(drawn["impulse"]) == {5} and set(drawn["torch"]) == {5}
+        png = render_attention_plot(results)
+    assert png is not None and png[:8] == b"\x89PNG\r\n\x1a\n"
+    d0 = [r["sources"]["images"]["means"]["distance"][0] for r in (init, e1, e2)]
+    x, y = drawn["impulse"][0]  # distance, layer 0
+    assert x == [0, 1, 2]
+    assert y == pytest.approx([d0[0] + 0.05, d0[1], d0[2] + 0.05])  # epoch 1: seed 0 alone
+    assert drawn["torch"][0][0] == [0, 1, 2]
+
+    md = render_report("s", {"recipe": "tiny", "seeds": 2}, results, {})
+    assert "impulse: init (2 of 2 runs) → epoch 2 (2 of 2 runs)" in md
+    row = next(line for line in md.splitlines() if line.startswith("| impulse | 0 |")).strip("|").split("|")
+    end = statistics.mean([d0[2], d0[2] + 0.1])
+    assert row[2].strip().endswith(f"→ {end:.3f} ± {statistics.stdev([d0[2], d0[2] + 0.1]):.3f}")
+    assert f"{y[-1]:.3f}" == f"{end:.3f}"  # the table's end is the figure's last point
