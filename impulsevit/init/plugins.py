@@ -131,13 +131,21 @@ def _wrap(method: str, fn: Callable[..., Any], source: str) -> Callable[..., Ini
     return handler
 
 
-def _register_function(method: str, fn: Any, source: str, options: Mapping[str, Any] | None) -> MethodInfo:
-    """Check ``fn``, wrap it into a registered handler and check ``options`` against its schema."""
+def _register_function(method: str, fn: Any, source: str) -> MethodInfo:
+    """Check ``fn`` and wrap it into a registered handler (family ``plugin``) whose schema is its signature."""
     _check_callable(method, source, fn)
-    schema = schema_from_signature(fn, method)
-    add_function(method, _wrap(method, fn, source), schema, source)
-    parse_options(schema, dict(options or {}), method=method, family="plugin")
+    add_function(method, _wrap(method, fn, source), schema_from_signature(fn, method), source)
     return MethodInfo(method, "plugin", (), source, fn)
+
+
+def _check_options(info: MethodInfo, options: Mapping[str, Any] | None) -> None:
+    """``options`` against a resolved method: a plugin's against its signature's schema (names, types), a built-in's
+    names against its family handlers' schemas (types and values once the model's family is known)."""
+    if info.kind == "plugin":
+        parse_options(schema_from_signature(info.function, info.name), dict(options or {}), method=info.name,
+                      family="plugin")
+    else:
+        _check_family_keys(info.name, options)
 
 
 def _check_family_keys(method: str, options: Mapping[str, Any] | None) -> None:
@@ -194,18 +202,21 @@ def resolve_method(method: str, options: Mapping[str, Any] | None = None) -> Met
         where = list(dict.fromkeys("builtin" if m.startswith("impulsevit.") else f"registered by {m}"
                                    for m in origins(method)))
         kind = "builtin" if "builtin" in where else "registered"
-        _check_family_keys(method, options)
-        return MethodInfo(method, kind, tuple(builtin[method]), " + ".join(where))
-    if is_import_path(method):
-        return _register_function(method, _load_import_path(method), "import path", options)
-    eps = [ep for ep in _entry_points() if ep.name == method]
-    if eps:
+        info = MethodInfo(method, kind, tuple(builtin[method]), " + ".join(where))
+    elif is_import_path(method):
+        info = _register_function(method, _load_import_path(method), "import path")
+    elif eps := [ep for ep in _entry_points() if ep.name == method]:
         ep, source = eps[0], _ep_source(eps[0])
         try:
             fn = ep.load()
         except Exception as e:  # noqa: BLE001 - any failure of third-party code at import is reported the same way
             raise ValueError(f"init method {method!r} ({source}) cannot be loaded: {type(e).__name__}: {e}") from None
-        return _register_function(method, fn, source, options)
+        info = _register_function(method, fn, source)
+    else:
+        info = None
+    if info is not None:
+        _check_options(info, options)
+        return info
     plugins = sorted({ep.name for ep in _entry_points()} - set(builtin))
     extra = f"; entry points ({ENTRY_POINT_GROUP}): {', '.join(plugins)}" if plugins else ""
     raise ValueError(f"unknown init method {method!r}; available: {', '.join(sorted(builtin))}{extra}; or an import "
@@ -226,11 +237,11 @@ def check_init_method(method: str, options: Mapping[str, Any] | None = None) -> 
     from impulsevit.errors import ConfigError
 
     try:
-        resolve_method(method)
+        info = resolve_method(method)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"model.init.method: {e}") from None
     try:
-        resolve_method(method, dict(options or {}))
+        _check_options(info, options)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"model.init.options: {e}") from None
 
