@@ -174,6 +174,79 @@ def test_sigterm_during_validation_runs_that_validation_at_resume(tmp_path):
     assert float(ckpt.best_model_score) == max(v for _, v in want)
 
 
+def _tags(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every TensorBoard scalar of a run directory, ``tag -> [(step, value)]`` over its event files in order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for f in sorted(run_dir.glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime_ns):
+        ea = EventAccumulator(str(f), size_guidance={"scalars": 0})
+        ea.Reload()
+        for tag in ea.Tags()["scalars"]:
+            out.setdefault(tag, []).extend((e.step, e.value) for e in ea.Scalars(tag))
+    return out
+
+
+@pytest.mark.parametrize(("case", "signal_step", "extra"), [
+    ("end of epoch 1", 7, []),
+    ("end of the last epoch", 11, []),
+    ("val_check_interval point inside epoch 1", 5, ["--trainer.val_check_interval=2"]),
+])
+def test_sigterm_at_a_batch_before_validation_runs_that_validation_at_resume(tmp_path, case, signal_step, extra):
+    """3 epochs of 4 steps. A real SIGTERM that the preemption callback acts on at a training batch after which the fit
+    validates: the last batch of epoch 1 (0-based epochs; the 4th batch of the 2nd epoch, ending at global step 8),
+    the last batch of the last epoch (step 12), or a ``val_check_interval`` point inside epoch 1 (step 6). The fit
+    checkpoints at that batch and leaves (143) before validating; the resumed fit runs that validation first, then
+    the epoch-end hooks, once (Lightning alone restored past both: the epoch had no val metrics, no attention record,
+    no top-k candidate, and its ``on_train_epoch_end`` hooks never ran), and ends as the uninterrupted run does."""
+    from impulsevit.callbacks.preemption import VALIDATION_PENDING
+
+    every_epoch = ["--trainer.max_epochs=3", "--checkpoint.save_top_k=-1", *extra]
+
+    def callbacks(name: str, *more: dict) -> str:
+        log = {"class_path": "_cli_helpers.EpochEndLog", "init_args": {"path": str(tmp_path / f"{name}.hooks")}}
+        return f"--trainer.callbacks={json.dumps([log, *more])}"
+
+    run_cli(*tiny(tmp_path, "straight", *every_epoch, callbacks("straight")))
+    sig = {"class_path": "_cli_helpers.SignalAtStep", "init_args": {"step": signal_step}}
+    with pytest.raises(SystemExit) as stopped:
+        run_cli(*tiny(tmp_path, "cut", *every_epoch, callbacks("cut", sig)))
+    assert stopped.value.code == 143
+    preempted = tmp_path / "cut" / "checkpoints" / "preempted.ckpt"
+    saved = torch.load(preempted, map_location="cpu", weights_only=True)
+    assert saved["global_step"] == signal_step + 1
+    before = [s for s, _ in scalars(tmp_path / "cut", "val/acc1")]
+    assert before and max(before) < signal_step  # the validation due after the stop step had not run
+    resumed = run_cli(*tiny(tmp_path, "cut", *every_epoch, "--resume=auto", callbacks("cut")))
+    assert resumed.trainer.ckpt_path == str(preempted) and resumed.trainer.global_step == 12
+
+    run, ref = tmp_path / "cut", tmp_path / "straight"
+    # validation: the same metrics at the same steps (once per validation), val_ema too
+    want, got = _tags(ref), _tags(run)
+    for tag in want:
+        if tag.startswith(("val/", "val_ema/", "attention_evolution/")):
+            assert got.get(tag) == want[tag], tag
+    assert len(want["val/acc1"]) == (6 if extra else 3)
+    # the attention records: one per point (init and every epoch), the same numbers
+    records = {p.name: json.loads(p.read_text()) for p in (ref / "attention").glob("*.json")}
+    assert sorted(records) == [f"step_{s:08d}.json" for s in (0, 4, 8, 12)]
+    assert {p.name: json.loads(p.read_text()) for p in (run / "attention").glob("*.json")} == records
+    # the epoch-end hooks ran exactly once per epoch across the two lives, in the uninterrupted order
+    assert (tmp_path / "cut.hooks").read_text() == (tmp_path / "straight.hooks").read_text()
+    # top-k saw every epoch (save_top_k=-1 keeps one checkpoint per validation), with the same scores
+    assert sorted(p.name for p in (run / "checkpoints").glob("epoch=*.ckpt")) == \
+        sorted(p.name for p in (ref / "checkpoints").glob("epoch=*.ckpt"))
+    straight_ckpt = torch.load(ref / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    scores = {Path(k).name: float(v) for k, v in resumed.trainer.checkpoint_callback.best_k_models.items()}
+    assert scores == {Path(k).name: float(v) for k, v in
+                      straight_ckpt["callbacks"][resumed.trainer.checkpoint_callback.state_key]["best_k_models"].items()}
+    # training: bit-identical weights (EMA included), the same per-step loss and lr
+    a, b = state_dict(ref / "checkpoints" / "last.ckpt"), state_dict(run / "checkpoints" / "last.ckpt")
+    assert a.keys() == b.keys() and [k for k in a if not torch.equal(a[k], b[k])] == []
+    assert got["train/loss"] == want["train/loss"] and got[LR_TAG] == want[LR_TAG]
+    assert saved.get(VALIDATION_PENDING) == saved["epoch"]  # how: the stop checkpoint says the validation is to do
+
+
 def test_resume_auto_with_fsdp2_distributed_checkpoint_folder(tmp_path):
     args = tiny(tmp_path, "fsdp", "--trainer.strategy=fsdp2", "--model.ema_decay=null")
     run_cli(*args, STOP_AFTER_EPOCH_0)

@@ -145,6 +145,7 @@ ENTRY_TESTS = {
     "lightning.is_log_step": "callbacks/test_standard.py::test_is_log_step_follows_log_every_n_steps",
     "lightning.hand_back_signal_handlers":
         "callbacks/test_standard.py::test_lightning_still_records_the_handlers_it_restores",
+    "lightning.validation_follows_batch": "house/test_compat.py::test_validation_follows_batch",
     "lightning.rerun_interrupted_validation": "house/test_compat.py::test_lightning_loop_state_layout",
     "lightning.callback_state_key": "house/test_compat.py::test_callback_state_key",
     "lightning.default_data_parallel_to_world": "house/test_compat.py::test_default_data_parallel_to_world",
@@ -244,6 +245,59 @@ def test_lightning_loop_state_layout(tmp_path):
     bp.load_state_dict(progress)
     assert bp.total.processed == bp.total.started - 1 and bp.total.completed == bp.total.processed
     assert not compat_lightning.rerun_interrupted_validation({"loops": {}})
+    # saved in on_train_batch_end (the last batch's hooks ran, not yet counted completed; no validation started): the
+    # edit completes the batch, and every validation batch counted this epoch is an earlier one
+    ckpt = torch.load(tmp_path / "a.ckpt", weights_only=False)
+    fit = ckpt["loops"]["fit_loop"]
+    train, progress = fit["epoch_loop.batch_progress"], fit["epoch_loop.val_loop.batch_progress"]
+    for part in ("total", "current"):
+        train[part]["completed"] -= 1
+    assert train["total"]["processed"] == train["total"]["completed"] + 1
+    earlier = progress["total"]["completed"]
+    assert compat_lightning.rerun_interrupted_validation(ckpt)
+    assert all(train[part]["completed"] == train[part]["processed"] for part in ("total", "current"))
+    assert progress["total"] == {"ready": earlier + 1, "started": earlier + 1, "processed": earlier,
+                                 "completed": earlier}
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+
+    rule = ("self.batch_progress.total.completed == self.batch_progress.total.processed - 1",  # on train batch end
+            "self.batch_progress.total.completed == self.batch_progress.total.processed\n")  # on last
+    assert all(r in inspect.getsource(_TrainingEpochLoop) for r in rule)
+
+
+@pytest.mark.parametrize(("settings", "expected"), [
+    ({}, [(0, 3), (1, 3)]),  # the last batch of every epoch
+    ({"check_val_every_n_epoch": 2}, [(1, 3)]),
+    ({"val_check_interval": 2}, [(0, 1), (0, 3), (1, 1), (1, 3)]),
+    ({"limit_val_batches": 0}, []),
+])
+def test_validation_follows_batch(tmp_path, settings, expected):
+    """Asked in ``on_train_batch_end``, the entry says True exactly at the batches after which Lightning then runs the
+    fit's validation (2 epochs of 4 batches)."""
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    class Probe(L.Callback):
+        def __init__(self) -> None:
+            self.said: list[tuple[int, int]] = []
+            self.validated: list[tuple[int, int]] = []
+            self.last: tuple[int, int] | None = None
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):  # noqa: ANN001, ANN201
+            self.last = (trainer.current_epoch, batch_idx)
+            if compat_lightning.validation_follows_batch(trainer):
+                self.said.append(self.last)
+
+        def on_validation_start(self, trainer, pl_module):  # noqa: ANN001, ANN201
+            if not trainer.sanity_checking:
+                self.validated.append(self.last)
+
+    probe = Probe()
+    trainer = L.Trainer(accelerator="cpu", max_epochs=2, limit_train_batches=4, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                        num_sanity_val_steps=0, default_root_dir=tmp_path, callbacks=[probe],
+                        **{"limit_val_batches": 2, **settings})
+    trainer.fit(BoringModel())
+    assert probe.said == probe.validated == expected
 
 
 def test_checkpoint_layout(tmp_path):
