@@ -24,11 +24,14 @@ What it does:
   ``<checkpoints>/preempted.ckpt`` through
   ``trainer.save_checkpoint`` into a temp name that rank 0 renames into place (atomic for files and for FSDP2
   distributed-checkpoint folders).
-- USR1: rank 0 runs ``scontrol requeue $SLURM_JOB_ID`` (``<array job>_<task>`` for arrays); after a successful
-  requeue every rank leaves at the next ``on_train_batch_start`` (or ``on_validation_start`` / epoch end), i.e. after
-  Lightning has logged the step, by raising :class:`Preempted` — so the TensorBoard curve has neither a gap nor a
-  duplicate when the requeued job resumes. If the requeue fails or there is no ``scontrol``, training continues (the
-  job may still finish within the signal lead time; if it is killed, the checkpoint is there).
+- USR1: at the next ``on_train_batch_start`` (or ``on_validation_start`` / epoch end), i.e. once Lightning has
+  logged the step, every rank flushes its loggers (:func:`impulsevit.training.trackers.flush_loggers`), then rank 0
+  runs ``scontrol requeue $SLURM_JOB_ID`` (``<array job>_<task>`` for arrays) and, after a successful requeue, every
+  rank leaves by raising :class:`Preempted` — so the TensorBoard curve has neither a gap nor a duplicate when the
+  requeued job resumes. The requeue is the last thing done: SLURM kills the job's steps as soon as it is requeued
+  (SIGTERM, then SIGKILL after ``KillWait``), so the checkpoint and the logs are on disk before it is asked. If the
+  requeue fails or there is no ``scontrol``, training continues (the job may still finish within the signal lead
+  time; if it is killed, the checkpoint is there).
 - TERM: the same checkpoint, then every rank leaves (exit code 143: :class:`Preempted`, or Lightning's own
   ``SIGTERMException``, which ``impulsevit.cli.main`` maps to 143). A SIGTERM that Lightning turns into
   ``SIGTERMException`` before this callback saw it (e.g. during validation) still gets a checkpoint from
@@ -82,6 +85,7 @@ from impulsevit._compat.lightning import (
 from impulsevit.env import slurm_job_id, slurm_restart_count
 from impulsevit.eventlog import append_event
 from impulsevit.training.checkpointing import checkpoint_dir, save_checkpoint
+from impulsevit.training.trackers import flush_loggers
 
 __all__ = ["InterruptedAgain", "Preempted", "SlurmRequeue"]
 
@@ -124,6 +128,7 @@ class SlurmRequeue(Callback):
         self._pending = _NONE
         self._interrupts = 0  # SIGINTs received during this fit
         self._exit_code: int | None = None
+        self._requeue_due = False  # checkpoint written for a USR1: requeue at the next leave point
         self._saved_step: int | None = None
         self._previous: dict[int, Any] = {}
         self._active = False
@@ -198,6 +203,14 @@ class SlurmRequeue(Callback):
         return bool(trainer.strategy.broadcast(ok, src=0))
 
     def _leave_if_done(self, trainer: pl.Trainer) -> None:
+        """Called by every rank at the same hook once a decision was taken (the step it was taken at is logged by
+        now): make the logs durable, requeue (USR1), leave."""
+        if self._requeue_due or self._exit_code is not None:
+            flush_loggers(trainer.loggers)
+        if self._requeue_due:
+            self._requeue_due = False
+            if self._requeue(trainer):  # a collective (the outcome's broadcast): every rank is at this hook
+                self._exit_code = 0
         if self._exit_code is not None:
             code, self._exit_code = self._exit_code, None
             self._say(trainer, f"leaving after the preemption checkpoint (exit {code})", event="leave", rc=code)
@@ -215,6 +228,7 @@ class SlurmRequeue(Callback):
         if isinstance(env, SLURMEnvironment) and env.auto_requeue:
             env.auto_requeue = False  # one requeue owner: this callback
         self._pending, self._exit_code, self._saved_step, self._interrupts = _NONE, None, None, 0
+        self._requeue_due = False
         self._install()
         if self.requeue and slurm_job_id() is not None and shutil.which("scontrol") is None:
             self._say(trainer, "warning: running under SLURM but `scontrol` is not on PATH (common inside "
@@ -266,8 +280,8 @@ class SlurmRequeue(Callback):
             self._cut_validation = None
         if decision != _REQUEUE or not self.requeue:
             self._exit_code = EXIT_CODES.get(decision, 0)
-        elif self._requeue(trainer):
-            self._exit_code = 0
+        else:  # not now: Lightning logs this step after this hook, and SLURM kills the job once it is requeued
+            self._requeue_due = True
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:

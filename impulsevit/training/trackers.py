@@ -247,6 +247,17 @@ def resume_ids(run_dir: Path) -> dict[str, list[str]]:
 
 
 # ------------------------------------------------------------------ logging to every tracker
+def flush_loggers(loggers: Iterable[Logger]) -> None:
+    """Write out now what each logger has buffered: TensorBoard's queued events (its writer flushes only every
+    120 s or 10 events otherwise) and a CSV logger's rows. W&B and MLflow send as they log (nothing to do). Safe on
+    every rank (the other ranks' experiments are no-op stand-ins)."""
+    for lg in loggers:
+        if isinstance(lg, TensorBoardLogger):
+            lg.experiment.flush()
+        elif isinstance(lg, CSVLogger):
+            lg.save()
+
+
 def log_hyperparams(loggers: Iterable[Logger], params: Mapping[str, Any]) -> None:
     """``params`` to every logger. MLflow keeps a parameter's first value (it refuses a changed one): on a resumed run
     the parameters it already holds are skipped, a changed value logged to the ``impulsevit`` logger."""

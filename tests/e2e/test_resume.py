@@ -247,6 +247,45 @@ def test_sigterm_at_a_batch_before_validation_runs_that_validation_at_resume(tmp
     assert saved.get(VALIDATION_PENDING) == saved["epoch"]  # how: the stop checkpoint says the validation is to do
 
 
+def test_usr1_when_slurm_kills_the_job_as_it_requeues_loses_no_logged_step(tmp_path):
+    """SLURM kills a job's steps once it is requeued (SIGTERM, SIGKILL after ``KillWait``): the harshest case is a
+    kill at the moment ``scontrol requeue`` runs. A real fit in a subprocess (``SLURM_JOB_ID`` set, a ``scontrol`` on
+    PATH that SIGKILLs its caller) gets a real SIGUSR1 inside epoch 0 (acted on at step 1) or at its last batch
+    (step 3, a validation follows); the step it is acted on, and every step before it, must be in the TensorBoard
+    event files by then, and ``--resume auto`` must give the uninterrupted run's curve, validations and weights (the
+    acted-on step's loss was lost when the requeue came before Lightning logged that step)."""
+    (tmp_path / "bin").mkdir()
+    scontrol = tmp_path / "bin" / "scontrol"
+    scontrol.write_text('#!/bin/sh\necho "$@" >> "$SCONTROL_CALLS"\nkill -9 $PPID\n')
+    scontrol.chmod(0o755)
+    runs = tmp_path / "runs"
+
+    def fit(name: str, *extra: str, **env: str) -> subprocess.CompletedProcess:  # one thread each, as one kind of run
+        return subprocess.run([sys.executable, "-m", "impulsevit.cli", *tiny(runs, name, *extra)],
+                              env={**subprocess_env(), **env}, capture_output=True, text=True, timeout=300)
+
+    assert fit("straight").returncode == 0
+    ref = runs / "straight"
+    want, final = _tags(ref), state_dict(ref / "checkpoints" / "last.ckpt")
+    for signal_step in (1, 3):
+        name, calls = f"cut{signal_step}", tmp_path / f"calls{signal_step}"
+        sig = [{"class_path": "_cli_helpers.SignalAtStep", "init_args": {"step": signal_step, "signum": 10}}]
+        done = fit(name, f"--trainer.callbacks={json.dumps(sig)}", SLURM_JOB_ID="4242", SCONTROL_CALLS=str(calls),
+                   PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+        assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+        assert calls.read_text() == "requeue 4242\n"
+        run, preempted = runs / name, runs / name / "checkpoints" / "preempted.ckpt"
+        assert torch.load(preempted, weights_only=True)["global_step"] == signal_step + 1
+        assert [s for s, _ in scalars(run, "train/loss")] == list(range(signal_step + 1))  # on disk before the kill
+        resumed = fit(name, "--resume=auto")
+        assert resumed.returncode == 0 and f"resumed from {preempted}" in resumed.stderr, resumed.stderr[-3000:]
+        got = _tags(run)
+        for tag in ("train/loss", "val/acc1", LR_TAG):
+            assert got[tag] == want[tag], (signal_step, tag)
+        b = state_dict(run / "checkpoints" / "last.ckpt")
+        assert [k for k in final if not torch.equal(final[k], b[k])] == [], signal_step
+
+
 def test_resume_auto_with_fsdp2_distributed_checkpoint_folder(tmp_path):
     args = tiny(tmp_path, "fsdp", "--trainer.strategy=fsdp2", "--model.ema_decay=null")
     run_cli(*args, STOP_AFTER_EPOCH_0)
