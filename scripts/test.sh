@@ -8,5 +8,6 @@ bash scripts/setup.sh
 .venv/bin/python scripts/check_pins.py
 # lint (pyproject.toml's ruff rules) before the suite: a style error fails fast, naming file and line
 .venv/bin/ruff check impulsevit tests benchmarks scripts
-# two workers (IMPULSEVIT_TEST_WORKERS): each test file runs on one of them (tests/conftest.py, --dist loadgroup)
-exec .venv/bin/python -m pytest -q -p no:cacheprovider --timeout 900 -n "${IMPULSEVIT_TEST_WORKERS:-2}" --dist loadgroup "$@"
+# two workers (IMPULSEVIT_TEST_WORKERS): each test file runs on one of them (tests/conftest.py, --dist loadgroup);
+# the 20 slowest tests are listed at the end (the suite's time budget is ~20 min on 2 cores)
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=20 --timeout 900 -n "${IMPULSEVIT_TEST_WORKERS:-2}" --dist loadgroup "$@"
