@@ -194,8 +194,13 @@ def check_train_split(spec: DataSpec, num_samples: int, batch_size: int, world_s
 
 
 class Backend(abc.ABC):
-    """One way of turning a :class:`DataSpec` into loaders. Subclasses hold no trainer and read no process state
-    beyond what the caller passes: the loader position, the batch size and the device.
+    """One way of turning a :class:`DataSpec` into loaders. Subclasses hold no trainer: the loader position, the
+    batch size and the device are passed in.
+
+    Not supported: a position whose rank / world size differ from the default process group's on the ffcv backend
+    (FFCV's loader shards evaluation by the process group itself, and the training order is built from
+    :func:`~impulsevit.data.loading.position.dist_info`); :func:`~impulsevit.data.loading.position.loader_position`
+    always gives the process group's.
 
     ``augments_on_device``: whether RandAugment / colour jitter are left to the device augmentation (the FFCV
     decoder does only crop and flip) or already ran in the loader (timm's transforms in the workers).

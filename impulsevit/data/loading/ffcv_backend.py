@@ -28,7 +28,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from impulsevit.data.loading.backends import Backend, DataSpec, check_train_split
 from impulsevit.data.loading.ffcv_loader import FFCVLoader, build_ffcv_loader
-from impulsevit.data.loading.position import LoaderPosition
+from impulsevit.data.loading.position import LoaderPosition, dist_info
 from impulsevit.data.sources.registry import get_dataset
 from impulsevit.data.storage.convert import convert_split
 from impulsevit.data.storage.integrity import BetonError, check_header, verify_beton
@@ -212,6 +212,9 @@ class FFCVBackend(Backend):
     def _loader(self, train: bool, position: LoaderPosition, batch_size: int,
                 device: torch.device | None) -> FFCVLoader:
         spec = self.spec
+        if (position.rank, position.world_size) != dist_info():
+            raise ValueError(f"the ffcv backend shards by the process group (rank, world size) {dist_info()}; got "
+                             f"a position of rank {position.rank} of {position.world_size}")
         aug = spec.augment
         loader = build_ffcv_loader(beton_path(spec, spec.train_split if train else spec.val_split), train=train,
                                    image_size=spec.image_size, batch_size=batch_size, num_workers=spec.num_workers,
