@@ -121,7 +121,8 @@ def _beton_sources(dm: Any, split: str, beton: Path) -> tuple[Any, np.ndarray | 
 def collect(dm: Any, split: str, num: int) -> dict[str, Any]:
     """The first ``num`` samples of ``split`` (``train`` or ``val``) as the model receives them; see the module
     docstring for the keys. ``dm`` is an un-set-up :class:`~impulsevit.data.loading.datamodule.ImageDataModule` (or any
-    datamodule with the same hooks); its ``batch_size`` is set to ``num``."""
+    :class:`~impulsevit.data.loading.base.BaseImageDataModule`: its ``loader`` and ``model_input`` are used, at
+    epoch 0, rank 0 of 1, without a trainer); its ``batch_size`` is set to ``num``."""
     if split not in ("train", "val"):
         raise ValueError(f"--split must be 'train' or 'val', got {split!r}")
     if num < 1:
