@@ -12,7 +12,7 @@
 #
 # Rows:
 #   1. pytest -m gpu          the tests marked `gpu` (skipped without CUDA), e.g. the CUDA sync-debug check of a
-#                             steady-state training step (tests/test_sync_free.py)
+#                             steady-state training step (tests/training/test_sync_free.py)
 #   2. ViT-B/16 bf16 img/s and MFU: a plain timm loop vs `impulsevit fit` (ImageClassifier + every default callback)
 #      on the same synthetic batch (benchmarks/gpu_throughput.py; ratio = fit / timm)
 #   3. FSDP2 on one GPU (`fit_fsdp2`, same benchmark)
@@ -25,7 +25,7 @@
 #      notes add ffcv:short256+device's share of the decode limit (its workers decode and copy only)
 # CPU_ONLY=1 runs rows 2-5 at toy sizes (ViT-Ti, 64 px, 5 steps; 400 images; 28 px augmentation) so the script
 # itself is tested
-# (tests/test_gpu_check.py); its numbers mean nothing for a GPU.
+# (tests/house/test_gpu_check.py); its numbers mean nothing for a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -n "${PYTHON:-}" ]; then PY=$PYTHON
@@ -65,7 +65,7 @@ fi
 
 if [ -z "${CPU_ONLY:-}" ]; then
   if has jsonargparse; then
-    mapfile -t gpu_files < <(grep -l "mark.gpu" tests/test_*.py)
+    mapfile -t gpu_files < <(grep -rl --include='test_*.py' "mark.gpu" tests)
     timeout 150 $PY -m pytest -q -p no:cacheprovider -m gpu "${gpu_files[@]}" > "$OUT/pytest.txt" 2>&1
     rc=$?
     summary=$(tail -n 1 "$OUT/pytest.txt")

@@ -82,6 +82,26 @@ class SignalAtStep(L.Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class EpochEndLog(L.Callback):
+    """Appends one line per ``on_validation_epoch_end`` (not the sanity check) and ``on_train_epoch_end`` to the file
+    ``path``: ``<hook> epoch=<current_epoch> step=<global_step>``. Append mode, so a stopped and resumed run's lives
+    write one list: each epoch's lines exactly once, in an uninterrupted run's order, is what a resume must give."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def _line(self, trainer: L.Trainer, hook: str) -> None:
+        with self.path.open("a") as f:
+            f.write(f"{hook} epoch={trainer.current_epoch} step={trainer.global_step}\n")
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._line(trainer, "validation_epoch_end")
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._line(trainer, "train_epoch_end")
+
+
 class DrawProbe(L.Callback):
     """Records, per training step, the mixup / CutMix draw (timm ``Mixup``'s λ and kind) and the drop-path keep masks
     of every ``DropPath`` module, plus the torch RNG state at ``on_fit_start`` (after a resume restored it); writes

@@ -6,19 +6,21 @@ aliases) runs in under 5 minutes with ``-n 2``. The CI runs everything (``script
 
 SLOW_FILES = frozenset({
     # training through the CLI / Lightning, in-process or as a subprocess
-    "test_attention_evolution.py", "test_cli.py", "test_cli_failures.py", "test_console.py", "test_exact_resume.py",
-    "test_export.py", "test_extension.py", "test_family_fit.py", "test_initializer_callback.py", "test_job_logs.py",
-    "test_module.py", "test_one_source.py", "test_resume.py", "test_runs_table.py", "test_standard_callbacks.py",
-    "test_tensorboard.py", "test_trackers.py", "test_data_download_preview.py", "test_memory.py",
-    "test_init_plugins.py",
+    "callbacks/test_attention_evolution.py", "callbacks/test_console.py", "callbacks/test_initializer.py",
+    "callbacks/test_job_logs.py", "callbacks/test_standard.py", "callbacks/test_tensorboard.py", "cli/test_cli.py",
+    "cli/test_cli_failures.py", "cli/test_extensions.py", "e2e/test_exact_resume.py", "e2e/test_resume.py",
+    "house/test_one_source.py", "init/test_plugins.py", "run/test_runs.py", "tools/test_export.py",
+    "training/test_family_fit.py", "training/test_module.py", "training/test_trackers.py",
+    "data/test_data_download_preview.py", "test_memory.py",
     # processes: DDP / FSDP ranks, torchrun, SLURM, a bare machine, a wheel, docker
-    "test_compile.py", "test_ddp.py", "test_fsdp.py", "test_init_fsdp.py", "test_torchrun.py", "test_slurm.py",
-    "test_study.py", "test_submit_convert.py", "test_gpu_check.py", "test_sync_free.py", "test_wheel.py",
-    "test_docker.py", "test_pins.py",
+    "training/test_compile.py", "training/test_ddp.py", "training/test_fsdp.py", "init/test_sharded.py",
+    "e2e/test_torchrun.py", "cluster/test_slurm.py", "study/test_study.py", "cluster/test_submit_convert.py",
+    "house/test_gpu_check.py", "training/test_sync_free.py", "house/test_wheel.py", "house/test_docker.py",
+    "house/test_pins.py",
     # FFCV conversion and loading
-    "test_convert.py", "test_convert_lock.py", "test_convert_split.py", "test_disk_and_beton_failures.py",
-    "test_ffcv_datamodule.py", "test_ffcv_loader.py", "test_ffcv_pixels.py", "test_device_resample.py",
-    "test_loader_state.py",
+    "data/test_convert.py", "data/test_convert_lock.py", "data/test_convert_split.py",
+    "data/test_disk_and_beton_failures.py", "data/test_ffcv_datamodule.py", "data/test_ffcv_loader.py",
+    "data/test_ffcv_pixels.py", "data/test_device_resample.py", "data/test_loader_state.py",
     # tests/faults/: every one runs the real command in its own session
     "faults/test_children.py", "faults/test_hostile_files.py", "faults/test_mismatches.py",
     "faults/test_names_and_outputs.py", "faults/test_trackers.py", "faults/test_user_mistakes.py",

@@ -1,4 +1,4 @@
-"""Small timm ViTs and pseudo-input helpers shared by the tests/test_init_*.py files (not a test module)."""
+"""Small timm ViTs and pseudo-input helpers shared by the tests/init/ files (not a test module)."""
 
 from __future__ import annotations
 

@@ -9,15 +9,18 @@ from _lanes import SLOW_FILES
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
-# Files whose tests start the loopback SLURM cluster (tests/slurm_cluster.py: one slurmctld / slurmd / munged per
-# machine), so they must not run at the same time on two workers.
-SLURM_FILES = {"test_slurm.py", "test_submit_convert.py", "test_study.py"}
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+# Files (relative to tests/) whose tests start the loopback SLURM cluster (tests/slurm_cluster.py: one slurmctld /
+# slurmd / munged per machine), so they must not run at the same time on two workers.
+SLURM_FILES = {"cluster/test_slurm.py", "cluster/test_submit_convert.py", "study/test_study.py"}
 
 
 def xdist_group(path) -> str:  # noqa: ANN001 - a pathlib.Path
-    """The worker group of a test file: the file itself (its module-scoped fixtures — reference runs, converted
-    ``.beton`` files — are then built once), except the SLURM files, which share one group."""
-    return "slurm" if path.name in SLURM_FILES else path.name
+    """The worker group of a test file: the file itself, by its name (its module-scoped fixtures — reference runs,
+    converted ``.beton`` files — are then built once), except the SLURM files, which share one group. Names are unique
+    across tests/ but for tests/faults/test_trackers.py and tests/training/test_trackers.py, which share a group."""
+    return "slurm" if os.path.relpath(path, TESTS) in SLURM_FILES else path.name
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
@@ -27,9 +30,8 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
-    tests = os.path.dirname(__file__)
     for item in items:
-        if os.path.relpath(item.path, tests) in SLOW_FILES:  # the fast lane: pytest -m "not slow" (tests/_lanes.py)
+        if os.path.relpath(item.path, TESTS) in SLOW_FILES:  # the fast lane: pytest -m "not slow" (tests/_lanes.py)
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(xdist_group(item.path)))
@@ -38,7 +40,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _no_leftover_process_group():
     """In-process Lightning runs (e.g. a 1-device FSDP2 fit) may leave a default process group behind; tear it down so
-    later tests that create their own group (tests/test_init_fsdp.py) run instead of finding one."""
+    later tests that create their own group (tests/init/test_sharded.py) run instead of finding one."""
     yield
     import torch.distributed as dist
 

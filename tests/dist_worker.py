@@ -1,4 +1,4 @@
-"""Multi-process worker for tests/test_ddp.py and tests/test_fsdp.py (not a test module itself).
+"""Multi-process worker for tests/training/test_ddp.py and tests/training/test_fsdp.py (not a test module itself).
 
 Run as a script: Lightning's ``ddp`` / ``fsdp2`` strategies on CPU re-launch this file as one subprocess per extra rank
 (gloo). Each phase fits a tiny ViT on synthetic data and every rank writes ``<out>/<phase>_rank<R>.pt`` with what the

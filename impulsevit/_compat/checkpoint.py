@@ -4,7 +4,7 @@ module imports neither Lightning nor anything of impulsevit, so the run checks (
 loaders (``tools/export.py``, ``safe_load.py``, ``training/checkpointing.py``) use it without importing Lightning.
 
 An AST check cannot see a private layout (it is a string key, not a name), so each entry here is exercised on a
-checkpoint the installed Lightning writes (``tests/test_compat.py``), and the layout is read nowhere else.
+checkpoint the installed Lightning writes (``tests/house/test_compat.py``), and the layout is read nowhere else.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Lightning internals impulsevit uses (see :mod:`impulsevit._compat`), each with why no public API does the job.
 
-Lightning is pinned to one minor version in ``setup.cfg`` because of this module; ``tests/test_compat.py`` exercises
-each entry on the installed version, so an upgrade that moves one of these fails there, by name, instead of somewhere
-in a training run.
+Lightning is pinned to one minor version in ``setup.cfg`` because of this module; ``tests/house/test_compat.py``
+exercises each entry on the installed version, so an upgrade that moves one of these fails there, by name, instead of
+somewhere in a training run.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
-__all__ = ["is_log_step", "hand_back_signal_handlers", "rerun_interrupted_validation", "callback_state_key",
+__all__ = ["is_log_step", "hand_back_signal_handlers", "validation_follows_batch", "rerun_interrupted_validation",
+           "callback_state_key",
            "default_data_parallel_to_world", "epoch_batch_progress",
            "CommHookOnAnyDeviceDDPStrategy"]
 
@@ -74,30 +75,66 @@ def epoch_batch_progress(trainer: Trainer) -> tuple[int, int]:
     return int(current.ready), int(current.processed)
 
 
+def validation_follows_batch(trainer: Trainer) -> bool:
+    """Whether the fit loop runs a validation right after the current training batch: call it from
+    ``on_train_batch_end``. True at the epoch's last batch of an epoch that ``check_val_every_n_epoch`` validates, and
+    at a ``val_check_interval`` point inside an epoch (batches or time), when there is validation at all
+    (``limit_val_batches`` not 0, a validation loader); also when a callback has already set ``should_stop`` (Lightning
+    validates before stopping early).
+
+    Why private: Lightning decides in ``_TrainingEpochLoop.on_advance_end``, after the batch's hooks, with
+    ``_should_check_val_fx`` (the same rules as this answer, read at the same batch); ``Trainer`` exposes the settings
+    but not the decision, and re-deriving it would drift from Lightning's own rules.
+
+    Reaches: ``Trainer.fit_loop.epoch_loop._should_check_val_fx``, ``Trainer.fit_loop._data_fetcher``
+    Checked on: lightning>=2.6,<2.7
+    Waits for: a public "validation is due after this batch" property on the fit loop.
+    """
+    fit_loop = trainer.fit_loop
+    return bool(fit_loop.epoch_loop._should_check_val_fx(fit_loop._data_fetcher))
+
+
+_TRAIN_PROGRESS = "epoch_loop.batch_progress"
 _VAL_PROGRESS = "epoch_loop.val_loop.batch_progress"
 
 
 def rerun_interrupted_validation(checkpoint: dict[str, Any]) -> bool:
-    """Edit a checkpoint saved while the fit loop's validation ran (before Lightning restores its loops from it) so
-    that the resumed fit runs that validation again, from its first batch, before training on. Returns whether the
-    checkpoint had the loop state to edit.
+    """Edit a checkpoint saved while the fit loop's validation ran, or saved at the end of the training batch after
+    which that validation was due (``on_train_batch_end``, see :func:`validation_follows_batch`), before Lightning
+    restores its loops from it, so that the resumed fit runs that validation, from its first batch, before training on
+    (and, at an epoch's end, before that epoch's ``on_train_epoch_end`` hooks). Returns whether the checkpoint had the
+    loop state to edit.
 
     Lightning resumes a validation as "restarted mid-evaluation" only when a batch was started but not processed,
     and then continues after the batches it had done, whose metric state is lost; a SIGTERM raises between batches,
     so Lightning would skip the rest of that validation (no metrics for the epoch, top-k never sees it). The edit
     marks one batch as started-not-processed and the current run as empty.
 
+    A checkpoint saved at ``on_train_batch_end`` restores as "restarted on train batch end": Lightning then
+    fast-forwards the validation due after that batch (``increment_progress_to_evaluation_end``), and at an epoch's
+    last batch counts the epoch as finished, so neither that validation nor the epoch-end hooks ever run. The edit
+    first completes the training batch (the batch progress Lightning has once the batch's hooks returned, which is
+    where it saves during that validation), so the resume takes the mid-evaluation path above.
+
     Why private: the loops' progress is Lightning's own checkpoint entry (``checkpoint["loops"]``), with no public
     API to say "validation of this epoch is still to do".
 
-    Reaches: ``checkpoint["loops"]["fit_loop"]["epoch_loop.val_loop.batch_progress"]`` (the loops' private state)
+    Reaches: ``checkpoint["loops"]["fit_loop"]["epoch_loop.val_loop.batch_progress"]`` and
+    ``["epoch_loop.batch_progress"]`` (the loops' private state)
     Checked on: lightning>=2.6,<2.7
     Waits for: Lightning resuming an interrupted validation from its start by itself.
     """
-    progress = (checkpoint.get("loops") or {}).get("fit_loop", {}).get(_VAL_PROGRESS)
-    if not isinstance(progress, dict) or not {"total", "current"} <= set(progress):
+    fit = (checkpoint.get("loops") or {}).get("fit_loop", {})
+    progress, train = fit.get(_VAL_PROGRESS), fit.get(_TRAIN_PROGRESS)
+    if not all(isinstance(p, dict) and {"total", "current"} <= set(p) for p in (progress, train)):
         return False
-    before = int(progress["total"]["completed"]) - int(progress["current"]["completed"])  # earlier validations
+    at_batch_end = int(train["total"]["processed"]) == int(train["total"]["completed"]) + 1
+    if at_batch_end:  # saved in on_train_batch_end: the batch's hooks ran; what Lightning counts once they returned
+        for part in ("total", "current"):
+            train[part]["completed"] = train[part]["processed"]
+        before = int(progress["total"]["completed"])  # no validation had started: all of the epoch's are earlier
+    else:  # saved during the validation: `current` counts its batches
+        before = int(progress["total"]["completed"]) - int(progress["current"]["completed"])
     progress["total"] = {"ready": before + 1, "started": before + 1, "processed": before, "completed": before}
     progress["current"] = {key: 0 for key in progress["current"]}
     progress["is_last_batch"] = False

@@ -13,8 +13,9 @@ Written from global rank 0: TensorBoard scalars ``attention_evolution/<source>/<
 heads), one image grid per layer and logging point (``attention_evolution/images/layer_<i>``), and the raw per-head
 numbers as one JSON file per logging point, ``<run dir>/attention/step_<step>.json`` (the run directory of
 :func:`impulsevit.training.trackers.run_directory`, whatever loggers are added; atomic; a resumed run rewrites a point
-it reaches again with the same numbers). Every logger gets the scalars; the image grids go to TensorBoard and to the
-loggers with a ``log_image`` (W&B). Every rank computes (FSDP2 gathers its shards
+it reaches again with the same numbers, and removes a record of the same point that an earlier life of the run left
+at another step, so a run directory holds exactly one record per point). Every logger gets the scalars; the image
+grids go to TensorBoard and to the loggers with a ``log_image`` (W&B). Every rank computes (FSDP2 gathers its shards
 collectively); the work happens at validation epoch ends, never inside a training step.
 
 Families: whatever ``impulsevit.init.attention_maps`` handles with images (ViT / DeiT: real attention; Swin: one
@@ -33,10 +34,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from impulsevit.callbacks.attention_logging import attention_grid, default_queries, full_parameters
-from impulsevit.io import atomic_write_json
+from impulsevit.io import atomic_write_json, read_json
 from impulsevit.training.trackers import log_image, run_directory
 
-__all__ = ["AttentionEvolution", "layer_means", "probe_maps"]
+__all__ = ["AttentionEvolution", "layer_means", "probe_maps", "same_point_records"]
 
 METRICS = ("distance", "entropy", "prefix_share", "offset_mass", "best_mass", "offset_shift")
 
@@ -51,6 +52,23 @@ def layer_means(heads: list[list[Any]]) -> dict[str, list[float]]:
             vals = [getattr(h, metric) for h in layer if not math.isnan(getattr(h, metric))]
             col.append(sum(vals) / len(vals) if vals else math.nan)
         out[metric] = col
+    return out
+
+
+def same_point_records(folder: Path, point: str, keep: Path) -> list[Path]:
+    """The ``step_*.json`` records in ``folder`` other than ``keep`` whose ``point`` is ``point`` (``"init"``,
+    ``"epoch_<N>"``): what an earlier life of a resumed run wrote for that point at another step. Unreadable files
+    are left alone (not listed)."""
+    out = []
+    for f in sorted(folder.glob("step_*.json")):
+        if f.name == keep.name:
+            continue
+        try:
+            record = read_json(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("point") == point:
+            out.append(f)
     return out
 
 
@@ -190,4 +208,7 @@ class AttentionEvolution(L.Callback):
                 img = attention_grid(amap, (h, w), queries, prefix=int(maps.num_prefix))
                 log_image(trainer.loggers, f"attention_evolution/images/layer_{li:02d}", img, step)
         if log_dir is not None:
-            atomic_write_json(Path(log_dir) / "attention" / f"step_{step:08d}.json", record)
+            path = Path(log_dir) / "attention" / f"step_{step:08d}.json"
+            atomic_write_json(path, record)
+            for stale in same_point_records(path.parent, record["point"], path):
+                stale.unlink(missing_ok=True)

@@ -17,7 +17,8 @@ weights (FSDP2 / ModelParallel) -> restore optimizer and loop state. Hence (docs
 3. FSDP2: the initializer reads / writes ``DTensor`` parameters through ``read_full`` / ``write_full_``; this callback
    passes the unwrapped backbone (``pl_module.backbone``, never the DDP wrapper).
 4. In place, so the optimizer built in ``strategy.setup`` keeps valid references; afterwards it calls
-   ``pl_module.on_initialized(report)`` when defined (``ImageClassifier`` takes its EMA copy there).
+   ``pl_module.on_initialized(report)`` when the module implements :class:`InitializedHook` (``ImageClassifier`` takes
+   its EMA copy there).
 
 Logs (global rank 0, at ``on_train_start``, before the first step): the method, seed, family and resolved options
 as hyperparameters (``init/*``), the ``InitReport`` table as text (``init/report``), and the initial attention maps +
@@ -30,7 +31,7 @@ names the method and the model before any training step).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import lightning as L
 import torch
@@ -41,7 +42,7 @@ from impulsevit._compat.lightning import callback_state_key
 from impulsevit.callbacks.attention_logging import log_attention
 from impulsevit.init import InitReport, initialize, is_dtensor, make_generator
 
-__all__ = ["Initializer", "generator_digest", "tensor_digests", "verify_same_on_all_ranks"]
+__all__ = ["InitializedHook", "Initializer", "generator_digest", "tensor_digests", "verify_same_on_all_ranks"]
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,15 @@ def verify_same_on_all_ranks(
                        "rank 0's values were broadcast")
     return worst
 
+
+
+@runtime_checkable
+class InitializedHook(Protocol):
+    """The hook the ``Initializer`` calls on the LightningModule right after the init was applied, once per run (not on
+    resume): a module implementing it (``ImageClassifier``: its EMA copy of the freshly initialised backbone) gets the
+    :class:`~impulsevit.init.api.InitReport`."""
+
+    def on_initialized(self, report: Any) -> None: ...
 
 class Initializer(L.Callback):
     """Run ``impulsevit.init.initialize(backbone, method, generator=Generator(seed), **options)`` at ``on_fit_start``.
@@ -191,9 +201,8 @@ class Initializer(L.Callback):
             self.max_rank_difference = verify_same_on_all_ranks(
                 trainer, model, generator, self.seed, f"the {self.method!r} init of {name!r}"
             )
-        hook = getattr(pl_module, "on_initialized", None)
-        if callable(hook):
-            hook(report)
+        if isinstance(pl_module, InitializedHook):
+            pl_module.on_initialized(report)
         rank_zero_info(f"Initializer: applied {report.method!r} ({report.family}) to {report.model} in "
                        f"{report.seconds * 1000:.1f} ms")
         self._pending_log = (model, report)

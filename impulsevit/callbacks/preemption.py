@@ -46,6 +46,11 @@ Every action is printed (rank 0, stderr) and appended to the run's ``slurm/event
 A SIGTERM during the fit's validation: Lightning stops the validation between two batches; the checkpoint written
 then records that this epoch's validation is pending (``impulsevit_validation_pending``), and the resumed fit runs
 that validation again from its first batch before training on (so the epoch's metrics and top-k are not lost).
+The same holds for a signal acted on at a training batch after which the fit loop validates (the last batch of an
+epoch that ``check_val_every_n_epoch`` validates, a ``val_check_interval`` point): the checkpoint is written at that
+batch and the fit leaves at the validation's start, so the checkpoint records the validation as pending too, and the
+resumed fit runs it, then that epoch's ``on_train_epoch_end`` hooks (scheduler, last / top-k checkpoints, ...) once,
+as an uninterrupted run does (Lightning alone would restore past both).
 
 Not supported: requeue signals other than USR1 (the batch script asks SLURM for ``--signal=USR1@lead``); USR1 and
 SIGINT that arrive during validation are acted on at the next training step (validation is not interrupted); a
@@ -69,7 +74,11 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from impulsevit._compat.lightning import hand_back_signal_handlers, rerun_interrupted_validation
+from impulsevit._compat.lightning import (
+    hand_back_signal_handlers,
+    rerun_interrupted_validation,
+    validation_follows_batch,
+)
 from impulsevit.env import slurm_job_id, slurm_restart_count
 from impulsevit.eventlog import append_event
 from impulsevit.training.checkpointing import checkpoint_dir, save_checkpoint
@@ -79,7 +88,8 @@ __all__ = ["InterruptedAgain", "Preempted", "SlurmRequeue"]
 _NONE, _INTERRUPT, _STOP, _REQUEUE = 0, 1, 2, 3  # max-reduced over ranks: a requeue request wins
 _NAMES = {_INTERRUPT: "SIGINT", _STOP: "SIGTERM", _REQUEUE: "SIGUSR1"}
 EXIT_CODES = {_INTERRUPT: 130, _STOP: 143}  # 128 + signal number, what a shell reports for a killed job
-VALIDATION_PENDING = "impulsevit_validation_pending"  # checkpoint entry: the epoch whose validation a signal cut short
+# checkpoint entry: the epoch whose validation a signal cut short, or that was due after the batch the signal stopped at
+VALIDATION_PENDING = "impulsevit_validation_pending"
 
 
 class Preempted(SystemExit):
@@ -241,9 +251,19 @@ class SlurmRequeue(Callback):
         if decision == _NONE:
             return
         self._pending = _NONE
+        # at a batch after which the fit loop validates (the epoch's last one, a val_check_interval point) the fit
+        # leaves at that validation's start: the checkpoint says the validation is still to do, so the resumed fit
+        # runs it (and then the epoch-end hooks) instead of restoring past it
+        due = validation_follows_batch(trainer)
         self._say(trainer, f"received {_NAMES[decision]} (on at least one rank); checkpointing at global step "
-                           f"{trainer.global_step}", event="signal", signal=_NAMES[decision], step=trainer.global_step)
-        self._save(trainer, "requeue" if decision == _REQUEUE else "stop")
+                           f"{trainer.global_step}" + (f"; the validation due after it (epoch {trainer.current_epoch})"
+                                                       " runs first at resume" if due else ""),
+                  event="signal", signal=_NAMES[decision], step=trainer.global_step)
+        self._cut_validation = trainer.current_epoch if due else None
+        try:
+            self._save(trainer, "requeue" if decision == _REQUEUE else "stop")
+        finally:
+            self._cut_validation = None
         if decision != _REQUEUE or not self.requeue:
             self._exit_code = EXIT_CODES.get(decision, 0)
         elif self._requeue(trainer):
@@ -298,4 +318,5 @@ class SlurmRequeue(Callback):
         # runs before Lightning restores its loops from the same dict (callbacks first, then loops)
         epoch = checkpoint.get(VALIDATION_PENDING)
         if epoch is not None and trainer.state.fn == "fit" and rerun_interrupted_validation(checkpoint):
-            self._say(trainer, f"the validation of epoch {epoch} was interrupted by a signal: running it first")
+            self._say(trainer, f"the validation of epoch {epoch} was interrupted (or not yet run) when a signal "
+                               "stopped the fit: running it first")

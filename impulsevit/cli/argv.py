@@ -37,7 +37,10 @@ def prepare_argv(argv: list[str]) -> list[str]:
     - moves a subcommand given after options to the front (``--recipe x fit`` -> ``fit --recipe x``; Lightning#21245);
     - resolves every ``--recipe`` / ``--config`` / ``-c`` value that is not an existing file as a recipe name;
     - inserts ``--name=<stem of the first --recipe>`` right after the subcommand when no ``--name`` is given (a
-      ``name:`` in the recipe or a later ``--name`` still wins).
+      ``name:`` in the recipe or a later ``--name`` still wins);
+    - a recipe's ``model.init.options`` belong to its ``model.init.method``: ``--model.init.method=OTHER`` without
+      ``--model.init.options`` starts OTHER from no options (``--model.init.options={}`` inserted, one notice on
+      stderr), so ``fit --recipe cpu_fmnist_mixer --model.init.method=torch`` and a study's runs work as written.
 
     Raises:
         RecipeNotFoundError: a recipe value is neither a file nor a known recipe (names the closest ones).
@@ -48,6 +51,7 @@ def prepare_argv(argv: list[str]) -> list[str]:
         return argv
     out: list[str] = [argv[0]]
     first_recipe: Path | None = None
+    configs: list[Path] = []
     gives_name = False
     rest: list[str | None] = list(argv[1:])
     for i in range(len(rest) - 1):  # `--a.init_args.b.c null` as `--a.init_args.b.c=null` (see null_nested)
@@ -68,10 +72,49 @@ def prepare_argv(argv: list[str]) -> list[str]:
         check_recipe_syntax(path)
         if flag == "--recipe" and first_recipe is None:
             first_recipe = path
+        configs.append(path)
         out += [flag, str(path)]
     if first_recipe is not None and not gives_name:
         out.insert(1, f"--name={first_recipe.stem}")
-    return out
+    return _options_follow_method(out, configs)
+
+
+def _recipe_init(configs: list[Path]) -> dict[str, Any]:
+    """The ``model.init`` mapping the recipe files set, later files over earlier ones (``{}`` when none)."""
+    import yaml
+
+    init: dict[str, Any] = {}
+    for path in configs:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        block = (loaded.get("model") or {}).get("init") if isinstance(loaded.get("model"), dict) else None
+        if isinstance(block, dict):
+            init.update(block)
+    return init
+
+
+def _options_follow_method(argv: list[str], configs: list[Path]) -> list[str]:
+    """``argv`` with ``--model.init.options={}`` after a ``--model.init.method`` that changes the recipe's method
+    while the recipe gives options and the command line none (see :func:`prepare_argv`)."""
+    import sys
+
+    names = [_option_name(tok) for tok in argv]
+    if any(n in ("--model.init.options", "--model.init") or (n or "").startswith("--model.init.options.")
+           for n in names):
+        return argv
+    init = _recipe_init(configs) if configs else {}
+    options = init.get("options")
+    if not options or "--model.init.method" not in names:
+        return argv
+    at = max(i for i, n in enumerate(names) if n == "--model.init.method")
+    tok = argv[at]
+    method = tok.split("=", 1)[1] if "=" in tok else (argv[at + 1] if at + 1 < len(argv) else None)
+    if method is None or method == init.get("method", "impulse"):
+        return argv
+    end = at + 1 if "=" in tok else at + 2
+    print(f"impulsevit: the recipe's model.init.options {options} are for {init.get('method', 'impulse')!r}; "
+          f"--model.init.method={method} starts from none (give --model.init.options to set {method}'s)",
+          file=sys.stderr)
+    return [*argv[:end], "--model.init.options={}", *argv[end:]]
 
 
 _NULLS = ("null", "Null", "NULL", "~", "None")

@@ -4,7 +4,9 @@ methods (``impulsevit.init.register``), imported when the ``impulsevit`` command
 A plugin is a module; importing it runs its registrations. ``impulsevit`` imports, in this order and once each:
 
 * every entry point of the group ``impulsevit.plugins`` of an installed distribution (its value names the module:
-  ``[options.entry_points] impulsevit.plugins = my_data = my_pkg.extras``), as pytest does with ``pytest11``;
+  ``[options.entry_points] impulsevit.plugins = my_data = my_pkg.extras``), as pytest does with ``pytest11``; an
+  entry whose value names a function (``my_init = my_pkg.inits:my_init``) is an init method of that name
+  (:mod:`impulsevit.init.plugins`): its module is imported here, the function is looked up when a recipe names it;
 * the modules of ``IMPULSEVIT_PLUGINS`` (comma-separated module names, e.g. ``my_pkg.extras,my_inits``; the module
   must be importable, e.g. on ``PYTHONPATH``);
 * the modules of ``--plugins my_pkg.extras[,...]`` anywhere on the command line, which adds them to
@@ -26,7 +28,8 @@ from impulsevit.errors import ConfigError
 
 __all__ = ["ENTRY_POINT_GROUP", "ENV_VAR", "load_plugins", "split_plugins_flag"]
 
-ENTRY_POINT_GROUP = "impulsevit.plugins"
+ENTRY_POINT_GROUP = "impulsevit.plugins"  # = impulsevit.init.plugins.ENTRY_POINT_GROUP (not imported: the entry stays
+# light, importing no torch before the subcommand is known; tests/init/test_plugins.py checks they agree)
 ENV_VAR = "IMPULSEVIT_PLUGINS"
 
 

@@ -207,7 +207,8 @@ class ImpulseArgumentParser(LightningArgumentParser):
     """LightningCLI's parser whose errors about unknown keys also name the closest valid key, printed as one line
     (``impulsevit fit: error: ...`` and where to find the valid keys; not the whole usage)."""
 
-    model_class: type | None = None  # set by ImpulseCLI, used to list the fields of dataclass-typed model arguments
+    model_class: type | None = None  # set per instance by ImpulseCLI.init_parser: lists the fields of dataclass-typed
+    # model arguments for the "did you mean" hints
     full_errors: bool = False  # True under ``--debug``: jsonargparse's whole report and the usage
     error_prog: str | None = None  # ``impulsevit fit``: how the one-line error names the command
 

@@ -70,9 +70,6 @@ class ImpulseCLI(SubcommandRunHookCLI):
     """
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
-        from impulsevit.training.module import ImageClassifier
-
-        ImpulseArgumentParser.model_class = ImageClassifier
         kwargs.setdefault("seed_everything_default", 0)
         kwargs.setdefault("parser_kwargs", {"prog": "impulsevit"})
         self.run_lock: RunDirLock | None = None
@@ -129,6 +126,8 @@ class ImpulseCLI(SubcommandRunHookCLI):
         kwargs.setdefault("dump_header", [f"impulsevit=={__version__} lightning.pytorch=={pl.__version__}"])
         kwargs.setdefault("allow_abbrev", False)  # `--trainer.max_epoch` must be an error, not max_epochs
         parser = self.parser_class(**kwargs)
+        if isinstance(parser, ImpulseArgumentParser):  # on this parser only: the fields of dataclass-typed arguments
+            parser.model_class = self.model_class
         parser.add_argument(
             "-c", "--config", "--recipe", action=ActionConfigFile,
             help="Recipe: a config file, or the name of one in recipes/ (repeatable, merged in order).",

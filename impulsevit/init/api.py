@@ -5,10 +5,10 @@ An initializer is a pure function over ``(model, generator, options)``; it mutat
 the global torch / numpy RNG), and validates everything it needs *before* writing anything, so a model it cannot
 handle is left untouched.
 
-Families register handlers per method::
+Families register handlers per method, each with the frozen dataclass of its options::
 
-    @register("impulse", family="vit", matches=is_vit)
-    def _impulse_vit(model, generator, options) -> InitResult: ...
+    @register("impulse", family="vit", matches=is_vit, options=VitImpulseOptions)
+    def _impulse_vit(model, generator, options: VitImpulseOptions) -> InitResult: ...
 
 ``initialize`` picks the first registered handler of ``method`` whose ``matches(model)`` is true. The registry itself
 (``register``, ``methods``, ``supports``, :class:`InitResult`) lives in :mod:`impulsevit.init.registry`, below both this
@@ -29,8 +29,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from impulsevit.init.options import parse_options
 from impulsevit.init.plugins import resolve_method
-from impulsevit.init.registry import _REGISTRY, InitResult, _load_builtin, methods, register, supports
+from impulsevit.init.registry import InitResult, _load_builtin, find, methods, register, supports
 
 __all__ = [
     "InitReport",
@@ -42,6 +43,7 @@ __all__ = [
     "write_full_",
     "make_generator",
     "supports",
+    "check_options_for",
 ]
 
 
@@ -119,8 +121,8 @@ def initialize(
             ``impulsevit.initializers``) or an import path ``module:function`` to ``fn(model, generator, **options)
             -> None | InitResult`` (:mod:`impulsevit.init.plugins`).
         generator: a CPU ``torch.Generator`` or an int seed; the only source of randomness. ``None`` means seed 0.
-        **options: method options (see each method's docstring / ``impulsevit/init/README.md``). Unknown options
-            raise ``TypeError``.
+        **options: method options (see each method's docstring / ``impulsevit/init/README.md``), checked against the
+            handler's options schema (:func:`impulsevit.init.options.parse_options`) before anything is written.
 
     Returns:
         An :class:`InitReport`.
@@ -128,13 +130,13 @@ def initialize(
     Raises:
         ValueError: unknown method, a plugin that does not import / resolve, or the method's requirements are not
             met by this model (the message names the model class and what is missing; the model is left unmodified).
-        TypeError: unknown or mistyped option.
+        TypeError: unknown (with the closest valid name) or mistyped option.
     """
     _load_builtin()
     known = methods()
     if method not in known:
-        return _initialize_plugin(model, method, make_generator(generator), options)
-    entry = next((e for e in _REGISTRY if e.method == method and e.matches(model)), None)
+        resolve_method(method)  # a plugin: registered as a handler for any model (ValueError when it does not resolve)
+    entry = find(method, model)
     if entry is None:
         needs = "; ".join(f"{f}: {FAMILY_NEEDS[f]}" for f in known[method] if f in FAMILY_NEEDS)
         raise ValueError(
@@ -142,10 +144,11 @@ def initialize(
             f"{known[method]} ({needs}; applicability tables: impulsevit/init/README.md and "
             "impulsevit/init/FAMILIES.md)"
         )
+    parsed = parse_options(entry.options, options, method=method, family=entry.family)
     gen = make_generator(generator)
     t0 = time.perf_counter()
     with torch.no_grad():
-        result = entry.handler(model, gen, dict(options))
+        result = entry.handler(model, gen, parsed)
     seconds = time.perf_counter() - t0
     return InitReport(
         method=method,
@@ -158,36 +161,17 @@ def initialize(
     )
 
 
-def _initialize_plugin(model: nn.Module, method: str, gen: torch.Generator, options: dict[str, Any]) -> InitReport:
-    """Run a plugin (entry point or ``module:function``, see :mod:`impulsevit.init.plugins`) and report it."""
-    info = resolve_method(method, options)  # raises ValueError for unknown names
-    assert info.function is not None
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        result = info.function(model, gen, **options)
-    seconds = time.perf_counter() - t0
-    if result is None:
-        result = InitResult(options=dict(options))
-    elif not isinstance(result, InitResult):
-        raise TypeError(f"init method {method!r} ({info.source}) returned {type(result).__name__}; expected None or "
-                        "impulsevit.init.api.InitResult")
-    return InitReport(
-        method=method,
-        family="plugin",
-        model=type(model).__name__,
-        options=_jsonable(result.options),
-        offsets=[[(int(dy), int(dx)) for dy, dx in row] for row in result.offsets],
-        seconds=seconds,
-        notes=[f"plugin from {info.source}", *result.notes],
-    )
+def check_options_for(model: nn.Module, method: str, options: Mapping[str, Any]) -> None:
+    """Check ``options`` against the options schema of the handler ``initialize`` would run for ``method`` on
+    ``model`` (touches no weight; ``model`` may be on the meta device). A method that does not apply is not an error
+    here (:func:`initialize` says so).
 
-
-def check_options(method: str, given: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """Merge ``given`` over ``defaults``; raise ``TypeError`` naming any unknown key and the valid ones."""
-    unknown = sorted(set(given) - set(defaults))
-    if unknown:
-        raise TypeError(f"unknown option(s) {unknown} for init method {method!r}; valid: {sorted(defaults)}")
-    return {**defaults, **given}
+    Raises:
+        TypeError, ValueError: as :func:`impulsevit.init.options.parse_options`.
+    """
+    entry = find(method, model)
+    if entry is not None:
+        parse_options(entry.options, options, method=method, family=entry.family)
 
 
 def is_dtensor(t: torch.Tensor) -> bool:

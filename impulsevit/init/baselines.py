@@ -13,21 +13,23 @@ instead of a serial Mersenne-Twister draw, a fresh allocation and a copy.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import math
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import torch
 from torch import nn
 
 from impulsevit._compat.timm import module_init_fn
 from impulsevit._compat.torch import fan_in_and_fan_out, tensors_replaced
-from impulsevit.init.api import InitResult, check_options, is_dtensor, read_full, register, write_full_
+from impulsevit.init.api import InitResult, is_dtensor, read_full, register, write_full_
+from impulsevit.init.options import NoOptions, as_dict
 from impulsevit.init.rng import RandomFill, seed_from
 
-__all__ = ["RandomFill", "torch_default_fills", "torch_defaults", "timm_defaults", "write_values", "TOKEN_PARAMS"]
+__all__ = ["TimmOptions", "RandomFill", "torch_default_fills", "torch_defaults", "timm_defaults", "write_values",
+           "TOKEN_PARAMS"]
 
 TOKEN_PARAMS = ("cls_token", "reg_token", "dist_token", "mask_token")
 """Prefix / mask token parameters: zero under the ``torch`` baseline (timm 1.0.22's ``weight_init='skip'`` value)."""
@@ -37,7 +39,7 @@ _RUNNING_STATS_NORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBa
                        nn.LazyBatchNorm2d, nn.LazyBatchNorm3d, nn.InstanceNorm1d, nn.InstanceNorm2d, nn.InstanceNorm3d,
                        nn.LazyInstanceNorm1d, nn.LazyInstanceNorm2d, nn.LazyInstanceNorm3d)
 """torch's norms with (optional) running statistics: every ``torch.nn`` subclass of its private ``_NormBase``
-(``tests/test_compat.py`` checks the list against the installed torch; quantized ``torch.ao`` norms are not
+(``tests/house/test_compat.py`` checks the list against the installed torch; quantized ``torch.ao`` norms are not
 included)."""
 _NORM = (nn.LayerNorm, nn.GroupNorm, *_RUNNING_STATS_NORM, nn.RMSNorm)
 
@@ -232,26 +234,26 @@ def write_values(model: nn.Module, values: Mapping[str, Value]) -> None:
                 future.result()
 
 
-TORCH_DEFAULTS: dict[str, Any] = {}
-TIMM_DEFAULTS: dict[str, Any] = {"mode": ""}
+@dataclasses.dataclass(frozen=True)
+class TimmOptions:
+    """Options of ``timm``: ``mode``, the model's ``init_weights`` mode (``""`` = its default; ViT: ``"jax"``,
+    ``"jax_nlhb"``, ``"moco"``)."""
+
+    mode: str = ""
 
 
-@register("torch", family="any", matches=lambda m: isinstance(m, nn.Module))
-def _torch_any(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+@register("torch", family="any", matches=lambda m: isinstance(m, nn.Module), options=NoOptions)
+def _torch_any(model: nn.Module, generator: torch.Generator, options: NoOptions) -> InitResult:
     """The paper's "default" baseline: PyTorch constructor defaults (timm ``weight_init='skip'``), see
     :func:`torch_defaults`."""
-    opts = check_options("torch", options, TORCH_DEFAULTS)
     values, notes = torch_default_fills(model, generator)
     write_values(model, values)
-    return InitResult(options=opts, notes=notes)
+    return InitResult(options={}, notes=notes)
 
 
-@register("timm", family="any", matches=lambda m: isinstance(m, nn.Module))
-def _timm_any(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+@register("timm", family="any", matches=lambda m: isinstance(m, nn.Module), options=TimmOptions)
+def _timm_any(model: nn.Module, generator: torch.Generator, options: TimmOptions) -> InitResult:
     """timm's own init (``init_weights``), seeded from the generator; see :func:`timm_defaults`."""
-    opts = check_options("timm", options, TIMM_DEFAULTS)
-    if not isinstance(opts["mode"], str):
-        raise TypeError(f"option 'mode' of init method 'timm' must be a str, got {type(opts['mode']).__name__}")
-    values = timm_defaults(model, generator, mode=opts["mode"])
+    values = timm_defaults(model, generator, mode=options.mode)
     write_values(model, values)
-    return InitResult(options=opts)
+    return InitResult(options=as_dict(options))

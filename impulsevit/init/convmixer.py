@@ -22,13 +22,15 @@ Not supported: non-square kernels, dilated depthwise convs, models other than ti
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import torch
 from torch import nn
 
-from impulsevit.init.api import InitResult, check_options, read_full, register, write_full_
+from impulsevit.init.api import InitResult, read_full, register, write_full_
+from impulsevit.init.options import as_dict
 from impulsevit.models.convmixer import depthwise_convs, set_spatial_trainable
 
 __all__ = ["is_convmixer", "spatial_convs", "convmixer_filter_taps", "convmixer_filter_summary"]
@@ -65,24 +67,46 @@ def _uniform(shape: tuple[int, ...], bound: float, generator: torch.Generator) -
     return (torch.rand(shape, generator=generator, dtype=torch.float64) * 2.0 - 1.0) * bound
 
 
+@dataclasses.dataclass(frozen=True)
+class RandomOptions:
+    """Options of ``random`` on ConvMixer: ``trainable`` — ``None`` keeps the filters' ``requires_grad``, ``True`` /
+    ``False`` sets it (the paper's frozen-filter ablation)."""
+
+    trainable: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ImpulseOptions(RandomOptions):
+    """Options of ``impulse`` on ConvMixer: ``trainable`` and ``scale``, the one tap's value (default ``√(1/k)``)."""
+
+    scale: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BoxOptions(ImpulseOptions):
+    """Options of ``box`` on ConvMixer: ``trainable``, ``taps`` equal taps per channel (default all ``k²``) and their
+    ``scale`` (default ``√(1/(k·taps))``)."""
+
+    taps: int | None = None
+
+
 def _apply(
-    model: nn.Module, generator: torch.Generator, opts: dict[str, Any], kind: str
+    model: nn.Module, generator: torch.Generator, opts: RandomOptions, kind: str
 ) -> InitResult:
-    trainable = opts["trainable"]
-    if trainable is not None and not isinstance(trainable, bool):
-        raise TypeError(f"{kind} (convmixer): trainable must be True, False or None, got {trainable!r}")
+    trainable = opts.trainable
     convs = spatial_convs(model)
     writes, offsets, notes = [], [], []
-    resolved: dict[str, Any] = dict(opts)
+    resolved: dict[str, Any] = as_dict(opts)
     for name, conv, k, pad in convs:
         channels = conv.out_channels
         if kind == "random":
             w = _uniform((channels, 1, k, k), 1.0 / k, generator)
         else:
-            taps = 1 if kind == "impulse" else (k * k if opts["taps"] is None else int(opts["taps"]))
+            taps = 1 if not isinstance(opts, BoxOptions) else (k * k if opts.taps is None else int(opts.taps))
             if not 1 <= taps <= k * k:
                 raise ValueError(f"box (convmixer): taps must be in [1, {k * k}] for kernel {k}, got {taps}")
-            scale = math.sqrt(1.0 / (k * taps)) if opts["scale"] is None else float(opts["scale"])
+            assert isinstance(opts, ImpulseOptions)
+            scale = math.sqrt(1.0 / (k * taps)) if opts.scale is None else float(opts.scale)
             if taps == k * k:
                 pos = torch.arange(k * k).expand(channels, -1)
             elif taps == 1:
@@ -116,25 +140,22 @@ def _apply(
     return InitResult(options=resolved, offsets=offsets, notes=notes)
 
 
-@register("random", family="convmixer", matches=is_convmixer)
-def random_convmixer(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
-    """Spatial filters and biases ``U(−1/k, 1/k)``. Options: ``trainable`` (None / True / False)."""
-    return _apply(model, generator, check_options("random", options, {"trainable": None}), "random")
+@register("random", family="convmixer", matches=is_convmixer, options=RandomOptions)
+def random_convmixer(model: nn.Module, generator: torch.Generator, options: RandomOptions) -> InitResult:
+    """Spatial filters and biases ``U(−1/k, 1/k)`` (:class:`RandomOptions`)."""
+    return _apply(model, generator, options, "random")
 
 
-@register("impulse", family="convmixer", matches=is_convmixer)
-def impulse_convmixer(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
-    """One-hot spatial filters at a random tap per channel. Options: ``trainable``, ``scale`` (default ``√(1/k)``)."""
-    opts = check_options("impulse", options, {"trainable": None, "scale": None})
-    return _apply(model, generator, opts, "impulse")
+@register("impulse", family="convmixer", matches=is_convmixer, options=ImpulseOptions)
+def impulse_convmixer(model: nn.Module, generator: torch.Generator, options: ImpulseOptions) -> InitResult:
+    """One-hot spatial filters at a random tap per channel (:class:`ImpulseOptions`)."""
+    return _apply(model, generator, options, "impulse")
 
 
-@register("box", family="convmixer", matches=is_convmixer)
-def box_convmixer(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
-    """Box spatial filters: ``taps`` equal taps per channel (default all ``k²``). Options: ``trainable``, ``taps``,
-    ``scale`` (default ``√(1/(k·taps))``)."""
-    opts = check_options("box", options, {"trainable": None, "taps": None, "scale": None})
-    return _apply(model, generator, opts, "box")
+@register("box", family="convmixer", matches=is_convmixer, options=BoxOptions)
+def box_convmixer(model: nn.Module, generator: torch.Generator, options: BoxOptions) -> InitResult:
+    """Box spatial filters: ``taps`` equal taps per channel (:class:`BoxOptions`)."""
+    return _apply(model, generator, options, "box")
 
 
 # ---------------------------------------------------------------------------------------------------- diagnostics

@@ -175,10 +175,11 @@ def target_logits(
 
 
 def layer_norm_rows(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    """``LN0``: standardise each row over the last axis (population variance), no affine."""
-    mu = x.mean(-1, keepdim=True)
-    var = x.var(-1, unbiased=False, keepdim=True)
-    return (x - mu) / torch.sqrt(var + eps)
+    """``LN0``: each row standardised over the last axis (population variance, ``eps`` inside the root), no affine —
+    ``torch.nn.functional.layer_norm`` without weight and bias, in ``x``'s dtype (float64 for the pseudo-input).
+
+    Shapes: ``(..., D) -> (..., D)``."""
+    return torch.nn.functional.layer_norm(x, x.shape[-1:], eps=eps)
 
 
 @dataclasses.dataclass(frozen=True)

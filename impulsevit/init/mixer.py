@@ -29,15 +29,17 @@ factored), models with a class token. Errors name the model class and block.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any
+from typing import Literal
 
 import torch
 from torch import nn
 
-from impulsevit.init.api import InitResult, check_options, read_full, register, write_full_
+from impulsevit.init.api import InitResult, read_full, register, write_full_
 from impulsevit.init.diagnostics import AttentionMaps, register_attention_maps
 from impulsevit.init.impulse import impulse_indicator, impulse_offsets
+from impulsevit.init.options import OffsetOptions, as_dict, check_range
 
 __all__ = ["is_mixer", "mixer_token_mlps", "mixer_token_kernel", "mixer_kernel_summary"]
 
@@ -92,14 +94,21 @@ def mixer_token_mlps(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return out
 
 
-_DEFAULTS: dict[str, Any] = {
-    "layout": "blocks", "num_offsets": None, "gain_in": 1.0, "gain_out": None, "kernel_size": 3, "offsets": "fixed",
-}
-_LAYOUTS = ("blocks", "fc1_only", "factored")
+@dataclasses.dataclass(frozen=True)
+class MixerImpulseOptions(OffsetOptions):
+    """``impulse`` on MLP-Mixer (see :func:`impulse_mixer`)."""
+
+    layout: Literal["blocks", "fc1_only", "factored"] = "blocks"
+    num_offsets: int | None = None
+    gain_in: float = 1.0
+    gain_out: float | None = None
+
+    def __post_init__(self) -> None:
+        check_range("num_offsets", self.num_offsets, 1)
 
 
-@register("impulse", family="mixer", matches=is_mixer)
-def impulse_mixer(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+@register("impulse", family="mixer", matches=is_mixer, options=MixerImpulseOptions)
+def impulse_mixer(model: nn.Module, generator: torch.Generator, options: MixerImpulseOptions) -> InitResult:
     """Convolutional (impulse) token-mixing MLPs in every Mixer block; deterministic (no randomness used).
 
     Options:
@@ -112,12 +121,7 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: dict[st
         offsets: ``"fixed"`` (default, deterministic) or ``"random"`` (drawn with replacement from the generator,
             the same for every block).
     """
-    opts = check_options("impulse", options, _DEFAULTS)
-    if opts["layout"] not in _LAYOUTS:
-        raise ValueError(f"impulse (mixer): layout must be one of {_LAYOUTS}, got {opts['layout']!r}")
-    if opts["kernel_size"] not in (3, 5) or opts["offsets"] not in ("fixed", "random"):
-        raise ValueError(f"impulse (mixer): kernel_size must be 3 or 5 and offsets 'fixed' or 'random', got "
-                         f"{opts['kernel_size']!r}, {opts['offsets']!r}")
+    opts = options
     grid = _grid(model)
     n = grid[0] * grid[1]
     mlps = mixer_token_mlps(model)
@@ -127,9 +131,9 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: dict[st
     if s < n:
         raise ValueError(f"{type(model).__name__}: token-mixing hidden size S={s} < N={n} tokens; impulse needs S >= N "
                          "(raise mlp_ratio[0])")
-    layout = opts["layout"]
-    kernel_size = int(opts["kernel_size"])
-    num_offsets = opts["num_offsets"]  # K
+    layout = opts.layout
+    kernel_size = int(opts.kernel_size)
+    num_offsets = opts.num_offsets  # K
     if num_offsets is None:
         num_offsets = s // n if layout != "factored" else kernel_size * kernel_size
     num_offsets = int(num_offsets)
@@ -137,9 +141,9 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: dict[st
         raise ValueError(
             f"impulse (mixer): num_offsets={num_offsets} must be in [1, S//N={s // n}] for layout {layout!r}"
         )
-    gain_in = float(opts["gain_in"])
-    gain_out = 1.0 / math.sqrt(num_offsets) if opts["gain_out"] is None else float(opts["gain_out"])
-    offsets = impulse_offsets(num_offsets, kernel_size, opts["offsets"], generator=generator)
+    gain_in = float(opts.gain_in)
+    gain_out = 1.0 / math.sqrt(num_offsets) if opts.gain_out is None else float(opts.gain_out)
+    offsets = impulse_offsets(num_offsets, kernel_size, opts.offsets, generator=generator)
     shifts = [impulse_indicator(grid[0], grid[1], o) for o in offsets]  # (M x)_t = x_{t+o}, zero padding
     eye = torch.eye(n, dtype=torch.float64)
 
@@ -175,7 +179,7 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: dict[st
     if layout != "factored" and num_offsets == 1:
         notes.append(f"only one offset (identity) fits S//N = {s // n}: token mixing starts as the identity; "
                      "layout='factored' gives the full kernel")
-    return InitResult(options={**opts, "num_offsets": num_offsets, "gain_out": gain_out},
+    return InitResult(options={**as_dict(opts), "num_offsets": num_offsets, "gain_out": gain_out},
                       offsets=[list(offsets) for _ in mlps], notes=notes)
 
 

@@ -3,21 +3,27 @@
 A recipe's ``model.init.method`` is one of
 
 * a built-in method name (``impulse``, ``mimetic``, ``torch``, ``timm``, ``weight_selection``, ``box``, ``random``);
-* the name of an entry point in the group ``impulsevit.initializers`` of an installed distribution
-  (``[options.entry_points] impulsevit.initializers = my_init = my_pkg.inits:my_init``);
+* the name of an entry point of an installed distribution in the group ``impulsevit.plugins`` whose value names a
+  function (``[options.entry_points] impulsevit.plugins = my_init = my_pkg.inits:my_init``) — the one entry-point
+  group of the project: an entry naming a *module* is a plugin module imported at start
+  (:mod:`impulsevit.cli.extensions`), one naming a *function* is an init method of that name. The former group
+  ``impulsevit.initializers`` is still read, with a ``DeprecationWarning``;
 * an import path ``module:function`` (``my_pkg.inits:my_init``; the module must be importable, e.g. on
   ``PYTHONPATH``).
 
-A plugin function has the signature ``fn(model: nn.Module, generator: torch.Generator, **options) -> None |
+A plugin function has the signature ``fn(model: nn.Module, generator: torch.Generator, *, opt=default, ...) -> None |
 InitResult``: it initialises ``model`` in place, draws its random numbers from ``generator`` (so every rank computes
 the same weights) and may return an :class:`~impulsevit.init.api.InitResult` with resolved options, offsets and notes.
 Built-in names win over entry points of the same name (the listing marks those as shadowed).
 
-:func:`resolve_method` checks, without touching a model, that the module imports, the attribute exists and is
-callable, and that its signature accepts ``(model, generator, **options)`` for the given options; every failure is a
-one-line ``ValueError`` naming the method string and what was expected. ``ImageClassifier`` and the ``Initializer``
-callback call it when they are constructed, i.e. before any data is prepared. ``impulsevit init list`` (:func:`main`)
-prints every method with its source.
+There is one handler signature and one dispatch: :func:`resolve_method` wraps the function into a registered handler
+``handler(model, generator, options)`` (family ``plugin``, for any model) whose options schema comes from the
+function's keyword parameters (:func:`impulsevit.init.options.schema_from_signature`; ``**options`` takes any keys), so
+its options are checked by the same :func:`~impulsevit.init.options.parse_options` as the built-ins' (unknown names
+with a hint, types from the annotations). It checks, without touching a model, that the module imports, the attribute
+exists and is callable with ``(model, generator)`` and that the options fit; every failure is a one-line
+``ValueError`` / ``TypeError`` naming the method string and what was expected. ``ImageClassifier`` and the CLI call it
+before any data is prepared. ``impulsevit init list`` (:func:`main`) prints every method with its source.
 """
 
 from __future__ import annotations
@@ -27,15 +33,20 @@ import dataclasses
 import importlib
 import importlib.metadata
 import inspect
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from impulsevit.init.registry import methods, origins
+from impulsevit.init.options import as_dict, known_keys, parse_options, schema_from_signature, unknown_keys_message
+from impulsevit.init.registry import InitResult, add_function, methods, origins, schemas
 
-__all__ = ["ENTRY_POINT_GROUP", "MethodInfo", "check_init_method", "resolve_method", "list_methods", "is_import_path",
-           "main"]
+__all__ = ["ENTRY_POINT_GROUP", "LEGACY_GROUP", "MethodInfo", "check_init_method", "resolve_method", "list_methods",
+           "is_import_path", "main"]
 
-ENTRY_POINT_GROUP = "impulsevit.initializers"
+ENTRY_POINT_GROUP = "impulsevit.plugins"
+"""The project's one entry-point group: a value ``module`` is a plugin module, ``module:function`` an init method."""
+LEGACY_GROUP = "impulsevit.initializers"
+"""The former init-function group, still read (with a ``DeprecationWarning``); ``impulsevit.plugins`` wins a name."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,16 +76,26 @@ def is_import_path(method: str) -> bool:
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:
-    return list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+    """The init-function entry points: those of :data:`ENTRY_POINT_GROUP` naming a function, then those of
+    :data:`LEGACY_GROUP` (a name taken by the first group is skipped)."""
+    eps = [ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.attr]
+    legacy = [ep for ep in importlib.metadata.entry_points(group=LEGACY_GROUP) if ep.name not in {e.name for e in eps}]
+    if legacy:
+        warnings.warn(f"entry-point group {LEGACY_GROUP!r} is deprecated ({', '.join(e.name for e in legacy)}): "
+                      f"declare init functions in {ENTRY_POINT_GROUP!r} (name = module:function)", DeprecationWarning,
+                      stacklevel=3)
+    return eps + legacy
 
 
 def _ep_source(ep: importlib.metadata.EntryPoint) -> str:
     dist = ep.dist
     who = f"{dist.name} {dist.version}" if dist is not None else "unknown distribution"
-    return f"entry point of {who} ({ep.value})"
+    legacy = ", deprecated group " + LEGACY_GROUP if ep.group == LEGACY_GROUP else ""
+    return f"entry point of {who} ({ep.value}{legacy})"
 
 
-def _check_callable(method: str, source: str, fn: Any, options: Mapping[str, Any] | None) -> None:
+def _check_callable(method: str, source: str, fn: Any) -> None:
+    """``fn`` is a function that takes ``(model, generator)`` positionally (its options are checked by schema)."""
     if not callable(fn):
         raise ValueError(f"init method {method!r} ({source}) is a {type(fn).__name__}, expected a function "
                          "fn(model, generator, **options)")
@@ -83,13 +104,64 @@ def _check_callable(method: str, source: str, fn: Any, options: Mapping[str, Any
     except (TypeError, ValueError):  # builtins without a signature: accept, the call will tell
         return
     try:
-        sig.bind(object(), object(), **dict(options or {}))
+        sig.bind_partial(object(), object())
     except TypeError as e:
-        given = f" with options {sorted(options)}" if options else ""
         raise ValueError(
             f"init method {method!r} ({source}): {getattr(fn, '__qualname__', fn)}{sig} cannot be called as "
-            f"fn(model, generator, **options){given}: {e}"
+            f"fn(model, generator, **options): {e}"
         ) from None
+
+
+def _wrap(method: str, fn: Callable[..., Any], source: str) -> Callable[..., InitResult]:
+    """The registered handler of a plugin function: ``fn(model, generator, **options)`` with the parsed options, its
+    result checked (``None`` reports the options as given) and its source added to the notes."""
+
+    def handler(model: Any, generator: Any, options: Any) -> InitResult:
+        kwargs = as_dict(options)
+        result = fn(model, generator, **kwargs)
+        if result is None:
+            result = InitResult(options=kwargs)
+        elif not isinstance(result, InitResult):
+            raise TypeError(f"init method {method!r} ({source}) returned {type(result).__name__}; expected None or "
+                            "impulsevit.init.InitResult")
+        return InitResult(options=result.options, offsets=result.offsets,
+                          notes=[f"plugin from {source}", *result.notes])
+
+    handler.__qualname__ = f"plugin:{method}"
+    return handler
+
+
+def _register_function(method: str, fn: Any, source: str) -> MethodInfo:
+    """Check ``fn`` and wrap it into a registered handler (family ``plugin``) whose schema is its signature."""
+    _check_callable(method, source, fn)
+    add_function(method, _wrap(method, fn, source), schema_from_signature(fn, method), source)
+    return MethodInfo(method, "plugin", (), source, fn)
+
+
+def _check_options(info: MethodInfo, options: Mapping[str, Any] | None) -> None:
+    """``options`` against a resolved method: a plugin's against its signature's schema (names, types), a built-in's
+    names against its family handlers' schemas (types and values once the model's family is known)."""
+    if info.kind == "plugin":
+        parse_options(schema_from_signature(info.function, info.name), dict(options or {}), method=info.name,
+                      family="plugin")
+    else:
+        _check_family_keys(info.name, options)
+
+
+def _check_family_keys(method: str, options: Mapping[str, Any] | None) -> None:
+    """Before any model exists: every option key is one some family handler of ``method`` takes (with a hint for a
+    misspelt one). Types and values are checked once the model's family is known (``parse_options``)."""
+    if not options:
+        return
+    valid: set[str] = set()
+    for schema in schemas(method).values():
+        keys = known_keys(schema)
+        if keys is None:  # a handler that takes any keys
+            return
+        valid.update(keys)
+    message = unknown_keys_message(options, sorted(valid), repr(method))
+    if message:
+        raise TypeError(message)
 
 
 def _load_import_path(method: str) -> Callable[..., Any]:
@@ -119,7 +191,9 @@ def resolve_method(method: str, options: Mapping[str, Any] | None = None) -> Met
 
     Raises:
         ValueError: unknown name, import failure, not callable, or a signature that does not accept
-            ``(model, generator, **options)`` — one line naming ``method``.
+            ``(model, generator)`` — one line naming ``method``.
+        TypeError: an option no handler of ``method`` takes (with the closest valid name), or for a plugin an option
+            of the wrong type.
     """
     if not isinstance(method, str) or not method:
         raise ValueError(f"init method must be a non-empty string, got {method!r}")
@@ -128,20 +202,21 @@ def resolve_method(method: str, options: Mapping[str, Any] | None = None) -> Met
         where = list(dict.fromkeys("builtin" if m.startswith("impulsevit.") else f"registered by {m}"
                                    for m in origins(method)))
         kind = "builtin" if "builtin" in where else "registered"
-        return MethodInfo(method, kind, tuple(builtin[method]), " + ".join(where))
-    if is_import_path(method):
-        fn = _load_import_path(method)
-        _check_callable(method, "import path", fn, options)
-        return MethodInfo(method, "plugin", (), "import path", fn)
-    eps = [ep for ep in _entry_points() if ep.name == method]
-    if eps:
+        info = MethodInfo(method, kind, tuple(builtin[method]), " + ".join(where))
+    elif is_import_path(method):
+        info = _register_function(method, _load_import_path(method), "import path")
+    elif eps := [ep for ep in _entry_points() if ep.name == method]:
         ep, source = eps[0], _ep_source(eps[0])
         try:
             fn = ep.load()
         except Exception as e:  # noqa: BLE001 - any failure of third-party code at import is reported the same way
             raise ValueError(f"init method {method!r} ({source}) cannot be loaded: {type(e).__name__}: {e}") from None
-        _check_callable(method, source, fn, options)
-        return MethodInfo(method, "plugin", (), source, fn)
+        info = _register_function(method, fn, source)
+    else:
+        info = None
+    if info is not None:
+        _check_options(info, options)
+        return info
     plugins = sorted({ep.name for ep in _entry_points()} - set(builtin))
     extra = f"; entry points ({ENTRY_POINT_GROUP}): {', '.join(plugins)}" if plugins else ""
     raise ValueError(f"unknown init method {method!r}; available: {', '.join(sorted(builtin))}{extra}; or an import "
@@ -156,18 +231,24 @@ def check_init_method(method: str, options: Mapping[str, Any] | None = None) -> 
     dispatch only looks it up).
 
     Raises:
-        ConfigError: one line naming the key, the bad value and the known methods.
+        ConfigError: one line naming the key (``model.init.method`` or ``model.init.options``), the bad value and
+            what was expected.
     """
     from impulsevit.errors import ConfigError
 
     try:
-        resolve_method(method, dict(options or {}))
+        info = resolve_method(method)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"model.init.method: {e}") from None
+    try:
+        _check_options(info, options)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"model.init.options: {e}") from None
 
 
 def list_methods(extra: Sequence[str] = ()) -> list[tuple[MethodInfo | None, str, str]]:
-    """Every built-in method, every entry point of ``impulsevit.initializers`` and each of ``extra`` (import paths).
+    """Every built-in method, every init-function entry point (:func:`_entry_points`) and each of ``extra`` (import
+    paths).
 
     Returns:
         rows ``(info, name, problem)``: ``info`` is ``None`` when the entry could not be resolved and ``problem`` then
@@ -218,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Exit status 1 when one of the given import paths does not resolve (the reason is printed), else 0."""
     parser = argparse.ArgumentParser(prog="impulsevit init", description="initializers: built-in, registered by "
                                      "plugin modules (impulsevit --plugins), installed plugins (entry-point group "
-                                     f"{ENTRY_POINT_GROUP}) and import paths")
+                                     f"{ENTRY_POINT_GROUP}, value module:function) and import paths")
     sub = parser.add_subparsers(dest="command", required=True)
     lst = sub.add_parser("list", help="list the init methods with their source")
     lst.add_argument("methods", nargs="*", metavar="module:function", help="import paths to resolve and show too")

@@ -31,16 +31,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
 
-from impulsevit.init.api import InitResult, check_options, read_full, register, write_full_
+from impulsevit.init.api import InitResult, read_full, register, write_full_
 from impulsevit.init.capture import captured_attention
 from impulsevit.init.diagnostics import AttentionMaps, register_attention_maps
 from impulsevit.init.impulse import impulse_offsets
 from impulsevit.init.kinds import _beit_classes, _relpos_classes, is_relbias_vit, is_swinv2
+from impulsevit.init.options import BiasImpulseOptions, as_dict, check_range
 
 __all__ = [
     "Carrier",
@@ -239,26 +239,22 @@ def _bias_for(target_mass: float, keys: int) -> float:
     return math.log(target_mass * (keys - 1) / (1.0 - target_mass))
 
 
-_DEFAULTS: dict[str, Any] = {"target_mass": 0.75, "bias": None, "kernel_size": 3, "offsets": "fixed",
-                             "logit_scale": 1.0, "floor": 0.01}
+@dataclasses.dataclass(frozen=True)
+class RelBiasImpulseOptions(BiasImpulseOptions):
+    """``impulse`` on BEiT / relpos-ViT tables and Swin v2 position MLPs: the Swin v1 options plus ``logit_scale``
+    (> 0; Swin v2's cosine attention: its learnable scale is set to ``ln(logit_scale)``) and ``floor`` (in (0, 0.5);
+    the smallest ``16·sigmoid`` output the MLP fit aims for off the target)."""
+
+    logit_scale: float = 1.0
+    floor: float = 0.01
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_range("logit_scale", self.logit_scale, 0.0, open_low=True)
+        check_range("floor", self.floor, 0.0, 0.5, open_low=True, open_high=True)
 
 
-def _check(opts: dict[str, Any]) -> None:
-    if not 0.0 < float(opts["target_mass"]) < 1.0:
-        raise ValueError(f"impulse (relative bias): target_mass must be in (0, 1), got {opts['target_mass']}")
-    if opts["bias"] is not None and not math.isfinite(float(opts["bias"])):
-        raise ValueError(f"impulse (relative bias): bias must be a finite float, got {opts['bias']!r}")
-    if opts["kernel_size"] not in (3, 5) or opts["offsets"] not in ("fixed", "random"):
-        raise ValueError("impulse (relative bias): kernel_size must be 3 or 5 and offsets 'fixed' or 'random', got "
-                         f"{opts['kernel_size']!r}, {opts['offsets']!r}")
-    if not float(opts["logit_scale"]) > 0 or not 0.0 < float(opts["floor"]) < 0.5:
-        raise ValueError(f"impulse (relative bias): logit_scale must be > 0 and floor in (0, 0.5), got "
-                         f"{opts['logit_scale']!r}, {opts['floor']!r}")
-
-
-def _impulse(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
-    opts = check_options("impulse", options, _DEFAULTS)
-    _check(opts)
+def _impulse(model: nn.Module, generator: torch.Generator, opts: RelBiasImpulseOptions) -> InitResult:
     carriers = bias_carriers(model)
     layers = max(i for users, _ in carriers for i in users) + 1
     offsets: list[list[tuple[int, int]] | None] = [None] * layers
@@ -270,11 +266,11 @@ def _impulse(model: nn.Module, generator: torch.Generator, options: dict[str, An
                          "relative position bias; a partial impulse init is not supported")
     notes = []
     for users, carrier in carriers:  # everything is validated: from here on, write
-        head_offsets = impulse_offsets(carrier.heads, opts["kernel_size"], opts["offsets"], generator=generator)
+        head_offsets = impulse_offsets(carrier.heads, opts.kernel_size, opts.offsets, generator=generator)
         for i in users:
             offsets[i] = head_offsets
         keys = carrier.window[0] * carrier.window[1] + carrier.prefix
-        c = float(opts["bias"]) if opts["bias"] is not None else _bias_for(float(opts["target_mass"]), keys)
+        c = float(opts.bias) if opts.bias is not None else _bias_for(float(opts.target_mass), keys)
         on, misfit = target_rows(carrier, head_offsets)
         if misfit:
             notes.append(f"{carrier.name}: window {carrier.window} cannot hold the offsets of heads {misfit}; flat")
@@ -282,13 +278,13 @@ def _impulse(model: nn.Module, generator: torch.Generator, options: dict[str, An
             write_full_(carrier.table, on.double() * c)
             notes.append(f"{carrier.name}: table, window {carrier.window[0]}x{carrier.window[1]}, bias c={c:.4f}")
             continue
-        notes.append(_write_mlp(carrier, on, c, float(opts["floor"]), generator))
+        notes.append(_write_mlp(carrier, on, c, float(opts.floor), generator))
         if carrier.logit_scale is not None:
             write_full_(carrier.logit_scale, torch.full(tuple(carrier.logit_scale.shape),
-                                                        math.log(float(opts["logit_scale"]))))
+                                                        math.log(float(opts.logit_scale))))
     if any(c.logit_scale is not None for _, c in carriers):
-        notes.append(f"cosine attention: logit_scale set to ln({float(opts['logit_scale'])})")
-    return InitResult(options=opts, offsets=[list(o) for o in offsets], notes=notes)
+        notes.append(f"cosine attention: logit_scale set to ln({float(opts.logit_scale)})")
+    return InitResult(options=as_dict(opts), offsets=[list(o) for o in offsets], notes=notes)
 
 
 def _write_mlp(carrier: Carrier, on: torch.Tensor, c: float, floor: float, generator: torch.Generator) -> str:
@@ -328,18 +324,18 @@ def _write_mlp(carrier: Carrier, on: torch.Tensor, c: float, floor: float, gener
             f"{min(margins) if margins else float('nan'):.3f}")
 
 
-@register("impulse", family="relbias", matches=is_relbias_vit)
-def impulse_relbias(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+@register("impulse", family="relbias", matches=is_relbias_vit, options=RelBiasImpulseOptions)
+def impulse_relbias(model: nn.Module, generator: torch.Generator, options: RelBiasImpulseOptions) -> InitResult:
     """Impulse relative-position bias for BEiT / ``VisionTransformerRelPos`` (see the module docstring).
 
-    Options: ``target_mass`` 0.75, ``bias`` None (fixed ``c``), ``kernel_size`` 3 | 5, ``offsets`` "fixed" |
-    "random", ``logit_scale`` (Swin v2 only), ``floor`` (``16·sigmoid`` MLPs only).
+    Options (:class:`RelBiasImpulseOptions`): ``target_mass`` 0.75, ``bias`` None (fixed ``c``), ``kernel_size`` 3 |
+    5, ``offsets`` "fixed" | "random", ``logit_scale`` (Swin v2 only), ``floor`` (``16·sigmoid`` MLPs only).
     """
     return _impulse(model, generator, options)
 
 
-@register("impulse", family="swinv2", matches=is_swinv2)
-def impulse_swinv2(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+@register("impulse", family="swinv2", matches=is_swinv2, options=RelBiasImpulseOptions)
+def impulse_swinv2(model: nn.Module, generator: torch.Generator, options: RelBiasImpulseOptions) -> InitResult:
     """Impulse continuous position bias for Swin v2 / v2-CR (least-squares last MLP layer; ``logit_scale``)."""
     return _impulse(model, generator, options)
 

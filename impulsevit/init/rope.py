@@ -27,18 +27,20 @@ grouped-query attention with fewer K heads, rope applied to a token count that i
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from impulsevit.init.api import InitResult, check_options, read_full, register, write_full_
+from impulsevit.init.api import InitResult, read_full, register, write_full_
 from impulsevit.init.baselines import torch_default_fills, write_values
 from impulsevit.init.capture import captured_attention
 from impulsevit.init.diagnostics import AttentionMaps, register_attention_maps
 from impulsevit.init.impulse import impulse_offsets
 from impulsevit.init.kinds import is_rope_vit
+from impulsevit.init.options import OPEN, TargetMassOptions, as_dict
 
 __all__ = ["is_rope_vit", "rope_rotations", "phase_weights", "rope_plan"]
 
@@ -205,12 +207,17 @@ def _attention_parts(name: str, index: int, blk: nn.Module) -> dict[str, Any]:
             "half": bool(getattr(attn, "rotate_half", False))}
 
 
-_DEFAULTS: dict[str, Any] = {"target_mass": 0.75, "kernel_size": 3, "offsets": "fixed", "flip_phase": False,
-                             "base": "model"}
+@dataclasses.dataclass(frozen=True)
+class RopeImpulseOptions(TargetMassOptions):
+    """``impulse`` on rotary ViTs: ``target_mass``, ``kernel_size``, ``offsets``, ``flip_phase`` and ``base`` (see
+    :func:`impulse_rope`)."""
+
+    flip_phase: bool = False
+    base: Literal["model", "torch"] = "model"
 
 
-@register("impulse", family="rope", matches=is_rope_vit)
-def impulse_rope(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+@register("impulse", family="rope", matches=is_rope_vit, options=RopeImpulseOptions)
+def impulse_rope(model: nn.Module, generator: torch.Generator, options: RopeImpulseOptions) -> InitResult:
     """Coherent-phase rotary impulse (see the module docstring).
 
     Options: ``target_mass`` 0.75 (share on the target of an interior query when content is ignored), ``kernel_size``
@@ -221,18 +228,11 @@ def impulse_rope(model: nn.Module, generator: torch.Generator, options: dict[str
     ``weight_init='skip'``, i.e. constructor init, and changes only the attention). Opt-in: measured in
     ``docs/results.md`` before it can become a default.
     """
-    opts = check_options("impulse", options, _DEFAULTS)
-    if opts["base"] not in ("model", "torch"):
-        raise ValueError(f"impulse (rope): base must be 'model' or 'torch', got {opts['base']!r}")
-    if opts["base"] == "torch":
+    opts = options
+    if opts.base == "torch":
         values, _ = torch_default_fills(model, generator)
         write_values(model, values)
-    m = float(opts["target_mass"])
-    if not 0.0 < m < 1.0:
-        raise ValueError(f"impulse (rope): target_mass must be in (0, 1), got {m}")
-    if opts["kernel_size"] not in (3, 5) or opts["offsets"] not in ("fixed", "random"):
-        raise ValueError("impulse (rope): kernel_size must be 3 or 5 and offsets 'fixed' or 'random', got "
-                         f"{opts['kernel_size']!r}, {opts['offsets']!r}")
+    m = float(opts.target_mass)
     name = type(model).__name__
     parts = [_attention_parts(name, i, blk) for i, blk in enumerate(model.blocks)]
     ropes = _captured_ropes(model)
@@ -246,13 +246,13 @@ def impulse_rope(model: nn.Module, generator: torch.Generator, options: dict[str
     cache: dict[tuple, list] = {}
     for index, (part, rope) in enumerate(zip(parts, ropes)):
         d, heads = part["head_dim"], part["heads"]
-        head_offsets = impulse_offsets(heads, opts["kernel_size"], opts["offsets"], generator=generator)
+        head_offsets = impulse_offsets(heads, opts.kernel_size, opts.offsets, generator=generator)
         key = (rope.data_ptr(), tuple(rope.shape), tuple(head_offsets))
         if key not in cache or rope.dim() > 2:
             rot = rope_rotations(rope.squeeze(0) if rope.dim() == 4 else rope, d, part["half"])
             if rot.shape[0] not in (1, heads):
                 raise ValueError(f"{name}: block {index} rope has {rot.shape[0]} head rotations for {heads} heads")
-            cache[key] = rope_plan(rot, grid, head_offsets, flip=bool(opts["flip_phase"]))
+            cache[key] = rope_plan(rot, grid, head_offsets, flip=bool(opts.flip_phase))
         plans = cache[key]
         dim = part["norm"].normalized_shape[0]
         u = torch.full((dim,), 1 / math.sqrt(dim), dtype=torch.float64)
@@ -282,14 +282,15 @@ def impulse_rope(model: nn.Module, generator: torch.Generator, options: dict[str
         margins.extend(p[2] for p in plans)
     notes.append(f"coherent rotary phases: c={c:.4f}, per-head frequency margin M min {min(margins):.4f} / max "
                  f"{max(margins):.4f} (gain² = c / (scale·M)); constant carried by norm1.bias along 1/√D")
-    if opts["flip_phase"]:
+    if opts.flip_phase:
         notes.append("flip_phase=True: phase sign flipped, each head peaks at the OPPOSITE offset (negative control)")
-    return InitResult(options=opts, offsets=offsets, notes=notes)
+    return InitResult(options=as_dict(opts), offsets=offsets, notes=notes)
 
 
-@register("mimetic", family="rope", matches=is_rope_vit)
+@register("mimetic", family="rope", matches=is_rope_vit, options=OPEN)
 def mimetic_rope(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
-    """Refuses: mimetic's ``W_qᵀ W_k ≈ αZ + βI`` assumes unrotated Q/K (one-line ``ValueError``)."""
+    """Refuses: mimetic's ``W_qᵀ W_k ≈ αZ + βI`` assumes unrotated Q/K (one-line ``ValueError``, whatever the
+    options: the refusal is the answer)."""
     raise ValueError(f"{type(model).__name__} uses rotary position embeddings: mimetic's W_q^T W_k ~ aZ + bI is "
                      "defined for unrotated Q/K and is not derived for RoPE; use impulse, torch or timm")
 

@@ -34,9 +34,10 @@ import torch
 from torch import nn
 
 from impulsevit._compat.timm import swin_relative_position_bias
-from impulsevit.init.api import InitResult, check_options, read_full, register, write_full_
+from impulsevit.init.api import InitResult, read_full, register, write_full_
 from impulsevit.init.diagnostics import AttentionMaps, register_attention_maps
 from impulsevit.init.impulse import impulse_offsets, mimetic_qk_factors, value_proj_factors
+from impulsevit.init.options import BiasImpulseOptions, MimeticOptions, as_dict
 
 __all__ = [
     "is_swin",
@@ -113,11 +114,8 @@ def _bias_for(target_mass: float, window_area: int) -> float:
     return math.log(target_mass * (window_area - 1) / (1.0 - target_mass))
 
 
-_IMPULSE_DEFAULTS: dict[str, Any] = {"target_mass": 0.75, "bias": None, "kernel_size": 3, "offsets": "fixed"}
-
-
-@register("impulse", family="swin", matches=is_swin)
-def impulse_swin(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+@register("impulse", family="swin", matches=is_swin, options=BiasImpulseOptions)
+def impulse_swin(model: nn.Module, generator: torch.Generator, options: BiasImpulseOptions) -> InitResult:
     """Impulse relative-position bias for every Swin block; Q/K/V untouched.
 
     Options:
@@ -128,15 +126,8 @@ def impulse_swin(model: nn.Module, generator: torch.Generator, options: dict[str
         offsets: ``"fixed"`` (default; no randomness) or ``"random"`` (per block and head, with replacement, from the
             generator, as in the earlier release — docs/method.md §3).
     """
-    opts = check_options("impulse", options, _IMPULSE_DEFAULTS)
-    target_mass = float(opts["target_mass"])
-    if not 0.0 < target_mass < 1.0:
-        raise ValueError(f"impulse (swin): target_mass must be in (0, 1), got {target_mass}")
-    if opts["bias"] is not None and not math.isfinite(float(opts["bias"])):
-        raise ValueError(f"impulse (swin): bias must be a finite float, got {opts['bias']!r}")
-    if opts["kernel_size"] not in (3, 5) or opts["offsets"] not in ("fixed", "random"):
-        raise ValueError(f"impulse (swin): kernel_size must be 3 or 5 and offsets 'fixed' or 'random', got "
-                         f"{opts['kernel_size']!r}, {opts['offsets']!r}")
+    opts = options
+    target_mass = float(opts.target_mass)
     blocks = swin_blocks(model)
     plans, offsets, notes = [], [], []
     for name, blk in blocks:
@@ -149,11 +140,11 @@ def impulse_swin(model: nn.Module, generator: torch.Generator, options: dict[str
                 f"{type(model).__name__}: block {name!r} relative_position_bias_table has shape {table_shape}, "
                 f"expected ({(2 * wh - 1) * (2 * ww - 1)}, {heads}) for window {wh}x{ww}"
             )
-        head_offsets = impulse_offsets(heads, opts["kernel_size"], opts["offsets"], generator=generator)
+        head_offsets = impulse_offsets(heads, opts.kernel_size, opts.offsets, generator=generator)
         if wh * ww < 2:
             bias = 0.0
         else:
-            bias = float(opts["bias"]) if opts["bias"] is not None else _bias_for(target_mass, wh * ww)
+            bias = float(opts.bias) if opts.bias is not None else _bias_for(target_mass, wh * ww)
         table, misfit = impulse_bias_table(read_full(attn.relative_position_index), (wh, ww), head_offsets, bias)
         if misfit:
             notes.append(f"{name}: window {wh}x{ww} cannot hold the offsets of heads {misfit}; their bias stays flat")
@@ -162,16 +153,11 @@ def impulse_swin(model: nn.Module, generator: torch.Generator, options: dict[str
         notes.append(f"{name}: window {wh}x{ww}, shift {tuple(blk.shift_size)}, bias c={bias:.4f}")
     for param, table in plans:
         write_full_(param, table)
-    return InitResult(options=opts, offsets=offsets, notes=notes)
+    return InitResult(options=as_dict(opts), offsets=offsets, notes=notes)
 
 
-_MIMETIC_DEFAULTS: dict[str, Any] = {
-    "qk_alpha": 0.7, "qk_beta": 0.7, "value": "mimetic", "value_alpha": 0.4, "value_beta": 0.4,
-}
-
-
-@register("mimetic", family="swin", matches=is_swin)
-def mimetic_swin(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+@register("mimetic", family="swin", matches=is_swin, options=MimeticOptions)
+def mimetic_swin(model: nn.Module, generator: torch.Generator, options: MimeticOptions) -> InitResult:
     """Mimetic Q/K per head (and V/proj per block) for every Swin block; option names as for ViT.
 
     Options:
@@ -180,9 +166,7 @@ def mimetic_swin(model: nn.Module, generator: torch.Generator, options: dict[str
             (needs ``heads·head_dim == dim``); ``"default"``: leave V/proj as they are.
         value_alpha, value_beta: default 0.4, 0.4.
     """
-    opts = check_options("mimetic", options, _MIMETIC_DEFAULTS)
-    if opts["value"] not in ("mimetic", "default"):
-        raise ValueError(f"mimetic (swin): value must be 'mimetic' or 'default', got {opts['value']!r}")
+    opts = options
     blocks = swin_blocks(model)
     shapes = []
     for name, blk in blocks:
@@ -193,7 +177,7 @@ def mimetic_swin(model: nn.Module, generator: torch.Generator, options: dict[str
         if attn.qkv.out_features != 3 * attn_dim or attn_dim % heads:
             raise ValueError(f"{type(model).__name__}: block {name!r} qkv has {attn.qkv.out_features} rows, "
                              f"expected 3·heads·head_dim")
-        if opts["value"] == "mimetic" and attn_dim != dim:
+        if opts.value == "mimetic" and attn_dim != dim:
             raise ValueError(f"{type(model).__name__}: block {name!r} has heads·head_dim={attn_dim} != dim={dim}; "
                              "mimetic V/proj needs them equal (pass value='default')")
         shapes.append((dim, heads, attn_dim // heads))
@@ -201,19 +185,19 @@ def mimetic_swin(model: nn.Module, generator: torch.Generator, options: dict[str
     for (_, blk), (dim, heads, head_dim) in zip(blocks, shapes):
         width = heads * head_dim
         qkv = read_full(blk.attn.qkv.weight).detach().to(torch.float64).clone()
-        wq, wk, _ = mimetic_qk_factors(dim, heads, head_dim, generator, float(opts["qk_alpha"]), float(opts["qk_beta"]))
+        wq, wk, _ = mimetic_qk_factors(dim, heads, head_dim, generator, float(opts.qk_alpha), float(opts.qk_beta))
         qkv[:width] = wq.reshape(width, dim)
         qkv[width : 2 * width] = wk.reshape(width, dim)
         proj = None
-        if opts["value"] == "mimetic":
-            wv, proj, _ = value_proj_factors(dim, generator, float(opts["value_alpha"]), float(opts["value_beta"]))
+        if opts.value == "mimetic":
+            wv, proj, _ = value_proj_factors(dim, generator, float(opts.value_alpha), float(opts.value_beta))
             qkv[2 * width :] = wv
         writes.append((blk.attn, qkv, proj))
     for attn, qkv, proj in writes:
         write_full_(attn.qkv.weight, qkv)
         if proj is not None:
             write_full_(attn.proj.weight, proj)
-    return InitResult(options=opts, notes=[f"{len(blocks)} Swin blocks"])
+    return InitResult(options=as_dict(opts), notes=[f"{len(blocks)} Swin blocks"])
 
 
 # ---------------------------------------------------------------------------------------------------- diagnostics

@@ -15,17 +15,18 @@ import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch import nn
 
 from impulsevit.init import impulse
-from impulsevit.init.api import InitResult, check_options, read_full, register
+from impulsevit.init.api import InitResult, read_full, register
 from impulsevit.init.baselines import Value, as_tensor, torch_default_fills, write_values
 from impulsevit.init.kinds import is_relbias_vit, is_rope_vit
+from impulsevit.init.options import MimeticOptions, OffsetOptions, as_dict, check_range
 
-__all__ = ["VitLayout", "vit_layout", "is_vit", "IMPULSE_DEFAULTS", "MIMETIC_DEFAULTS", "patch_pseudo_input"]
+__all__ = ["VitLayout", "vit_layout", "is_vit", "VitImpulseOptions", "VitMimeticOptions", "patch_pseudo_input"]
 
 
 @dataclasses.dataclass
@@ -188,66 +189,48 @@ def vit_layout(model: nn.Module, *, need_pos_embed: bool, grid: Sequence[int] | 
     return VitLayout(name, attn_names, attns, dim, h, d, token_grid, pos_name, patch_rows, num_prefix)
 
 
-IMPULSE_DEFAULTS: dict[str, Any] = {
-    "kernel_size": 3,
-    "offsets": "fixed",
-    "replacement": True,
-    "offsets_per_layer": False,
-    "boundary": "zero",
-    "gain_pos": 18.0,
-    "gain_qk": 7.0,
-    "gain_v": 1.0,
-    "value": "mimetic",
-    "value_alpha": 0.4,
-    "value_beta": 0.4,
-    "on_value": 1000.0,
-    "noise_scale": 3.0,
-    "noise_std": 0.6,
-    "noise_clip": 2.0,
-    "rank_rtol": 1e-5,
-    "qk_normalize": "frobenius",
-    "target_logit": 10.0,
-    "base": "torch",
-    "grid": None,
-}
-"""Defaults of ``impulse`` = the released algorithm (``docs/method.md`` §2); see ``impulsevit/init/README.md``."""
+@dataclasses.dataclass(frozen=True)
+class VitImpulseOptions(OffsetOptions):
+    """Options of ``impulse`` on a ViT; the defaults are the released algorithm (``impulsevit/init/README.md`` has
+    the card: what each option changes and which were measured). Every float is >= 0."""
 
-MIMETIC_DEFAULTS: dict[str, Any] = {
-    "qk_alpha": 0.7,
-    "qk_beta": 0.7,
-    "value": "mimetic",
-    "value_alpha": 0.4,
-    "value_beta": 0.4,
-    "value_layout": "released",
-    "base": "torch",
-}
-"""Defaults of ``mimetic`` (``docs/method.md`` §5.1)."""
+    replacement: bool = True
+    offsets_per_layer: bool = False
+    boundary: Literal["zero", "circular"] = "zero"
+    gain_pos: float = 18.0
+    gain_qk: float = 7.0
+    gain_v: float = 1.0
+    value: Literal["mimetic", "default"] = "mimetic"
+    value_alpha: float = 0.4
+    value_beta: float = 0.4
+    on_value: float = 1000.0
+    noise_scale: float = 3.0
+    noise_std: float = 0.6
+    noise_clip: float = 2.0
+    rank_rtol: float = 1e-5
+    qk_normalize: Literal["frobenius", "logit"] = "frobenius"
+    target_logit: float = 10.0
+    base: Literal["torch", "keep"] = "torch"
+    grid: tuple[int, int] | None = None
 
-_CHOICES = {
-    "offsets": ("fixed", "random"),
-    "boundary": ("zero", "circular"),
-    "value": ("mimetic", "default"),
-    "value_layout": ("row", "released"),
-    "qk_normalize": ("frobenius", "logit"),
-    "base": ("torch", "keep"),
-    "kernel_size": (3, 5),
-}
+    def __post_init__(self) -> None:
+        _non_negative_floats(self)
 
 
-def _validate(method: str, opts: dict[str, Any], defaults: dict[str, Any]) -> None:
-    for key, value in opts.items():
-        if key == "grid":
-            continue
-        expected = type(defaults[key])
-        ok = isinstance(value, expected) or (expected is float and isinstance(value, int))
-        if isinstance(value, bool) and expected is not bool:
-            ok = False
-        if not ok:
-            raise TypeError(f"option {key!r} of init method {method!r} must be {expected.__name__}, got {value!r}")
-        if key in _CHOICES and value not in _CHOICES[key]:
-            raise ValueError(f"option {key!r} of init method {method!r} must be one of {_CHOICES[key]}, got {value!r}")
-        if expected is float and float(value) < 0:
-            raise ValueError(f"option {key!r} of init method {method!r} must be >= 0, got {value!r}")
+@dataclasses.dataclass(frozen=True)
+class VitMimeticOptions(MimeticOptions):
+    """Options of ``mimetic`` on a ViT: the shared mimetic ones plus ``value_layout`` (how the value/proj factors
+    are written: ``"released"`` as the released mimetic mode, ``"row"`` the row convention) and ``base``."""
+
+    value_layout: Literal["row", "released"] = "released"
+    base: Literal["torch", "keep"] = "torch"
+
+
+def _non_negative_floats(options: object) -> None:
+    """Every ``float`` field of ``options`` >= 0 (``ValueError`` naming the first that is not)."""
+    for field in dataclasses.fields(options):  # type: ignore[arg-type]
+        if field.type in (float, "float"):
+            check_range(field.name, getattr(options, field.name), 0.0)
 
 
 def patch_pseudo_input(pos_embed: torch.Tensor, rows: slice, eps: float = 1e-5) -> torch.Tensor:
@@ -389,7 +372,8 @@ def _impulse_pos_embed(
     return pos, notes
 
 
-def _pseudo_input_notes(pseudo: impulse.PseudoInput, num_tokens: int, head_dim: int, opts: dict[str, Any]) -> list[str]:
+def _pseudo_input_notes(pseudo: impulse.PseudoInput, num_tokens: int, head_dim: int,
+                        opts: VitImpulseOptions) -> list[str]:
     """Notes on the rank the Q/K solve runs at (below ``head_dim``: too few tokens, or a rank-deficient pseudo-input)
     and on the Q/K scale rule (the Frobenius rule on a rank-deficient pseudo-input; the logit rule)."""
     n, d = num_tokens, head_dim
@@ -402,20 +386,20 @@ def _pseudo_input_notes(pseudo: impulse.PseudoInput, num_tokens: int, head_dim: 
         else:
             notes.append(
                 f"rank-deficient pseudo-input (numerical rank {pseudo.numerical_rank} < min(N={n}, head_dim={d}) at "
-                f"rtol {opts['rank_rtol']:g}, e.g. a sin-cos table): solved at rank {pseudo.rank}"
+                f"rtol {opts.rank_rtol:g}, e.g. a sin-cos table): solved at rank {pseudo.rank}"
             )
-    if opts["qk_normalize"] == "frobenius" and pseudo.numerical_rank < min(n, d):
+    if opts.qk_normalize == "frobenius" and pseudo.numerical_rank < min(n, d):
         notes.append(
             "the released Frobenius scale collapses the logits on a numerically rank-deficient pseudo-input (near-"
             "uniform attention); qk_normalize='logit' is the opt-in alternative (see the method card)"
         )
-    if opts["qk_normalize"] == "logit":
-        notes.append(f"Q/K scaled so the mean target logit is {opts['target_logit']:g} (not ‖W‖_F = gain_qk)")
+    if opts.qk_normalize == "logit":
+        notes.append(f"Q/K scaled so the mean target logit is {opts.target_logit:g} (not ‖W‖_F = gain_qk)")
     return notes
 
 
 def _draw_and_solve_layers(
-    layout: VitLayout, generator: torch.Generator, pseudo: impulse.PseudoInput, opts: dict[str, Any]
+    layout: VitLayout, generator: torch.Generator, pseudo: impulse.PseudoInput, opts: VitImpulseOptions
 ) -> tuple[list[list[impulse.Offset]], list[impulse.QKSolution], list[tuple[torch.Tensor, torch.Tensor]]]:
     """Every random draw of the layers, on this thread in the documented order, and their solves on
     :func:`solver_threads`.
@@ -433,19 +417,19 @@ def _draw_and_solve_layers(
 
     def draw_offsets() -> list[impulse.Offset]:
         return impulse.impulse_offsets(
-            layout.num_heads, opts["kernel_size"], opts["offsets"], generator=generator, replacement=opts["replacement"]
+            layout.num_heads, opts.kernel_size, opts.offsets, generator=generator, replacement=opts.replacement
         )
 
     def solve(offsets: list[impulse.Offset], noise: torch.Tensor) -> impulse.QKSolution:
         return impulse.solve_qk(
             pseudo, H, W, offsets, noise, layout.head_dim,
-            on_value=opts["on_value"], noise_scale=opts["noise_scale"], boundary=opts["boundary"],
-            gain=opts["gain_qk"], normalize=opts["qk_normalize"], target_logit=opts["target_logit"],
+            on_value=opts.on_value, noise_scale=opts.noise_scale, boundary=opts.boundary,
+            gain=opts.gain_qk, normalize=opts.qk_normalize, target_logit=opts.target_logit,
             dtype=torch.float32,
         )  # fmt: skip
 
     shared = draw_offsets()
-    redraw = opts["offsets_per_layer"] and opts["offsets"] == "random"
+    redraw = opts.offsets_per_layer and opts.offsets == "random"
     layer_offsets: list[list[impulse.Offset]] = []
     with solver_threads() as submit:
         value_futures, qk_futures = [], []
@@ -453,41 +437,40 @@ def _draw_and_solve_layers(
             offsets = draw_offsets() if (redraw and layer) else shared
             layer_offsets.append(offsets)
             noise = impulse.draw_noise(
-                layout.num_heads, H * W, generator, std=opts["noise_std"], clip=opts["noise_clip"]
+                layout.num_heads, H * W, generator, std=opts.noise_std, clip=opts.noise_clip
             )
-            if opts["value"] == "mimetic":
-                value_matrix = impulse.draw_value_matrix(layout.dim, generator, opts["value_alpha"], opts["value_beta"])
-                value_futures.append(submit(functools.partial(_value_proj, value_matrix, opts["gain_v"])))
+            if opts.value == "mimetic":
+                value_matrix = impulse.draw_value_matrix(layout.dim, generator, opts.value_alpha, opts.value_beta)
+                value_futures.append(submit(functools.partial(_value_proj, value_matrix, opts.gain_v)))
             qk_futures.append(submit(functools.partial(solve, offsets, noise)))
         value_projs = [f.result() for f in value_futures]
         qk_solutions = [f.result() for f in qk_futures]
     return layer_offsets, qk_solutions, value_projs
 
 
-@register("impulse", family="vit", matches=is_vit)
-def impulse_vit(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+@register("impulse", family="vit", matches=is_vit, options=VitImpulseOptions)
+def impulse_vit(model: nn.Module, generator: torch.Generator, options: VitImpulseOptions) -> InitResult:
     """Impulse init of a timm ViT (``docs/method.md`` §2 by default; options for §3 variants, see the README card).
 
     Order of random draws (all from ``generator``): ``torch`` baseline of every tensor not fully overwritten
     (``base='torch'``), random offsets (once, or per layer), then per layer: the target noise ``(h, N, N)``, then the
     value/proj matrix ``Z``.
     """
-    opts = check_options("impulse", options, IMPULSE_DEFAULTS)
-    _validate("impulse", opts, IMPULSE_DEFAULTS)
-    layout = vit_layout(model, need_pos_embed=True, grid=opts["grid"])
+    opts = options
+    layout = vit_layout(model, need_pos_embed=True, grid=opts.grid)
     H, W = layout.grid
-    if opts["kernel_size"] > min(H, W):
-        raise ValueError(f"{layout.model}: kernel_size {opts['kernel_size']} larger than the {H}x{W} token grid")
-    mimetic_value = opts["value"] == "mimetic"
+    if opts.kernel_size > min(H, W):
+        raise ValueError(f"{layout.model}: kernel_size {opts.kernel_size} larger than the {H}x{W} token grid")
+    mimetic_value = opts.value == "mimetic"
     # 1) the base init of every tensor not overwritten entirely
     values, notes = _base_values(
-        model, generator, opts["base"], _attention_weight_names(layout) if mimetic_value else set()
+        model, generator, opts.base, _attention_weight_names(layout) if mimetic_value else set()
     )
     # 2) the pseudo-input: the patch rows of the scaled pos_embed, layer-normed, factored
-    pos, pos_notes = _impulse_pos_embed(model, layout, values, opts["gain_pos"])
+    pos, pos_notes = _impulse_pos_embed(model, layout, values, opts.gain_pos)
     rows = patch_pseudo_input(pos, layout.patch_rows)
     with solver_threads() as submit:  # one intra-op thread, as every solve: the SVD's bits must not follow the count
-        pseudo = submit(lambda: impulse.factor_pseudo_input(rows, layout.head_dim, rtol=opts["rank_rtol"])).result()
+        pseudo = submit(lambda: impulse.factor_pseudo_input(rows, layout.head_dim, rtol=opts.rank_rtol)).result()
     notes += pos_notes + _pseudo_input_notes(pseudo, H * W, layout.head_dim, opts)
     if mimetic_value:
         _check_value_width(layout)
@@ -503,12 +486,12 @@ def impulse_vit(model: nn.Module, generator: torch.Generator, options: dict[str,
         )
     values[layout.pos_name] = pos
     write_values(model, values)
-    resolved = {**opts, "grid": [H, W], "rank": pseudo.rank, "qk_normalize_used": opts["qk_normalize"]}
+    resolved = {**as_dict(opts), "grid": [H, W], "rank": pseudo.rank, "qk_normalize_used": opts.qk_normalize}
     return InitResult(options=resolved, offsets=layer_offsets, notes=notes)
 
 
 def _draw_mimetic_targets(
-    layout: VitLayout, generator: torch.Generator, opts: dict[str, Any]
+    layout: VitLayout, generator: torch.Generator, opts: VitMimeticOptions
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """The random draws of ``mimetic``, per layer in this order: the ``h`` Q/K targets ``α1 Z + β1 I``
     (``(h, D, D)``), then — with ``value='mimetic'`` — the value matrix ``C = α2 Z − β2 I``.
@@ -519,11 +502,11 @@ def _draw_mimetic_targets(
     qk_targets, value_matrices = [], []
     for _ in layout.attn_names:
         qk_targets.append(
-            impulse.draw_mimetic_qk_targets(layout.dim, layout.num_heads, generator, opts["qk_alpha"], opts["qk_beta"])
+            impulse.draw_mimetic_qk_targets(layout.dim, layout.num_heads, generator, opts.qk_alpha, opts.qk_beta)
         )
-        if opts["value"] == "mimetic":
+        if opts.value == "mimetic":
             value_matrices.append(
-                impulse.draw_value_matrix(layout.dim, generator, opts["value_alpha"], opts["value_beta"])
+                impulse.draw_value_matrix(layout.dim, generator, opts.value_alpha, opts.value_beta)
             )
     return qk_targets, value_matrices
 
@@ -554,8 +537,8 @@ def _mimetic_factors(
     return head_factors, results[len(qk_targets) * num_heads :]
 
 
-@register("mimetic", family="vit", matches=is_vit)
-def mimetic_vit(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+@register("mimetic", family="vit", matches=is_vit, options=VitMimeticOptions)
+def mimetic_vit(model: nn.Module, generator: torch.Generator, options: VitMimeticOptions) -> InitResult:
     """Mimetic init of a timm ViT (``docs/method.md`` §5.1): per head ``W_qᵀW_k`` = best rank-``d`` approx of
     ``α1 Z + β1 I``; per layer the balanced factors of ``C = α2 Z − β2 I`` written as the released mimetic mode
     writes them (``value_layout='released'``: untransposed, realising ``x ↦ x (R L)ᵀ``; it beat the row-convention
@@ -564,16 +547,15 @@ def mimetic_vit(model: nn.Module, generator: torch.Generator, options: dict[str,
     Order of random draws: ``torch`` baseline (``base='torch'``), then per layer: the ``h`` Q/K matrices ``Z``, then
     the value/proj ``Z``.
     """
-    opts = check_options("mimetic", options, MIMETIC_DEFAULTS)
-    _validate("mimetic", opts, MIMETIC_DEFAULTS)
+    opts = options
     layout = vit_layout(model, need_pos_embed=False)
     if layout.head_dim > layout.dim:
         raise ValueError(
             f"{layout.model}: head_dim {layout.head_dim} > embed dim {layout.dim}; mimetic Q/K not defined"
         )
-    mimetic_value = opts["value"] == "mimetic"
+    mimetic_value = opts.value == "mimetic"
     values, notes = _base_values(
-        model, generator, opts["base"], _attention_weight_names(layout) if mimetic_value else set()
+        model, generator, opts.base, _attention_weight_names(layout) if mimetic_value else set()
     )
     if mimetic_value:
         _check_value_width(layout)
@@ -586,9 +568,9 @@ def mimetic_vit(model: nn.Module, generator: torch.Generator, options: dict[str,
         value_proj = None
         if mimetic_value:
             wv, wp = value_projs[layer]
-            if opts["value_layout"] == "released":  # the released mimetic mode writes the factors untransposed
+            if opts.value_layout == "released":  # the released mimetic mode writes the factors untransposed
                 wv, wp = wv.T.contiguous(), wp.T.contiguous()
             value_proj = (wv, wp)
         _set_attention_values(model, layout, values, attn_name, wq, wk, value_proj)
     write_values(model, values)
-    return InitResult(options=opts, notes=notes)
+    return InitResult(options=as_dict(opts), notes=notes)

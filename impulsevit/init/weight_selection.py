@@ -9,6 +9,7 @@ s))``. The classifier (``head.*`` by default) keeps the student's own init; inte
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -17,13 +18,28 @@ from typing import Any
 import torch
 from torch import nn
 
-from impulsevit.init.api import InitResult, check_options, read_full, register
+from impulsevit.init.api import InitResult, read_full, register
 from impulsevit.init.baselines import write_values
+from impulsevit.init.options import as_dict
 from impulsevit.safe_load import load_checkpoint
 
-__all__ = ["selection_indices", "select_tensor", "load_teacher_state", "weight_selection_values", "WS_DEFAULTS"]
+__all__ = ["selection_indices", "select_tensor", "load_teacher_state", "weight_selection_values",
+           "WeightSelectionOptions"]
 
-WS_DEFAULTS: dict[str, Any] = {"teacher": None, "skip": ["head."], "strict": True}
+
+@dataclasses.dataclass(frozen=True)
+class WeightSelectionOptions:
+    """Options of ``weight_selection``.
+
+    Attributes:
+        teacher: the larger model: an ``nn.Module``, a state dict or a checkpoint path (required).
+        skip: parameter-name prefixes that keep the student's own init (a string is one prefix).
+        strict: fail when a student tensor has no teacher tensor of the same name (else keep its init).
+    """
+
+    teacher: Any = None
+    skip: str | list[str] | tuple[str, ...] = ("head.",)
+    strict: bool = True
 
 
 def selection_indices(teacher_size: int, student_size: int) -> torch.Tensor:
@@ -144,20 +160,20 @@ def weight_selection_values(
     return values, notes
 
 
-@register("weight_selection", family="any", matches=lambda m: isinstance(m, nn.Module))
-def _weight_selection_any(model: nn.Module, generator: torch.Generator, options: dict[str, Any]) -> InitResult:
+@register("weight_selection", family="any", matches=lambda m: isinstance(m, nn.Module),
+          options=WeightSelectionOptions)
+def _weight_selection_any(model: nn.Module, generator: torch.Generator, options: WeightSelectionOptions) -> InitResult:
     """Weight selection from ``teacher`` (module, state dict or checkpoint path); see the module docstring."""
-    opts = check_options("weight_selection", options, WS_DEFAULTS)
-    teacher = opts["teacher"]
+    teacher = options.teacher
     if teacher is None:
         raise ValueError(f"init method 'weight_selection' on {type(model).__name__} needs the option teacher=...")
-    skip = [opts["skip"]] if isinstance(opts["skip"], str) else list(opts["skip"])
+    skip = [options.skip] if isinstance(options.skip, str) else list(options.skip)
     state = load_teacher_state(teacher)
-    values, notes = weight_selection_values(model, state, skip=skip, strict=bool(opts["strict"]))
+    values, notes = weight_selection_values(model, state, skip=skip, strict=options.strict)
     write_values(model, values)
     desc = (
         type(teacher).__name__
         if isinstance(teacher, nn.Module)
         else (os.fspath(teacher) if isinstance(teacher, str | os.PathLike) else f"state_dict({len(state)} tensors)")
     )
-    return InitResult(options={**opts, "teacher": desc, "skip": skip}, notes=notes)
+    return InitResult(options={**as_dict(options), "teacher": desc, "skip": skip}, notes=notes)

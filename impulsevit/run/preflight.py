@@ -59,7 +59,8 @@ def check_epochs(max_epochs: int | None, max_steps: int | None) -> None:
 
 
 def check_init(build_backbone: Any, backbone_name: str, method: str, options: dict[str, Any], seed: int) -> None:
-    """Fail when the built-in ``method`` does not apply to the backbone ``build_backbone()`` builds.
+    """Fail when the built-in ``method`` does not apply to the backbone ``build_backbone()`` builds, or its options
+    do not fit the options schema of the handler that would run (:func:`impulsevit.init.api.check_options_for`).
 
     ``method`` was checked to resolve already (:func:`impulsevit.init.check_init_method`, before any class was
     built); a plugin is not dry-run (it runs on the real model only). ``build_backbone`` is called under
@@ -98,6 +99,12 @@ def _check_init_on_meta(build_backbone: Any, backbone_name: str, method: str, op
         raise ConfigError(f"init method {method!r} does not apply to backbone {backbone_name!r} "
                           f"({type(model).__name__}); it supports the families {families} — choose another "
                           f"model.init.method (impulsevit/init/README.md lists which fits which)")
+    from impulsevit.init.api import check_options_for
+
+    try:  # the handler's options schema, whatever the model's size (the one check: init/options.py)
+        check_options_for(model, method, options)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"model.init.options: {exc}") from exc
     if n_params > META_DRY_RUN_PARAMS:
         return
     try:

@@ -1,7 +1,9 @@
 """What a study measured: each run's outcome read back from its ``status.json`` and TensorBoard event files, and the
 report (``report.md``: mean ± sample std per method beside the paper's numbers; ``report.png``: accuracy curves;
 ``report_attention.png`` and a table: per-layer attention locality from init to the end, from each run's
-``attention/step_*.json`` files written by ``impulsevit.callbacks.AttentionEvolution``).
+``attention/step_*.json`` files written by ``impulsevit.callbacks.AttentionEvolution``; x is the epoch each record
+names, 0 = init, and every point is the mean over the runs that recorded that epoch, so the table's "end" is the
+figure's last point).
 
 Metrics: ``val/acc1`` per validation (one point per epoch), ``test/acc1`` when a test was run. "final" = the last
 validation, "best" = the maximum over epochs. Not supported: runs that log no ``val/acc1`` (reported as failed).
@@ -17,7 +19,8 @@ from pathlib import Path
 
 from impulsevit.io import atomic_write_bytes, atomic_write_text, read_json
 
-__all__ = ["RunResult", "read_attention", "read_scalars", "collect", "render_report", "write_report"]
+__all__ = ["RunResult", "attention_by_epoch", "point_epoch", "read_attention", "read_scalars", "collect",
+           "render_report", "write_report"]
 
 ATTENTION_METRICS = ("distance", "offset_mass")  # what the report plots and tabulates, per layer
 ATTENTION_SOURCE = "images"
@@ -36,21 +39,52 @@ class RunResult:
     test: float | None = None
     curve: list[float] = dataclasses.field(default_factory=list)
     detail: str = ""
-    attention: dict[str, list[list[float]]] = dataclasses.field(default_factory=dict)
-    """Per metric, per logged point (init first, then epochs) the per-layer means over heads (probe images)."""
+    attention: dict[str, dict[int, list[float]]] = dataclasses.field(default_factory=dict)
+    """Per metric, per recorded epoch (0 = init, N = after epoch N; ascending) the per-layer means over heads (probe
+    images)."""
 
 
-def read_attention(run_dir: Path, source: str = ATTENTION_SOURCE) -> dict[str, list[list[float]]]:
-    """Per metric, the per-layer means of every ``<run_dir>/attention/step_*.json`` in step order (``{}`` when the
-    run recorded none)."""
-    out: dict[str, list[list[float]]] = {}
+def point_epoch(record: dict) -> int:
+    """The epoch an ``AttentionEvolution`` record describes: 0 for ``"init"``, N for ``"epoch_N"`` (after N finished
+    epochs); a record without a readable ``point`` falls back to its 0-based ``epoch`` + 1 (0 at step 0)."""
+    point = str(record.get("point", ""))
+    if point == "init":
+        return 0
+    if point.startswith("epoch_") and point[6:].isdigit():
+        return int(point[6:])
+    return 0 if int(record.get("step", 0)) == 0 else int(record.get("epoch", 0)) + 1
+
+
+def read_attention(run_dir: Path, source: str = ATTENTION_SOURCE) -> dict[str, dict[int, list[float]]]:
+    """Per metric, per epoch (:func:`point_epoch`, ascending) the per-layer means of ``<run_dir>/attention/
+    step_*.json`` (``{}`` when the run recorded none). One record per epoch: when a resumed run left two records of the
+    same epoch at different steps, the one at the larger step (the later life's) is used."""
+    chosen: dict[int, tuple[int, dict]] = {}  # epoch -> (step, means)
     for f in sorted((run_dir / "attention").glob("step_*.json")):
-        data = read_json(f).get("sources", {}).get(source)
+        record = read_json(f)
+        data = record.get("sources", {}).get(source)
         if data is None:
             continue
-        for metric, per_layer in data["means"].items():
-            out.setdefault(metric, []).append([float(v) for v in per_layer])
+        epoch, step = point_epoch(record), int(record.get("step", 0))
+        if epoch not in chosen or step >= chosen[epoch][0]:
+            chosen[epoch] = (step, data["means"])
+    out: dict[str, dict[int, list[float]]] = {}
+    for epoch in sorted(chosen):
+        for metric, per_layer in chosen[epoch][1].items():
+            out.setdefault(metric, {})[epoch] = [float(v) for v in per_layer]
     return out
+
+
+def attention_by_epoch(series: list[dict[int, list[float]]], layer: int) -> dict[int, list[float]]:
+    """Per epoch (ascending) recorded by any of the runs in ``series`` (one ``{epoch: per-layer values}`` per run),
+    the values of ``layer`` from the runs that recorded that epoch (nan values and runs without the layer left out;
+    an epoch with none left is dropped). What the attention figure draws and the table's columns read."""
+    out: dict[int, list[float]] = {}
+    for run in series:
+        for epoch, per_layer in run.items():
+            if layer < len(per_layer) and per_layer[layer] == per_layer[layer]:
+                out.setdefault(epoch, []).append(float(per_layer[layer]))
+    return {e: out[e] for e in sorted(out)}
 
 
 def read_scalars(run_dir: Path) -> dict[str, list[float]]:
@@ -135,30 +169,53 @@ def render_report(study_name: str, plan: dict, results: list[RunResult], paper: 
     return "\n".join(lines)
 
 
+def _attention_runs(results: list[RunResult]) -> list[RunResult]:
+    """The finished runs that recorded every metric of :data:`ATTENTION_METRICS` (the figure's and the table's)."""
+    return [r for r in results if r.state == "done" and all(r.attention.get(m) for m in ATTENTION_METRICS)]
+
+
+def _num_layers(runs: list[RunResult]) -> int:
+    return max(len(v) for r in runs for v in r.attention[ATTENTION_METRICS[0]].values())
+
+
 def _attention_table(results: list[RunResult], methods: list[str]) -> list[str]:
-    """Markdown: per method and layer, each of :data:`ATTENTION_METRICS` at init and at the end (mean ± std over the
-    finished runs that recorded it); empty when no run did."""
-    done = [r for r in results if r.state == "done" and r.attention]
+    """Markdown: per method and layer, each of :data:`ATTENTION_METRICS` at init (epoch 0) and at the end — the
+    method's last recorded epoch, the figure's last point —, mean ± std over the finished runs that recorded that
+    epoch (the text names the epoch and how many runs); empty when no run recorded attention."""
+    done = _attention_runs(results)
     if not done:
         return []
-    layers = max(len(r.attention[ATTENTION_METRICS[0]][0]) for r in done if r.attention.get(ATTENTION_METRICS[0]))
+    layers = _num_layers(done)
     head = " | ".join(f"{m} init → end" for m in ATTENTION_METRICS)
+    ends = []
+    for m in methods:
+        runs = [r for r in done if r.method == m]
+        if runs:
+            epochs = attention_by_epoch([r.attention[ATTENTION_METRICS[0]] for r in runs], 0)
+            first, last = min(epochs), max(epochs)
+            ends.append(f"{m}: {'init' if first == 0 else f'epoch {first}'} ({len(epochs[first])} of {len(runs)} "
+                        f"runs) → epoch {last} ({len(epochs[last])} of {len(runs)} runs)")
     lines = ["## Attention locality", "",
              "Per layer, on the fixed probe images: mean attention distance (patches) and the attention mass on each "
              "head's reference offset (its initial impulse offset; for methods without one, its best one-tap offset "
-             "at init), mean over heads, then mean ± std over seeds.", "",
+             "at init), mean over heads, then mean ± std over the seeds that recorded that epoch. init = epoch 0, "
+             "end = the method's last recorded epoch, the last point of its curves in the figure: "
+             + "; ".join(ends) + ".", "",
              f"| method | layer | {head} |", "|---|---|" + "---|" * len(ATTENTION_METRICS)]
     for m in methods:
         runs = [r for r in done if r.method == m]
+        if not runs:
+            continue
         for li in range(layers):
             cells = []
             for metric in ATTENTION_METRICS:
-                series = [r.attention.get(metric, []) for r in runs]
-                first = [x[0][li] for x in series if x and li < len(x[0])]
-                last = [x[-1][li] for x in series if x and li < len(x[-1])]
+                by_epoch = attention_by_epoch([r.attention[metric] for r in runs], li)
+                if not by_epoch:
+                    cells.append("– → –")
+                    continue
+                first, last = by_epoch[min(by_epoch)], by_epoch[max(by_epoch)]
                 cells.append(f"{_mean_std(first, 3)} → {_mean_std(last, 3)}")
-            if runs:
-                lines.append(f"| {m} | {li} | {' | '.join(cells)} |")
+            lines.append(f"| {m} | {li} | {' | '.join(cells)} |")
     lines += ["", "![attention locality per layer over training](report_attention.png)", ""]
     return lines
 
@@ -194,42 +251,41 @@ def render_plot(results: list[RunResult]) -> bytes:
 
 
 def render_attention_plot(results: list[RunResult]) -> bytes | None:
-    """PNG: one row per metric of :data:`ATTENTION_METRICS`, one column per layer, x = logged point (0 = init, then
-    the logged epochs); per method the mean over its finished runs ± one sample std (shaded). ``None`` when no run
-    recorded attention."""
+    """PNG: one row per metric of :data:`ATTENTION_METRICS`, one column per layer, x = the epoch each record names
+    (0 = init); per method, at every epoch any of its finished runs recorded, the mean over the runs that recorded it
+    ± one sample std (shaded; 0 for one run) — :func:`attention_by_epoch`, as the table. ``None`` when no run recorded
+    attention."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    done = [r for r in results if r.state == "done" and all(r.attention.get(m) for m in ATTENTION_METRICS)]
+    done = _attention_runs(results)
     if not done:
         return None
-    layers = max(len(r.attention[ATTENTION_METRICS[0]][0]) for r in done)
+    layers = _num_layers(done)
     fig, axes = plt.subplots(len(ATTENTION_METRICS), layers, figsize=(2.6 * layers + 1, 2.4 * len(ATTENTION_METRICS)),
                              dpi=110, squeeze=False)
     for mi, metric in enumerate(ATTENTION_METRICS):
         for li in range(layers):
             ax = axes[mi][li]
             for m in dict.fromkeys(r.method for r in done):
-                series = [r.attention[metric] for r in done if r.method == m]
-                # every run to its own last point (as the table's "end"): a run with fewer logged points (e.g. one
-                # whose record at a step was not written) is NaN-padded instead of cutting the others short
-                n = max(len(x) for x in series)
-                arr = np.array([[x[i][li] if i < len(x) and li < len(x[i]) else np.nan for i in range(n)]
-                                for x in series])
-                cols = [arr[:, i][~np.isnan(arr[:, i])] for i in range(n)]
-                mean = np.array([c.mean() if len(c) else np.nan for c in cols])
-                sd = np.array([c.std(ddof=1) if len(c) > 1 else 0.0 for c in cols])
-                ax.plot(np.arange(n), mean, label=m)
-                ax.fill_between(np.arange(n), mean - sd, mean + sd, alpha=0.2)
+                by_epoch = attention_by_epoch([r.attention[metric] for r in done if r.method == m], li)
+                if not by_epoch:
+                    continue
+                x = np.array(list(by_epoch), dtype=float)
+                mean = np.array([np.mean(v) for v in by_epoch.values()])
+                sd = np.array([np.std(v, ddof=1) if len(v) > 1 else 0.0 for v in by_epoch.values()])
+                ax.plot(x, mean, marker=".", label=m)
+                ax.fill_between(x, mean - sd, mean + sd, alpha=0.2)
             ax.set_title(f"layer {li}", fontsize=9)
             ax.grid(alpha=0.3)
+            ax.xaxis.get_major_locator().set_params(integer=True)
             if li == 0:
                 ax.set_ylabel(metric)
             if mi == len(ATTENTION_METRICS) - 1:
-                ax.set_xlabel("point (0 = init)")
+                ax.set_xlabel("epoch (0 = init)")
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     buf = io.BytesIO()

@@ -28,7 +28,7 @@ Speed switches (standard in timm's ``train.py`` / DeiT on GPUs; each is a no-op 
   unchanged), applied in ``configure_model`` after FSDP2 sharding; also on CPU (inductor needs a C compiler).
   ``compile: {mode: max-autotune}`` (any ``torch.compile`` keyword arguments) compiles with those. A steady-state
   training run compiles two graphs — training, and validation (eval mode, no grad) — with no graph break, and no
-  more after an epoch boundary or a resume (``tests/test_compile.py``).
+  more after an epoch boundary or a resume (``tests/training/test_compile.py``).
 - AdamW / Adam are built with ``fused=True`` on CUDA (one kernel per step instead of a loop over tensors).
 - ``torch.set_float32_matmul_precision("high")`` on CUDA (TF32 tensor cores for the fp32 matmuls left under bf16
   autocast); the process-wide setting is changed in ``setup``.

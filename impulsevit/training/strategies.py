@@ -14,7 +14,7 @@
   device types: Lightning's bf16 autocast around the step on top of FSDP2's bf16 parameters (autocast keeps its fp32
   ops — norms, softmax, losses — in fp32 on CPU and CUDA alike); code that calls a submodule outside the training
   forward (the pseudo-input attention maps of the ``Initializer``) computes in float32 from the unsharded bf16
-  parameters. ``tests/test_fsdp.py`` runs this on 2 gloo ranks and checks its losses against ``ddp_bf16``.
+  parameters. ``tests/training/test_fsdp.py`` runs this on 2 gloo ranks and checks its losses against ``ddp_bf16``.
 
 Lightning's own ``fsdp`` (FSDP1, ``FSDPStrategy``) is not supported — it flattens parameters, so the initializer could
 not see whole tensors at ``on_fit_start`` — and the name is left as Lightning defines it: :func:`check_strategy`

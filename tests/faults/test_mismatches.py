@@ -3,7 +3,7 @@ statistics or subset than the run, and a training split with fewer samples per p
 "finish" with no step and no checkpoint, and left a run directory that refused the fixed retry).
 
 Real parts throughout: ``.beton`` files written by the real ``impulsevit convert`` from a tiny ImageFolder tree
-(``tests/test_convert.py``'s ``make_tree``), the real ``impulsevit fit`` as a child process (the fault harness), the
+(``tests/_image_files.py``'s ``make_tree``), the real ``impulsevit fit`` as a child process (the fault harness), the
 real Lightning DDP launcher's world size."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import warnings
 from pathlib import Path
 
 import pytest
-from test_data_registry import save_jpeg
+from _image_files import make_tree as _make_tree
+from _image_files import save_jpeg
 
 from impulsevit.data.loading.base import check_train_batches
 from impulsevit.data.loading.synthetic import SyntheticDataModule
@@ -39,11 +40,9 @@ def _trained(run_dir: Path) -> bool:
 
 
 def make_tree(root: Path, per_class: int = 3) -> None:
-    """``tests/test_convert.py``'s tree (train/val, classes cat, dog, an empty one, and bad files among the training
-    images), imported where FFCV is (that module skips without it)."""
-    from test_convert import make_tree as make
-
-    make(root, per_class=per_class, size=(32, 32))
+    """tests/_image_files.py's tree (train/val, classes cat, dog, an empty one, and bad files among the training
+    images), 32 px."""
+    _make_tree(root, per_class=per_class, size=(32, 32))
 
 
 def clean_tree(root: Path, per_class: int = 3) -> None:

@@ -1,7 +1,7 @@
 """Faults around trackers (``--tracker``, impulsevit/training/trackers.py), through the real command in its own
 session: a
 wrong tracker name is one line before any work. (A SIGTERM mid-fit with W&B / MLflow on, and no process left behind:
-tests/test_trackers.py, whose preempted runs go through this harness.)"""
+tests/training/test_trackers.py, whose preempted runs go through this harness.)"""
 
 from __future__ import annotations
 

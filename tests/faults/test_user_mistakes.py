@@ -103,6 +103,14 @@ CASES: list[tuple[str, Callable[[Ctx], list[str]], list[str], int, tuple[str, ..
     ("fit-batch-zero", _fit(), ["--data.init_args.batch_size=0"], 2, ("data.batch_size must be >= 1",)),
     ("fit-unknown-optimizer", _fit(), ["--model.optimizer.name=adamx"], 2,
      ("model.optimizer.name 'adamx' is not a timm optimizer", "'adamax'")),
+    # ---- fit: init options, checked by the one schema check (init/options.py) before any work ({{ }}: format)
+    ("fit-init-option-misspelt", _fit(), ['--model.init.options={{"gain_qq": 7.0}}'], 2,
+     ("impulsevit fit: error:", "model.init.options: unknown option(s) ['gain_qq'] for init method 'impulse'",
+      "did you mean 'gain_qk'?")),
+    ("fit-init-option-bad-choice", _fit(), ['--model.init.options={{"kernel_size": 4}}'], 2,
+     ("impulsevit fit: error:", "option 'kernel_size' of init method 'impulse' (vit) must be one of (3, 5), got 4")),
+    ("fit-init-option-wrong-type", _fit(), ["--model.init.method=timm", '--model.init.options={{"mode": 3}}'], 2,
+     ("impulsevit fit: error:", "option 'mode' of init method 'timm' (any) must be str, got 3")),
     # ---- fit: files and paths of the wrong kind
     ("fit-cache-dir-is-a-file", lambda c: ["fit", "--recipe", str(TINY), c.runs, "--name=bad",
                                            _folder_data(c.tmp / "imgs", cache_dir=str(c.tmp / "afile"))], [], 2,

@@ -15,7 +15,7 @@ timm's ``Mixup``.
   bicubic is a cubic convolution with ``a = -1`` — with clamped neighbours, a hard edge to timm's fill colour, the
   mean pixel, and truncation). One deviation: posterize keeps at least 1 bit (timm asks for 0 at magnitude 10, which
   Pillow >= 11 rejects; the torchvision backend is patched the same way by :func:`fix_timm_posterize`).
-  Measured on real photos (``tests/test_augment.py::test_every_op_matches_timms_pil_op_on_photos``): every op at
+  Measured on real photos (``tests/data/test_augment.py::test_every_op_matches_timms_pil_op_on_photos``): every op at
   magnitudes 0, 5, 9, 10 and both signs, both interpolations, is within one uint8 level of timm's PIL op on every
   pixel with PSNR >= 65 dB (the rest: float32 blend arithmetic vs PIL's). In distribution, the whole chain
   (RandAugment, colour jitter when forced, erasing) against timm's ``transforms_imagenet_train``:
@@ -36,13 +36,13 @@ constants (mean/std, fill colour, op weights) are built on the device once, and 
 PIL's output → input form (no matrix inversion and its error check). The price is compute: each layer evaluates every
 pointwise op on the whole batch (10 for ``rand-m9-mstd0.5-inc1``) and one float64 resampling of the whole batch (16
 ``take``s for bicubic) instead of each image's one op (GPU cost not measured here: no GPU was available;
-``benchmarks/gpu_check.sh`` is the place to measure it). ``tests/test_sync_free.py`` counts the host-synchronising ops
-of a training step.
+``benchmarks/gpu_check.sh`` is the place to measure it). ``tests/training/test_sync_free.py`` counts the
+host-synchronising ops of a training step.
 
 On the CPU (:func:`selects_on_host`) that price buys nothing — indexing with the draws costs no synchronisation there
 — and made RandAugment 3–30× dearer than timm's PIL chain per image. There each op runs only on the images that drew
 it, and the geometric ops and Equalize call Pillow itself (bit-equal to the batched :func:`_affine` /
-:func:`_equalize`): same draws, same pixels (``tests/test_augment.py`` compares the two strategies bit for bit on
+:func:`_equalize`): same draws, same pixels (``tests/data/test_augment.py`` compares the two strategies bit for bit on
 photos); ``benchmarks/augment_cost.py`` measures both against timm's chain.
 
 Not supported: AutoAugment policies (``original``/``v0``) and AugMix (raise ``ValueError``); RandAugment's weighted
@@ -252,7 +252,7 @@ def _pil_affine(x: torch.Tensor, matrices: torch.Tensor, fill: torch.Tensor,
                 interpolation: str = "bicubic") -> torch.Tensor:
     """:func:`_affine` computed by Pillow itself, one image at a time: ``Image.transform(AFFINE)`` of each
     ``(3, H, W)`` CPU image (integer values 0–255) with the same float64 matrix and fill. Bit-equal to :func:`_affine`
-    (``tests/test_augment.py`` checks both against each other) and, on the CPU, 5–10× faster than its batched
+    (``tests/data/test_augment.py`` checks both against each other) and, on the CPU, 5–10× faster than its batched
     gathers: the CPU path of :class:`BatchRandAugment` uses it, :func:`_affine` serves devices Pillow cannot run
     on."""
     from PIL import Image
@@ -271,7 +271,7 @@ def _pil_affine(x: torch.Tensor, matrices: torch.Tensor, fill: torch.Tensor,
 
 def _pil_equalize(x: torch.Tensor) -> torch.Tensor:
     """:func:`_equalize` computed by Pillow's ``ImageOps.equalize`` one CPU image at a time: bit-equal (its LUT rule is
-    the one :func:`_equalize` implements; ``tests/test_augment.py`` compares them) and about 8× cheaper than the
+    the one :func:`_equalize` implements; ``tests/data/test_augment.py`` compares them) and about 8× cheaper than the
     batched histogram on the CPU at 224 px."""
     from PIL import Image, ImageOps
 
@@ -361,7 +361,7 @@ class BatchRandAugment(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, generator: torch.Generator | None = None,
                 selected: bool | None = None) -> torch.Tensor:
-        """Two evaluation strategies with the same draws and the same pixels (``tests/test_augment.py`` checks they
+        """Two evaluation strategies with the same draws and the same pixels (``tests/data/test_augment.py`` checks they
         are equal bit for bit):
 
         - whole batch (the default off the CPU): without data-dependent shapes, every op of a layer runs on the

@@ -217,7 +217,8 @@ class BaseImageDataModule(L.LightningDataModule):
         This is the copy that restores the position. Lightning's fit loop saves the same dict
         (``loops.fit_loop.state_dict.combined_loader``) but applies it only to a loader built after the loops' state
         is loaded; ours is built before, by ``trainer.estimated_stepping_batches`` in ``configure_optimizers``
-        (Lightning-AI/pytorch-lightning#20550), so that copy is inert (``tests/test_one_source.py`` proves which)."""
+        (Lightning-AI/pytorch-lightning#20550), so that copy is inert (``tests/house/test_one_source.py`` proves
+        which)."""
         if self._train_loader is None:
             return {}
         return {"train_loader": self._train_loader.state_dict()}

@@ -8,10 +8,11 @@ epoch, rank, world size) from it in one place (:func:`~impulsevit.data.loading.p
 it in; a caller without a trainer uses :meth:`ImageDataModule.loader` and :meth:`ImageDataModule.model_input` with a
 position of its own (``impulsevit data preview``).
 
-Both backends yield uint8 ``(B, 3, S, S)`` images and int64 labels from their loaders; :meth:`~ImageDataModule.model_input`
-(``on_after_batch_transfer``) turns them into normalised float32 on the device (training batches also get the
-device-side augmentations), so the LightningModule always sees ``(images (B, 3, S, S) float32 normalised, labels (B,)
-int64)``. Mixup/CutMix and label smoothing are the module's job (timm ``Mixup``), not the datamodule's.
+Both backends yield uint8 ``(B, 3, S, S)`` images and int64 labels from their loaders;
+:meth:`~ImageDataModule.model_input` (``on_after_batch_transfer``) turns them into normalised float32 on the device
+(training batches also get the device-side augmentations), so the LightningModule always sees ``(images (B, 3, S, S)
+float32 normalised, labels (B,) int64)``. Mixup/CutMix and label smoothing are the module's job (timm ``Mixup``),
+not the datamodule's.
 
 Backends:
 
