@@ -16,7 +16,7 @@ from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 
 __all__ = ["is_log_step", "hand_back_signal_handlers", "validation_follows_batch", "rerun_interrupted_validation",
            "callback_state_key",
-           "default_data_parallel_to_world",
+           "default_data_parallel_to_world", "epoch_batch_progress",
            "CommHookOnAnyDeviceDDPStrategy"]
 
 
@@ -53,6 +53,26 @@ def hand_back_signal_handlers(trainer: Trainer, mine: Callable[..., Any],
         for sig, handler in previous.items():
             if originals.get(sig) == mine:
                 originals[sig] = handler if handler is not None else signal.SIG_DFL
+
+
+def epoch_batch_progress(trainer: Trainer) -> tuple[int, int]:
+    """``(ready, processed)``: the fit loop's counts of the current training epoch's batches on this rank — ``ready``
+    the batches it has fetched and moved to the device (while a batch is in ``batch_to_device`` /
+    ``on_after_batch_transfer`` it is not counted yet, so ``ready`` is that batch's index in the epoch), ``processed``
+    the batches whose training step ran (Lightning's fetcher prefetches, so a loader's own count of yielded batches
+    is one ahead). Both restart at 0 each epoch and are restored from the checkpoint on a resume.
+
+    Why here: the loops' progress objects are Lightning's loop internals (``Trainer.fit_loop`` is public, its
+    ``epoch_loop.batch_progress`` counters are not documented API), and the datamodule needs them to key the device
+    augmentation by the batch index and to record the loader position in a checkpoint
+    (:mod:`impulsevit.data.loading.position` is their one reader).
+
+    Reaches: Trainer.fit_loop.epoch_loop.batch_progress.current.ready / .processed (the loops' progress counters)
+    Checked on: lightning>=2.6,<2.7
+    Waits for: a public "index of the current training batch in its epoch" on ``Trainer``.
+    """
+    current = trainer.fit_loop.epoch_loop.batch_progress.current
+    return int(current.ready), int(current.processed)
 
 
 def validation_follows_batch(trainer: Trainer) -> bool:

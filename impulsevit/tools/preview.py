@@ -7,10 +7,12 @@ Usage::
 The command line is parsed exactly as ``impulsevit fit`` parses it (LightningCLI / jsonargparse: the recipe, every
 ``--dotted.key=value`` override, key-typo suggestions); only the ``data`` section is instantiated — trainer and model
 keys are validated and otherwise ignored, and everything runs on the CPU in this process. The datamodule then does
-what training does: ``prepare_data`` (FFCV: converts the split to its cached ``.beton`` when needed), its real loader
-for the split (the recipe's backend, crop, flip, interpolation and worker count; batches of ``N``), and its
-``on_after_batch_transfer`` hook with the trainer in the training (``train``) or evaluation (``val``) state, so the
-on-device augmentation of the datamodule (RandAugment / colour jitter / random erasing) is included for ``train``.
+what training does, without a trainer: ``prepare_data`` (FFCV: converts the split to its cached ``.beton`` when
+needed), its real loader for the split at an explicit position (epoch 0, rank 0 of 1:
+:meth:`~impulsevit.data.loading.base.BaseImageDataModule.loader`; the recipe's backend, crop, flip, interpolation and
+worker count; batches of ``N``), and its ``model_input`` for training (``train``, keyed by the batch's position in
+epoch 0 as in a fit) or evaluation (``val``), so the on-device augmentation of the datamodule (RandAugment / colour
+jitter / random erasing) is included for ``train``.
 Mixup / CutMix are not: they belong to the LightningModule and mix labels, which are kept as class indices here.
 
 Outputs, for ``S`` = the recipe's ``image_size``:
@@ -70,23 +72,6 @@ def build_datamodule(cli_args: list[str]):  # noqa: ANN201 - any BaseImageDataMo
         sys.argv = saved
 
 
-class _TrainerState:
-    """What the datamodule hooks read from ``self.trainer``: the stage, the epoch, the rank and the device (CPU)."""
-
-    def __init__(self, training: bool) -> None:
-        import types
-
-        self.training = training
-        self.current_epoch = 0
-        self.global_rank = 0
-        self.world_size = 1
-        self.strategy = types.SimpleNamespace(root_device=torch.device("cpu"))
-        # batch index in the epoch, which keys the device augmentation's draws as in a real fit loop
-        self.progress = types.SimpleNamespace(ready=0)
-        self.fit_loop = types.SimpleNamespace(epoch_loop=types.SimpleNamespace(
-            batch_progress=types.SimpleNamespace(current=self.progress)))
-
-
 def _epoch_order(loader: Any, n: int) -> np.ndarray:
     """Positions (in the loader's dataset / ``.beton``) of the epoch's samples, in the order the loader yields them."""
     inner = getattr(loader, "loader", None)
@@ -136,25 +121,28 @@ def _beton_sources(dm: Any, split: str, beton: Path) -> tuple[Any, np.ndarray | 
 def collect(dm: Any, split: str, num: int) -> dict[str, Any]:
     """The first ``num`` samples of ``split`` (``train`` or ``val``) as the model receives them; see the module
     docstring for the keys. ``dm`` is an un-set-up :class:`~impulsevit.data.loading.datamodule.ImageDataModule` (or any
-    datamodule with the same hooks); its ``batch_size`` is set to ``num``."""
+    :class:`~impulsevit.data.loading.base.BaseImageDataModule`: its ``loader`` and ``model_input`` are used, at
+    epoch 0, rank 0 of 1, without a trainer); its ``batch_size`` is set to ``num``."""
     if split not in ("train", "val"):
         raise ValueError(f"--split must be 'train' or 'val', got {split!r}")
     if num < 1:
         raise ValueError(f"--num must be >= 1, got {num}")
+    from impulsevit.data.loading.position import LoaderPosition
+
     train = split == "train"
     dm.batch_size = int(num)
-    dm.trainer = _TrainerState(training=train)
     dm.prepare_data()
     dm.setup("fit" if train else "validate")
-    loader = dm.train_dataloader() if train else dm.val_dataloader()
+    position = LoaderPosition(epoch=0, batches_done=0, rank=0, world_size=1)
+    loader = dm.loader(train, position)
     backend = getattr(dm, "backend", None)
     split_name = (dm.train_split if train else dm.val_split) if hasattr(dm, "train_split") else split
     if backend == "ffcv":
         source, beton_to_source, stored = _beton_sources(dm, split_name, dm.beton_path(split_name))
         n_items = len(stored)
     else:
-        sets = getattr(dm, "_sets", {})
-        source = sets["train" if train else "val"].source if sets else None
+        # the torchvision backend's dataset holds its source; an in-memory dataset has none
+        source = getattr(getattr(loader, "dataset", None), "source", None)
         beton_to_source, stored = None, None
         # No source (an in-memory dataset such as the synthetic one): the loader's dataset is the split itself.
         n_items = len(source) if source is not None else len(loader.dataset)
@@ -165,8 +153,8 @@ def collect(dm: Any, split: str, num: int) -> dict[str, Any]:
     images, labels = [], []
     with torch.no_grad():
         for batch in loader:
-            x, y = dm.on_after_batch_transfer((batch[0], batch[1]), 0)
-            dm.trainer.progress.ready += 1
+            x, y = dm.model_input((batch[0], batch[1]), train=train, position=position)
+            position = position.next_batch()
             images.append(x.float())
             labels.append(y.long())
             if sum(len(b) for b in labels) >= num:
@@ -285,12 +273,9 @@ def write_preview(result: dict[str, Any], out: str | Path, classes: list[str] | 
 
 
 def class_names(dm: Any, split: str) -> list[str] | None:
-    """The class names of the previewed split: the torchvision backend's source, or the ``.beton`` manifest; None
-    when neither holds them; else the datamodule's own ``class_names`` (synthetic data)."""
-    sets = getattr(dm, "_sets", {})
-    found = sets.get("train" if split == "train" else "val")
-    if found is not None and getattr(found.source, "classes", None):
-        return list(found.source.classes)
+    """The class names of the previewed split (after :func:`collect` set the datamodule up for it): the ``.beton``
+    manifest on the ffcv backend (None when it holds none), else the datamodule's ``class_names`` (the split's source
+    classes on the torchvision backend; synthetic data's own)."""
     if getattr(dm, "backend", None) == "ffcv":
         from impulsevit.data.storage.manifest import read_manifest
 

@@ -53,3 +53,47 @@ def test_torchvision_train_order_is_a_function_of_the_trainers_epoch():
 
     assert first_labels(3) == first_labels(3)
     assert first_labels(3) != first_labels(4)
+
+
+def test_loader_at_an_explicit_position_is_the_hooks_loader():
+    """``loader(train, LoaderPosition(epoch=e))`` (what ``impulsevit data preview`` uses, no trainer) yields the
+    batches the Lightning hook yields for a trainer at epoch ``e``."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from impulsevit.data import ImageDataModule
+    from impulsevit.data.loading.position import LoaderPosition
+
+    def dm() -> ImageDataModule:
+        return ImageDataModule(dataset="digits", backend="torchvision", image_size=8, batch_size=64, num_workers=0)
+
+    hooked = dm()
+    hooked.trainer = SimpleNamespace(current_epoch=2, training=False)
+    a = next(iter(hooked.train_dataloader()))
+    b = next(iter(dm().loader(True, LoaderPosition(epoch=2))))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    with pytest.raises(ValueError, match="rank"):
+        LoaderPosition(rank=1, world_size=1)
+
+
+def test_the_trainer_is_read_in_one_place():
+    """docs/design.md ("The datamodule"): the backends take a LoaderPosition and never touch a trainer; in
+    ``data/loading/`` only ``position.py`` reads the trainer's epoch and loop counters (through
+    ``_compat.lightning.epoch_batch_progress``)."""
+    import ast
+    from pathlib import Path
+
+    import impulsevit
+
+    loading = Path(impulsevit.__file__).parent / "data" / "loading"
+    progress = {"current_epoch", "fit_loop", "batch_progress", "global_rank", "epoch_batch_progress"}
+    for path in sorted(loading.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        attrs = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
+            a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        if path.name in ("backends.py", "ffcv_backend.py", "torchvision_backend.py"):
+            assert not ({"trainer"} & (attrs | names)), f"{path.name} reads a trainer"
+        if path.name != "position.py":
+            assert not (progress & (attrs | names)), f"{path.name} reads {sorted(progress & (attrs | names))}"

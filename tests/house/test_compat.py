@@ -150,6 +150,7 @@ ENTRY_TESTS = {
     "lightning.callback_state_key": "house/test_compat.py::test_callback_state_key",
     "lightning.default_data_parallel_to_world": "house/test_compat.py::test_default_data_parallel_to_world",
     "lightning.CommHookOnAnyDeviceDDPStrategy": "house/test_compat.py::test_ddp_comm_hook_members",
+    "lightning.epoch_batch_progress": "house/test_compat.py::test_epoch_batch_progress",
     "checkpoint.epochs_done": "house/test_compat.py::test_checkpoint_layout",
     "checkpoint.callback_state": "house/test_compat.py::test_checkpoint_layout",
     "checkpoint.distributed_meta_file": "house/test_compat.py::test_distributed_meta_file",
@@ -344,6 +345,30 @@ def test_distributed_meta_file():
 
     assert _METADATA_FILENAME == "meta.pt"
     assert compat_checkpoint.distributed_meta_file(Path("run/step=1")) == Path("run/step=1/meta.pt")
+
+
+def test_epoch_batch_progress(tmp_path):
+    """In a real fit, ``ready`` is the batch's index in its epoch while the batch is being moved to the device and
+    ``processed`` counts the training steps that ran before ``on_train_batch_start``; both restart each epoch."""
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    seen: dict[str, list] = {"transfer": [], "start": []}
+
+    class Model(BoringModel):
+        def on_after_batch_transfer(self, batch, dataloader_idx):  # noqa: ANN001, ANN201
+            if self.trainer.training:
+                seen["transfer"].append((self.current_epoch, compat_lightning.epoch_batch_progress(self.trainer)[0]))
+            return batch
+
+        def on_train_batch_start(self, batch, batch_idx):  # noqa: ANN001, ANN201
+            seen["start"].append((batch_idx, compat_lightning.epoch_batch_progress(self.trainer)[1]))
+
+    trainer = L.Trainer(accelerator="cpu", max_epochs=2, limit_train_batches=3, limit_val_batches=0, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                        default_root_dir=tmp_path)
+    trainer.fit(Model())
+    assert seen["transfer"] == [(e, k) for e in range(2) for k in range(3)]
+    assert seen["start"] == [(k, k) for _ in range(2) for k in range(3)]
 
 
 def test_callback_state_key():

@@ -1,6 +1,12 @@
 """The datamodule interface every impulsevit data source implements.
 
-A datamodule yields batches ``(images, labels)``: ``images`` float32 ``(B, 3, S, S)`` normalised with the datamodule's
+A datamodule builds its loaders at an explicit :class:`~impulsevit.data.loading.position.LoaderPosition`
+(:meth:`BaseImageDataModule.loader`) and turns a loader's batch into the model's input with
+:meth:`BaseImageDataModule.model_input`; the Lightning hooks here (``train_dataloader``, ``on_after_batch_transfer``,
+...) only compute that position from the trainer (:func:`~impulsevit.data.loading.position.loader_position`) and call
+them, so code without a trainer (``impulsevit data preview``) uses the same two methods.
+
+The model receives batches ``(images, labels)``: ``images`` float32 ``(B, 3, S, S)`` normalised with the datamodule's
 ``mean``/``std`` (grayscale sources are replicated to 3 channels), ``labels`` int64 ``(B,)``. Batch-level
 augmentation that needs the whole batch (mixup/cutmix, and on-device RandAugment / erasing) runs in
 ``on_after_batch_transfer`` on the training device; after mixup the labels are soft targets ``(B, num_classes)``
@@ -19,18 +25,12 @@ from typing import Any
 import lightning as L
 import torch
 
+from impulsevit.data.loading.position import LoaderPosition, dist_info, loader_position, trained_position
 from impulsevit.errors import ConfigError
 from impulsevit.procs import die_with_parent
 
 __all__ = ["BaseImageDataModule", "check_batch_size", "check_num_workers", "check_train_batches", "dist_info",
-           "worker_init_fn"]
-
-
-def dist_info() -> tuple[int, int]:
-    """(rank, world_size) of the default process group, (0, 1) without one."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
+           "worker_init_fn"]  # dist_info: defined in impulsevit.data.loading.position, kept importable from here
 
 
 def _only_the_parent_stops_this_worker() -> None:
@@ -113,7 +113,8 @@ def check_num_workers(num_workers: int) -> int:
 
 class BaseImageDataModule(L.LightningDataModule):
     """Common attributes: ``num_classes``, ``image_size`` (pixels, square), ``mean``/``std`` (per channel, 0–1 scale),
-    ``batch_size`` (per device). Subclasses implement the ``*_dataloader`` hooks."""
+    ``batch_size`` (per device). Subclasses implement :meth:`loader` (and ``setup``); the ``*_dataloader`` hooks are
+    built on it here."""
 
     def __init__(
         self,
@@ -170,14 +171,39 @@ class BaseImageDataModule(L.LightningDataModule):
         split and the key that adds samples)."""
         check_train_batches(num_samples, self.batch_size, world_size)
 
+    # ------------------------------------------------------------------ loaders at a position
+    def loader(self, train: bool, position: LoaderPosition, device: torch.device | None = None) -> Any:
+        """The training (``train``: shuffled by :func:`~impulsevit.data.loading.sampling.epoch_sequence` of
+        ``position``'s epoch, rank and world size, last partial batch dropped, stateful) or evaluation loader, with
+        batches of ``batch_size``; ``device``: where the loader may place batches itself (None: host memory). Not
+        registered for checkpoints (``train_dataloader`` does that). Subclasses implement it."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement loader()")
+
+    def _position(self) -> LoaderPosition:
+        return loader_position(getattr(self, "trainer", None))
+
+    def _device(self) -> torch.device | None:
+        return getattr(getattr(getattr(self, "trainer", None), "strategy", None), "root_device", None)
+
+    def train_dataloader(self):  # noqa: ANN201 - the subclass's loader
+        return self.stateful_train_loader(self.loader(True, self._position(), self._device()))
+
+    def val_dataloader(self):  # noqa: ANN201
+        return self.loader(False, self._position(), self._device())
+
+    def test_dataloader(self):  # noqa: ANN201
+        return self.val_dataloader()
+
+    def predict_dataloader(self):  # noqa: ANN201
+        return self.val_dataloader()
+
     # ------------------------------------------------------------------ training-loader state in checkpoints
     def stateful_train_loader(self, loader: Any) -> Any:
         """Register ``loader`` (with ``state_dict`` / ``load_state_dict`` / ``progress``, e.g.
         :class:`~impulsevit.data.loading.sampling.ResumableDataLoader`) as the training loader: its position follows
-        Lightning's training progress, and a state loaded from a checkpoint is applied to it. Returns ``loader``."""
-        from impulsevit.data.loading.sampling import trainer_position
-
-        loader.progress = lambda: trainer_position(getattr(self, "trainer", None))
+        Lightning's training progress (:func:`~impulsevit.data.loading.position.trained_position`), and a state
+        loaded from a checkpoint is applied to it. Returns ``loader``."""
+        loader.progress = lambda: trained_position(getattr(self, "trainer", None))
         if self._loader_state is not None:
             loader.load_state_dict(self._loader_state)
             self._loader_state = None
@@ -201,13 +227,20 @@ class BaseImageDataModule(L.LightningDataModule):
         """Keep the checkpoint's loader state for the training loader (built later, in ``train_dataloader``)."""
         self._loader_state = state_dict.get("train_loader")
 
-    def batch_augment(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Training-batch augmentation on the device (identity here). Returns (images, labels or soft targets)."""
+    def batch_augment(self, images: torch.Tensor, labels: torch.Tensor,
+                      position: LoaderPosition | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training-batch augmentation on the device, its draws keyed by ``position`` (None: the trainer's); identity
+        here. Returns (images, labels or soft targets)."""
         return images, labels
+
+    def model_input(self, batch: Any, *, train: bool, position: LoaderPosition | None = None) -> Any:
+        """A loader's batch (on its device) → what the model takes: ``train``: :meth:`batch_augment` at ``position``;
+        else the batch as it is (subclasses normalise here)."""
+        if train:
+            images, labels = batch
+            return self.batch_augment(images, labels, position)
+        return batch
 
     def on_after_batch_transfer(self, batch, dataloader_idx: int):  # noqa: ANN001 - Lightning hook signature
         trainer = getattr(self, "trainer", None)
-        if trainer is not None and trainer.training:
-            images, labels = batch
-            return self.batch_augment(images, labels)
-        return batch
+        return self.model_input(batch, train=trainer is not None and trainer.training)

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from impulsevit.data.loading.base import dist_info
+from impulsevit.data.loading.position import dist_info
 from impulsevit.data.loading.sampling import LoaderState, epoch_sequence, resumed_shard
 
 __all__ = ["FFCVLoader", "build_ffcv_loader", "ffcv_available"]

@@ -53,7 +53,6 @@ __all__ = [
     "samples_per_rank",
     "shard_order",
     "train_batches",
-    "trainer_position",
 ]
 
 
@@ -179,20 +178,6 @@ class LoaderState:
                     f"cannot resume the training loader: the checkpoint's loader state has {key} {then}, this run "
                     f"has {now}; the interrupted epoch's order would not be the same (resume with the same data "
                     f"settings, or from a checkpoint taken at an epoch boundary with --resume PATH)")
-
-
-def trainer_position(trainer: Any) -> tuple[int, int] | None:
-    """``(epoch, batches)`` of a Lightning trainer's training progress, normalised so that a finished epoch reads as
-    ``(epoch + 1, 0)``; ``None`` outside fitting. ``batches`` counts the batches whose training step ran (Lightning's
-    data fetcher prefetches ahead, so a loader's own count of yielded batches is one too many)."""
-    if trainer is None or getattr(getattr(trainer, "state", None), "fn", None) != "fit":
-        return None
-    epoch = int(trainer.current_epoch)
-    done = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
-    total = trainer.num_training_batches
-    if math.isfinite(total) and done >= total:
-        return epoch + 1, 0
-    return epoch, done
 
 
 class EpochSampler(DistributedSampler):

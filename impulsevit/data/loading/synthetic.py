@@ -9,9 +9,9 @@ from impulsevit.data.loading.base import (
     BaseImageDataModule,
     check_num_workers,
     check_train_batches,
-    dist_info,
     worker_init_fn,
 )
+from impulsevit.data.loading.position import LoaderPosition
 from impulsevit.data.loading.sampling import EpochSampler, ResumableDataLoader
 
 __all__ = ["SyntheticDataModule"]
@@ -68,26 +68,23 @@ class SyntheticDataModule(BaseImageDataModule):
         self.train_set = self._split(self.num_train, 0)
         self.val_set = self._split(self.num_val, 1)
 
-    def train_dataloader(self) -> DataLoader:
+    def loader(self, train: bool, position: LoaderPosition, device: torch.device | None = None) -> DataLoader:
         # The order is a function of (seed, epoch), and the epoch is set here: on a resumed run Lightning prefetches
         # the first batch before its own set_epoch call, so a resumed epoch sees the same batches as an uninterrupted
         # one. A DistributedSampler (sharded by rank under DDP) is left in place by Lightning.
-        # The loader is stateful (a resumed run continues the interrupted epoch, see impulsevit.data.loading.sampling).
-        rank, world = dist_info()
+        # The training loader is stateful (a resumed run continues the interrupted epoch, see
+        # impulsevit.data.loading.sampling).
+        rank, world = position.rank, position.world_size
+        if not train:
+            return DataLoader(self.val_set, batch_size=self.batch_size, num_workers=self.num_workers,
+                              worker_init_fn=worker_init_fn(rank))
         self.check_train_loader(len(self.train_set), world)
         sampler = EpochSampler(self.train_set, num_replicas=world, rank=rank, seed=self.seed,
                                batch_size=self.batch_size, keys=False)
-        sampler.set_epoch(self.trainer.current_epoch if self.trainer is not None else 0)
-        return self.stateful_train_loader(ResumableDataLoader(
+        sampler.set_epoch(position.epoch)
+        return ResumableDataLoader(
             self.train_set, batch_size=self.batch_size, sampler=sampler, drop_last=True, num_workers=self.num_workers,
-            generator=torch.Generator().manual_seed(self.seed * 1_000_003 + rank), worker_init_fn=worker_init_fn(rank)))
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, num_workers=self.num_workers,
-                          worker_init_fn=worker_init_fn(dist_info()[0]))
-
-    def test_dataloader(self) -> DataLoader:
-        return self.val_dataloader()
+            generator=torch.Generator().manual_seed(self.seed * 1_000_003 + rank), worker_init_fn=worker_init_fn(rank))
 
     def predict_dataloader(self) -> DataLoader:
         return DataLoader(TensorDataset(self.val_set.tensors[0]), batch_size=self.batch_size)

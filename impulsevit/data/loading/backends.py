@@ -1,0 +1,254 @@
+"""The two loading backends of :class:`~impulsevit.data.loading.datamodule.ImageDataModule` behind one interface.
+
+- :class:`DataSpec`: the resolved data settings of a run (dataset, splits, subsets, sizes, augmentation, storage),
+  built once from the datamodule's arguments by :func:`resolve_spec`, which also checks them. Its
+  :meth:`~DataSpec.subset` is the one place a split's subset size is looked up.
+- :class:`Backend`: what the datamodule asks of a backend — prepare the files (:meth:`Backend.prepare`), read the
+  splits (:meth:`Backend.setup`), and build a training or evaluation loader at an explicit
+  :class:`~impulsevit.data.loading.position.LoaderPosition` (:meth:`Backend.train_loader`,
+  :meth:`Backend.eval_loader`). A backend never reads a Lightning ``Trainer``.
+- The two implementations: :class:`~impulsevit.data.loading.torchvision_backend.TorchvisionBackend` (timm's
+  transforms in ``DataLoader`` workers) and :class:`~impulsevit.data.loading.ffcv_backend.FFCVBackend` (``.beton``
+  files read by FFCV). The datamodule picks one at construction.
+
+Both backends' loaders yield ``(images uint8 (B, 3, S, S), labels int64 (B,))`` (with ``resample_on='device'`` the
+FFCV training loader yields canvas batches ``(B, 3, K + 1, K)``); training loaders are stateful
+(``state_dict`` / ``load_state_dict``, :mod:`impulsevit.data.loading.sampling`), drop the last partial batch and
+follow :func:`~impulsevit.data.loading.sampling.epoch_sequence` of (seed, epoch, rank, world size).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import torch
+
+from impulsevit.data.loading.base import check_num_workers, check_train_batches
+from impulsevit.data.loading.config import AugmentConfig, StorageConfig
+from impulsevit.data.loading.ffcv_loader import ffcv_available
+from impulsevit.data.loading.position import LoaderPosition
+from impulsevit.data.sources.image_source import ImageSource
+from impulsevit.data.sources.registry import DatasetInfo, Verify, get_dataset
+from impulsevit.data.storage.convert import subset_indices
+from impulsevit.data.storage.manifest import beton_num_classes
+from impulsevit.data.storage.presets import PRESETS, Preset, default_preset
+from impulsevit.errors import ConfigError, DataError, UserError
+
+__all__ = ["Backend", "BackendName", "DataSpec", "ResampleOn", "check_train_split", "default_cache_dir",
+           "resolve_spec"]
+
+BackendName = Literal["ffcv", "torchvision"]
+ResampleOn = Literal["workers", "device"]
+
+
+def default_cache_dir() -> Path:
+    """``$IMPULSEVIT_CACHE`` or ``~/.cache/impulsevit``; ``.beton`` files go to its ``ffcv/`` sub-folder."""
+    return Path(os.environ.get("IMPULSEVIT_CACHE", Path.home() / ".cache" / "impulsevit"))
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+    """The resolved data settings both backends read (see
+    :class:`~impulsevit.data.loading.datamodule.ImageDataModule` for each argument). ``root`` is the dataset folder
+    after ``download``'s default, ``train_split`` / ``val_split`` the registry's defaults when not given, ``mean`` /
+    ``std`` the run's statistics (0–1 scale), ``num_classes`` the class count (from a given ``.beton``'s manifest or
+    the data tree when the registry has none), ``betons`` the given ``.beton`` files by split (empty: converted into
+    ``cache_dir``), ``explicit_norm`` whether ``mean`` / ``std`` were given. The batch size is not part of it: it is
+    passed to each loader (callers such as ``impulsevit data preview`` change it after construction)."""
+
+    info: DatasetInfo
+    root: str | None
+    backend: BackendName
+    image_size: int
+    num_workers: int
+    crop_pct: float
+    interpolation: str
+    train_subset: int | None
+    val_subset: int | None
+    train_split: str
+    val_split: str
+    cache_dir: Path
+    seed: int
+    verify: Verify
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    num_classes: int
+    augment: AugmentConfig
+    storage: StorageConfig
+    resample_on: ResampleOn
+    preset: Preset
+    betons: dict[str, Path]
+    explicit_norm: bool
+
+    def subset(self, split: str) -> int | None:
+        """The subset size of ``split``: ``train_subset`` for the training split, ``val_subset`` for any other."""
+        return self.train_subset if split == self.train_split else self.val_subset
+
+    def splits(self) -> list[str]:
+        """The training and validation split names, once each (they may be the same split)."""
+        return list(dict.fromkeys((self.train_split, self.val_split)))
+
+    def load_source(self, split: str) -> ImageSource:
+        """The (subset of the) split as an :class:`ImageSource`.
+
+        Raises:
+            DataError: the split cannot be read from ``root`` (missing files, no images, other counts than the
+                published dataset); the message names the dataset, split and path. ConfigError: the split does not
+                fit the configuration (e.g. a class folder the training split lacks), with the same prefix.
+        """
+        try:
+            source = self.info.load(self.root, split, verify=self.verify)
+        except (FileNotFoundError, NotADirectoryError, ValueError) as e:
+            kind = type(e) if isinstance(e, UserError) else DataError  # a ConfigError keeps its exit status (2)
+            raise kind(f"dataset {self.info.name!r}, split {split!r}: {e}") from e
+        sub = subset_indices(len(source), self.subset(split))
+        return source.subset(sub) if sub is not None else source
+
+    def split_size(self, split: str) -> int:
+        """Images in ``split`` after the subset: the published count when the registry has one, else listed."""
+        k = self.subset(split)
+        published = self.info.split_sizes.get(split) or 0
+        n = published if published > 0 else len(self.info.load(self.root, split, verify="off"))
+        return min(n, k) if k else n
+
+
+def resolve_spec(*, dataset: str, root: str | None, backend: str, image_size: int, num_workers: int,
+                 crop_pct: float, interpolation: str, train_subset: int | None, val_subset: int | None,
+                 train_split: str | None, val_split: str | None, cache_dir: str | None, seed: int, verify: Verify,
+                 mean: tuple[float, float, float] | None, std: tuple[float, float, float] | None, download: bool,
+                 augment: AugmentConfig, storage: StorageConfig, resample_on: str) -> DataSpec:
+    """Check the datamodule's arguments (the typed blocks already checked) and resolve them into a
+    :class:`DataSpec`, before any file is read or written (only a given ``.beton``'s manifest and, for a dataset
+    without a fixed class count, the class folders under ``root`` are read).
+
+    Raises:
+        ConfigError: an argument is out of range or contradicts another (one line naming the key).
+        ImportError: ``backend='ffcv'`` without the ffcv package.
+    """
+    info = get_dataset(dataset)
+    if download and root is None and info.needs_root and info.default_root is None:
+        root = str(default_cache_dir() / "datasets" / info.name)
+    if backend not in ("ffcv", "torchvision"):
+        raise ConfigError(f"data.backend must be 'ffcv' or 'torchvision', got {backend!r}")
+    if backend == "ffcv" and not ffcv_available():
+        raise ImportError("backend='ffcv' needs the ffcv package (pip install 'impulsevit[ffcv]' after installing "
+                          "libopencv-dev libturbojpeg0-dev pkg-config); use backend='torchvision' where FFCV "
+                          "does not build")
+    if backend == "ffcv" and interpolation not in ("bicubic", "bilinear"):
+        raise ConfigError(f"interpolation {interpolation!r} is not supported on the ffcv backend (bicubic or "
+                          f"bilinear); use backend='torchvision' for other filters")
+    if resample_on not in ("workers", "device"):
+        raise ConfigError(f"data.resample_on must be 'workers' or 'device', got {resample_on!r}")
+    if resample_on == "device" and backend != "ffcv":
+        raise ConfigError(f"data.resample_on='device' needs backend='ffcv' (the torchvision backend resizes in "
+                          f"its workers), got backend={backend!r}")
+    if not 0 < crop_pct <= 1:
+        raise ConfigError(f"data.crop_pct must be in (0, 1], got {crop_pct}")
+    if cache_dir and Path(cache_dir).exists() and not Path(cache_dir).is_dir():
+        raise ConfigError(f"data.cache_dir {cache_dir} is a file, not a folder (expected a folder for the "
+                          f"converted .beton files; give another path)")
+    if root is not None and not download and storage.train_beton is None and not Path(root).is_dir():
+        what = "is a file, not a folder" if Path(root).exists() else "does not exist"
+        raise ConfigError(f"data.root {root} {what} (dataset {info.name!r}"
+                          + (f"; expected {info.layout.format(root=root)})" if info.layout else ")"))
+    num_classes = info.num_classes
+    if storage.train_beton is not None:
+        if backend != "ffcv":
+            raise ConfigError("data.storage.train_beton/val_beton need backend='ffcv'")
+        num_classes = beton_num_classes(storage.train_beton)
+    elif info.tree_classes is not None:  # the registration counts the classes of the tree (ImageFolder, IN-21K)
+        if root is None and not num_classes:
+            raise ConfigError(f"dataset={info.name!r} needs root"
+                              + (f" ({info.layout.format(root='ROOT')})" if info.layout else ""))
+        if root is not None:
+            counted = info.tree_classes(Path(root), train_split or info.train_split, val_split or info.val_split)
+            num_classes = num_classes if counted is None else counted
+    train_split, val_split = train_split or info.train_split, val_split or info.val_split
+    return DataSpec(
+        info=info, root=root, backend=backend, image_size=int(image_size),  # type: ignore[arg-type]
+        num_workers=check_num_workers(num_workers), crop_pct=float(crop_pct), interpolation=interpolation,
+        train_subset=train_subset, val_subset=val_subset, train_split=train_split, val_split=val_split,
+        cache_dir=Path(cache_dir) if cache_dir else default_cache_dir() / "ffcv", seed=int(seed), verify=verify,
+        mean=tuple(float(m) for m in (mean or info.mean)), std=tuple(float(s) for s in (std or info.std)),
+        num_classes=num_classes, augment=augment, storage=storage, resample_on=resample_on,  # type: ignore[arg-type]
+        preset=PRESETS[storage.preset] if storage.preset else default_preset(info.small),
+        betons=({train_split: Path(storage.train_beton), val_split: Path(storage.val_beton)}
+                if storage.train_beton else {}),
+        explicit_norm=mean is not None or std is not None)
+
+
+def check_train_split(spec: DataSpec, num_samples: int, batch_size: int, world_size: int) -> None:
+    """:func:`~impulsevit.data.loading.base.check_train_batches` for the training split of ``spec``: the message
+    names the split and dataset, a given ``train_beton`` or ``train_subset``, and the key that adds samples."""
+    split, k = spec.train_split, spec.train_subset
+    where = f" (data.storage.train_beton {spec.betons[split]})" if split in spec.betons else \
+        f" (data.train_subset={k})" if k else ""
+    check_train_batches(num_samples, batch_size, world_size, repeats=spec.augment.repeated_aug,
+                        what=f"the training split {split!r} of dataset {spec.info.name!r}{where}",
+                        more="raise data.train_subset" if k and split not in spec.betons
+                        else "use more training images")
+
+
+class Backend(abc.ABC):
+    """One way of turning a :class:`DataSpec` into loaders. Subclasses hold no trainer: the loader position, the
+    batch size and the device are passed in.
+
+    Not supported: a position whose rank / world size differ from the default process group's on the ffcv backend
+    (FFCV's loader shards evaluation by the process group itself, and the training order is built from
+    :func:`~impulsevit.data.loading.position.dist_info`); :func:`~impulsevit.data.loading.position.loader_position`
+    always gives the process group's.
+
+    ``augments_on_device``: whether RandAugment / colour jitter are left to the device augmentation (the FFCV
+    decoder does only crop and flip) or already ran in the loader (timm's transforms in the workers).
+    """
+
+    name: ClassVar[BackendName]
+    augments_on_device: ClassVar[bool]
+
+    def __init__(self, spec: DataSpec) -> None:
+        self.spec = spec
+
+    def prepare(self, world_size: int) -> None:  # noqa: B027 - optional step, nothing by default
+        """Write what the loaders read (once per node, before :meth:`setup`), for a run of ``world_size``
+        processes. Nothing by default."""
+
+    @abc.abstractmethod
+    def setup(self, stage: str | None, known_classes: list[str] | None) -> list[str] | None:
+        """Open the splits ``stage`` needs (``fit``: train and val; others: val); returns the class names, index =
+        label (``known_classes``, the datamodule's current ones, where the backend has nothing better)."""
+
+    def needs_setup(self, train: bool) -> bool:
+        """Whether :meth:`setup` must run before a loader of that kind can be built (False by default)."""
+        return False
+
+    @abc.abstractmethod
+    def train_loader(self, position: LoaderPosition, batch_size: int, device: torch.device | None = None) -> Any:
+        """The stateful training loader of ``position.epoch`` for rank ``position.rank`` of
+        ``position.world_size``, batches of ``batch_size`` (the last partial one dropped), placed on ``device``
+        where the backend can (FFCV on CUDA); ``position.batches_done`` is not used (a resume goes through the
+        loader's ``load_state_dict``).
+
+        Raises:
+            ConfigError: an epoch would have no training step (:func:`check_train_split`).
+        """
+
+    @abc.abstractmethod
+    def eval_loader(self, position: LoaderPosition, batch_size: int, device: torch.device | None = None) -> Any:
+        """The evaluation loader of the validation split, in the split's order (sharded by rank without shuffling
+        when ``position.world_size > 1``), every sample once (the last batch may be partial)."""
+
+    def train_samples(self) -> int | None:
+        """Training images per epoch, known without converting or writing anything; None when the split cannot be
+        read yet."""
+        try:
+            return self.spec.split_size(self.spec.train_split)
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def splits_to_convert(self) -> list[str]:
+        """Splits whose stored form is still to be written by :meth:`prepare` (none by default)."""
+        return []
