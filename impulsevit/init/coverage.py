@@ -199,7 +199,8 @@ def _structure(model: nn.Module, report) -> str:
 
 def check_model(name: str, *, pattern: str = "", module: str = "", params: float = float("nan"),
                 candidates: int = 1, seed: int = 0) -> CoverageRow:
-    """Build timm model ``name`` (``pretrained=False``, CPU) and try ``impulse`` with default options.
+    """Build timm model ``name`` (``pretrained=False``, CPU; the weights impulse does not write come from timm's init
+    under ``torch.manual_seed(seed)``, so a row is the same on every run) and try ``impulse`` with default options.
 
     Raises:
         Any exception other than the ``ValueError`` / ``TypeError`` refusal of ``initialize`` (a crash).
@@ -208,7 +209,9 @@ def check_model(name: str, *, pattern: str = "", module: str = "", params: float
 
     from impulsevit.init.api import initialize
 
-    model = timm.create_model(name, pretrained=False)
+    with torch.random.fork_rng(devices=[]):  # the caller's global RNG state is left as it was
+        torch.manual_seed(seed)
+        model = timm.create_model(name, pretrained=False)
     if params != params:  # nan: count here
         params = _param_count(model) / 1e6
     try:

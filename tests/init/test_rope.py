@@ -113,7 +113,7 @@ def test_phase_weights_margin_is_a_real_lower_bound():
 def test_only_q_k_v_norm1_and_qk_biases_change_and_values_ignore_the_constant():
     model = build("eva02")
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    ii.initialize(model, "impulse", generator=0)
+    ii.initialize(model, "impulse", generator=0, base="keep")  # the construction alone (the default resets the rest)
     changed = {k for k, v in model.state_dict().items() if not torch.equal(before[k], v)}
     assert changed and all(".attn.qkv.weight" in k or ".norm1.bias" in k for k in changed), changed
     dim = 192
@@ -124,21 +124,25 @@ def test_only_q_k_v_norm1_and_qk_biases_change_and_values_ignore_the_constant():
         assert torch.allclose(blk.norm1.bias.detach() @ ones, torch.tensor(1.0), atol=1e-5)
 
 
-def test_torch_base_is_the_torch_method_outside_the_attention():
-    """``base='torch'``: every weight the construction does not touch equals the ``torch`` method's for the same seed
-    (and differs from the model's own init); a base that is not a choice is one error."""
+def test_torch_base_is_the_default_and_the_torch_method_outside_the_attention():
+    """``base='torch'`` (the default): every weight the construction does not touch equals the ``torch`` method's for
+    the same seed; ``base='keep'`` keeps the model's own init there; a base that is not a choice is one error."""
     ref = build("rope_cat_no_pos_embed")
     ii.initialize(ref, "torch", generator=3)
     own = build("rope_cat_no_pos_embed").state_dict()
-    model = build("rope_cat_no_pos_embed")
-    ii.initialize(model, "impulse", generator=3, base="torch")
     touched = (".attn.qkv.", ".norm1.bias", ".attn.q_bias", ".attn.k_bias")
     untouched = [k for k in ref.state_dict() if not any(t in k for t in touched)]
-    got = model.state_dict()
-    assert all(torch.equal(got[k], ref.state_dict()[k]) for k in untouched)
-    assert any(not torch.equal(got[k], own[k]) for k in untouched if k.endswith("mlp.fc1.weight"))
+    default, explicit, keep = (build("rope_cat_no_pos_embed") for _ in range(3))
+    ii.initialize(default, "impulse", generator=3)
+    ii.initialize(explicit, "impulse", generator=3, base="torch")
+    ii.initialize(keep, "impulse", generator=3, base="keep")
+    for model in (default, explicit):
+        got = model.state_dict()
+        assert all(torch.equal(got[k], ref.state_dict()[k]) for k in untouched)
+        assert any(not torch.equal(got[k], own[k]) for k in untouched if k.endswith("mlp.fc1.weight"))
+    assert all(torch.equal(keep.state_dict()[k], own[k]) for k in untouched)
     with pytest.raises(ValueError,
-                       match=r"option 'base' of init method 'impulse' \(rope\) must be one of \('model', 'torch'\)"):
+                       match=r"option 'base' of init method 'impulse' \(rope\) must be one of \('torch', 'keep'\)"):
         ii.initialize(build("rope_cat_no_pos_embed"), "impulse", generator=3, base="timm")
 
 
