@@ -15,6 +15,7 @@ float32, and the LightningModule switches to the soft-target loss when it sees 2
 
 from __future__ import annotations
 
+import abc
 import functools
 import os
 import signal
@@ -111,7 +112,7 @@ def check_num_workers(num_workers: int) -> int:
     return int(num_workers)
 
 
-class BaseImageDataModule(L.LightningDataModule):
+class BaseImageDataModule(L.LightningDataModule, abc.ABC):
     """Common attributes: ``num_classes``, ``image_size`` (pixels, square), ``mean``/``std`` (per channel, 0–1 scale),
     ``batch_size`` (per device). Subclasses implement :meth:`loader` (and ``setup``); the ``*_dataloader`` hooks are
     built on it here."""
@@ -172,12 +173,13 @@ class BaseImageDataModule(L.LightningDataModule):
         check_train_batches(num_samples, self.batch_size, world_size)
 
     # ------------------------------------------------------------------ loaders at a position
+    @abc.abstractmethod
     def loader(self, train: bool, position: LoaderPosition, device: torch.device | None = None) -> Any:
         """The training (``train``: shuffled by :func:`~impulsevit.data.loading.sampling.epoch_sequence` of
         ``position``'s epoch, rank and world size, last partial batch dropped, stateful) or evaluation loader, with
         batches of ``batch_size``; ``device``: where the loader may place batches itself (None: host memory). Not
-        registered for checkpoints (``train_dataloader`` does that). Subclasses implement it."""
-        raise NotImplementedError(f"{type(self).__name__} does not implement loader()")
+        registered for checkpoints (``train_dataloader`` does that). Every subclass implements it (abstract: a
+        subclass without it cannot be instantiated)."""
 
     def _position(self) -> LoaderPosition:
         return loader_position(getattr(self, "trainer", None))
