@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
 from impulsevit.init.api import InitResult, read_full, register, write_full_
-from impulsevit.init.baselines import torch_default_fills, write_values
+from impulsevit.init.baselines import base_values, write_values
 from impulsevit.init.capture import captured_attention
 from impulsevit.init.diagnostics import AttentionMaps, register_attention_maps
 from impulsevit.init.impulse import impulse_offsets
@@ -213,7 +213,6 @@ class RopeImpulseOptions(TargetMassOptions):
     :func:`impulse_rope`)."""
 
     flip_phase: bool = False
-    base: Literal["torch", "keep"] = "torch"
 
 
 @register("impulse", family="rope", matches=is_rope_vit, options=RopeImpulseOptions)
@@ -230,9 +229,8 @@ def impulse_rope(model: nn.Module, generator: torch.Generator, options: RopeImpu
     ``docs/results.md``) "torch" trains about 10 points better than "keep" on every one of the three.
     """
     opts = options
-    if opts.base == "torch":
-        values, _ = torch_default_fills(model, generator)
-        write_values(model, values)
+    values, notes = base_values(model, generator, opts.base)
+    write_values(model, values)
     m = float(opts.target_mass)
     name = type(model).__name__
     parts = [_attention_parts(name, i, blk) for i, blk in enumerate(model.blocks)]
@@ -243,7 +241,7 @@ def impulse_rope(model: nn.Module, generator: torch.Generator, options: RopeImpu
         raise ValueError(f"{name}: rope does not cover the {grid[0]}x{grid[1]} patch grid in every block")
     keys = n_patch + int(model.num_prefix_tokens)
     c = math.log(m * (keys - 1) / (1 - m))
-    offsets, notes, margins = [], [], []
+    offsets, margins = [], []
     cache: dict[tuple, list] = {}
     for index, (part, rope) in enumerate(zip(parts, ropes)):
         d, heads = part["head_dim"], part["heads"]
