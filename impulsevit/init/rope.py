@@ -277,8 +277,8 @@ def impulse_rope(model: nn.Module, generator: torch.Generator, options: RopeImpu
     ``kernel_size`` 3 | 5, ``offsets`` "fixed" | "random", ``flip_phase`` False (True builds the mirrored, wrong
     construction: a negative control for tests), ``base`` "torch" | "keep": what every other weight starts as —
     "torch" (default) first gives every module its PyTorch constructor init, as the ``torch`` method does and as
-    the ViT family's ``base`` does (the paper's pipeline builds its ViTs with timm's ``weight_init='skip'``, i.e. constructor init, and
-    changes only the attention); "keep" keeps the model's own init (timm's ``Eva`` always applies its truncated-normal
+    the ViT family's ``base`` does (the paper's pipeline builds its ViTs with timm's ``weight_init='skip'``, i.e.
+    constructor init, and changes only the attention); "keep" keeps the model's own init (timm's ``Eva`` always applies its truncated-normal
     init). The default is measured: on the RoPE-only, EVA-02 and DINOv3-style CPU studies (3 seeds each,
     ``docs/results.md``) "torch" trains about 10 points better than "keep" on every one of the three.
     """
