@@ -269,18 +269,19 @@ def calibrated_gain2(rot: torch.Tensor, grid: tuple[int, int], offset: tuple[int
 def impulse_rope(model: nn.Module, generator: torch.Generator, options: RopeImpulseOptions) -> InitResult:
     """Coherent-phase rotary impulse (see the module docstring).
 
-    Options: ``target_mass`` 0.75 and ``mass_rule``: with ``"worst_case"`` (default) ``target_mass`` is a lower bound,
-    the share on the target of an interior query when content is ignored AND every other key had the worst
+    Options: ``target_mass`` 0.75 and ``mass_rule``: with ``"worst_case"`` (default) ``target_mass`` is a lower
+    bound, the share on the target of an interior query when content is ignored AND every other key had the worst
     displacement's margin ``M`` (so the share realised is higher: 0.96-0.97 on real images at 0.75); with ``"mean"``
     ``target_mass`` is the mean content-free share over the queries that have a target, solved per head by
     :func:`calibrated_gain2` (the share realised on real images is then close to it over the whole range),
     ``kernel_size`` 3 | 5, ``offsets`` "fixed" | "random", ``flip_phase`` False (True builds the mirrored, wrong
     construction: a negative control for tests), ``base`` "torch" | "keep": what every other weight starts as —
-    "torch" (default) first gives every module its PyTorch constructor init, as the ``torch`` method does and as
-    the ViT family's ``base`` does (the paper's pipeline builds its ViTs with timm's ``weight_init='skip'``, i.e.
-    constructor init, and changes only the attention); "keep" keeps the model's own init (timm's ``Eva`` always applies its truncated-normal
-    init). The default is measured: on the RoPE-only, EVA-02 and DINOv3-style CPU studies (3 seeds each,
-    ``docs/results.md``) "torch" trains about 10 points better than "keep" on every one of the three.
+    "torch" (default) first gives every module its PyTorch constructor init, as the ``torch`` method does and as the
+    ViT family's ``base`` does (the paper's pipeline builds its ViTs with timm's ``weight_init='skip'``, i.e.
+    constructor init, and changes only the attention); "keep" keeps the model's own init (timm's ``Eva`` always
+    applies its truncated-normal init). The default is measured: on the RoPE-only, EVA-02 and DINOv3-style CPU
+    studies (3 seeds each, ``docs/results.md``) "torch" trains about 10 points better than "keep" on every one of
+    the three.
     """
     opts = options
     values, notes = base_values(model, generator, opts.base)
