@@ -22,9 +22,9 @@ from torch import nn
 
 from impulsevit.init import impulse
 from impulsevit.init.api import InitResult, read_full, register
-from impulsevit.init.baselines import Value, as_tensor, torch_default_fills, write_values
+from impulsevit.init.baselines import Value, as_tensor, base_values, write_values
 from impulsevit.init.kinds import is_relbias_vit, is_rope_vit
-from impulsevit.init.options import MimeticOptions, OffsetOptions, as_dict, check_range
+from impulsevit.init.options import BaseOptions, MimeticOptions, OffsetOptions, as_dict, check_range
 
 __all__ = ["VitLayout", "vit_layout", "is_vit", "VitImpulseOptions", "VitMimeticOptions", "patch_pseudo_input"]
 
@@ -190,7 +190,7 @@ def vit_layout(model: nn.Module, *, need_pos_embed: bool, grid: Sequence[int] | 
 
 
 @dataclasses.dataclass(frozen=True)
-class VitImpulseOptions(OffsetOptions):
+class VitImpulseOptions(BaseOptions, OffsetOptions):
     """Options of ``impulse`` on a ViT; the defaults are the released algorithm (``impulsevit/init/README.md`` has
     the card: what each option changes and which were measured). Every float is >= 0."""
 
@@ -210,7 +210,6 @@ class VitImpulseOptions(OffsetOptions):
     rank_rtol: float = 1e-5
     qk_normalize: Literal["frobenius", "logit"] = "frobenius"
     target_logit: float = 10.0
-    base: Literal["torch", "keep"] = "torch"
     grid: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
@@ -218,12 +217,11 @@ class VitImpulseOptions(OffsetOptions):
 
 
 @dataclasses.dataclass(frozen=True)
-class VitMimeticOptions(MimeticOptions):
+class VitMimeticOptions(BaseOptions, MimeticOptions):
     """Options of ``mimetic`` on a ViT: the shared mimetic ones plus ``value_layout`` (how the value/proj factors
     are written: ``"released"`` as the released mimetic mode, ``"row"`` the row convention) and ``base``."""
 
     value_layout: Literal["row", "released"] = "released"
-    base: Literal["torch", "keep"] = "torch"
 
 
 def _non_negative_floats(options: object) -> None:
@@ -241,11 +239,9 @@ def patch_pseudo_input(pos_embed: torch.Tensor, rows: slice, eps: float = 1e-5) 
 def _base_values(
     model: nn.Module, generator: torch.Generator, base: str, skip: set[str]
 ) -> tuple[dict[str, Value], list[str]]:
-    """The ``base`` init's values of every tensor not named in ``skip`` and its notes: ``'torch'`` = PyTorch defaults
-    drawn from ``generator`` (:func:`~impulsevit.init.baselines.torch_default_fills`), ``'keep'`` = none."""
-    if base == "keep":
-        return {}, []
-    return torch_default_fills(model, generator, skip=skip)
+    """The ``base`` init's values of every tensor not named in ``skip`` and its notes
+    (:func:`~impulsevit.init.baselines.base_values`: the ``torch`` method's draws, whatever ``skip`` is)."""
+    return base_values(model, generator, base, skip)
 
 
 def _current(model: nn.Module, values: dict[str, Value], name: str) -> torch.Tensor:
