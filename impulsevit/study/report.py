@@ -45,8 +45,8 @@ from impulsevit.io import atomic_write_bytes, atomic_write_json, atomic_write_te
 from impulsevit.study.paired import PairedDifference, paired_difference
 from impulsevit.study.plan import reference_method
 
-__all__ = ["RunResult", "attention_by_epoch", "point_epoch", "read_attention", "read_scalars", "collect",
-           "paired_differences", "render_report", "report_data", "paired_summary", "write_report"]
+__all__ = ["RunResult", "accuracy_by_epoch", "attention_by_epoch", "point_epoch", "read_attention", "read_scalars",
+           "collect", "paired_differences", "render_report", "report_data", "paired_summary", "write_report"]
 
 PAIRED_METRICS = {"final": "final val top-1", "best": "best val top-1"}  # RunResult field -> what the report calls it
 
@@ -343,8 +343,21 @@ def _attention_table(results: list[RunResult], methods: list[str]) -> list[str]:
     return lines
 
 
+def accuracy_by_epoch(curves: list[list[float]]) -> dict[int, list[float]]:
+    """Per validation index (1-based: the epoch when each epoch validates once), the values of the ``curves`` (one
+    val/acc1 list per run) that reach it, nan left out: a method's figure runs to its longest run, and its last point
+    is the mean over the runs that got that far (a run with fewer validations no longer cuts every curve short)."""
+    out: dict[int, list[float]] = {}
+    for curve in curves:
+        for i, v in enumerate(curve, start=1):
+            if v == v:
+                out.setdefault(i, []).append(float(v))
+    return out
+
+
 def render_plot(results: list[RunResult]) -> bytes:
-    """PNG of val top-1 (%) per epoch: per method the mean over its finished runs ± one sample std (shaded)."""
+    """PNG of val top-1 (%) per epoch: per method, at every validation any of its finished runs reached, the mean over
+    the runs that reached it ± one sample std (shaded; 0 for one run) — :func:`accuracy_by_epoch`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -354,12 +367,12 @@ def render_plot(results: list[RunResult]) -> bytes:
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for m in dict.fromkeys(r.method for r in results):
         curves = [r.curve for r in results if r.method == m and r.state == "done" and r.curve]
-        if not curves:
+        by_epoch = accuracy_by_epoch(curves)
+        if not by_epoch:
             continue
-        n = min(len(c) for c in curves)
-        arr = 100 * np.array([c[:n] for c in curves])
-        x = np.arange(1, n + 1)
-        mean, sd = arr.mean(0), arr.std(0, ddof=1) if len(arr) > 1 else np.zeros(n)
+        x = np.array(list(by_epoch), dtype=float)
+        mean = np.array([100 * np.mean(v) for v in by_epoch.values()])
+        sd = np.array([100 * np.std(v, ddof=1) if len(v) > 1 else 0.0 for v in by_epoch.values()])
         ax.plot(x, mean, label=f"{m} (n={len(curves)})")
         ax.fill_between(x, mean - sd, mean + sd, alpha=0.2)
     ax.set_xlabel("epoch")
