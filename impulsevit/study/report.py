@@ -19,14 +19,15 @@ of freedom; :mod:`impulsevit.study.paired`); with one pair, the difference and "
 this way covers the true mean difference (over seeds, on this recipe and data order) in 95 % of studies; one that
 excludes 0 says the sign of the difference is resolved at this n. Runs that did not finish drop only their own pair.
 
-Why pairing is tighter than comparing the two means: part of the spread between seeds is what both methods share at
-a seed (the draws of the weights the init leaves alone, the global RNG), so the two methods' results move together
-from seed to seed. A difference of unpaired means carries both methods' whole seed spread (per seed, the std of a
-difference of independent draws is ``√(s_m² + s_r²)``); the paired one carries only the spread of ``d_s``,
-``√(s_m² + s_r² − 2·cov)``, smaller whenever the two methods are positively correlated over seeds. When they are not,
-pairing gains nothing and costs degrees of freedom (n − 1 instead of 2n − 2); and an interval from 3 pairs is wide
-(the t quantile is 4.30 at 2 degrees of freedom): it resolves effects several times the std of ``d_s``, not fractions
-of it.
+Why pairing is tighter than comparing the two means: part of the spread between seeds is what both methods share at a
+seed (the draws of the weights the init leaves alone, the global RNG), so the two methods' results move together from
+seed to seed — as far as the two inits draw alike: a method that draws the weights it does not structure differently
+from the reference at the same seed shares less with it. A difference of unpaired means carries both methods' whole seed
+spread (per seed, the std of a difference of independent draws is ``√(s_m² + s_r²)``); the paired one carries only the
+spread of ``d_s``, ``√(s_m² + s_r² − 2·cov)``, smaller whenever the two methods are positively correlated over seeds.
+When they are not, pairing gains nothing and costs degrees of freedom (n − 1 instead of 2n − 2); and an interval from 3
+pairs is wide (the t quantile is 4.30 at 2 degrees of freedom): it resolves effects several times the std of ``d_s``,
+not fractions of it.
 
 The reference: ``impulsevit study --reference METHOD``, else the recipe's ``# study: {reference: METHOD}`` header,
 else ``torch`` when it is one of the methods, else the first method (:func:`impulsevit.study.plan.reference_method`).
