@@ -43,7 +43,7 @@ PROVIDERS: dict[str, tuple[str, str]] = {
     "study": ("impulsevit.study", "main"),
     "demo": ("impulsevit.init.demo", "main"),
     "init": ("impulsevit.init.plugins", "main"),
-    "data": ("impulsevit.tools.preview", "main"),
+    "data": ("impulsevit.cli.data_preview", "main"),
     "download": ("impulsevit.data.sources.download", "main"),
     "runs": ("impulsevit.run.runs", "main"),
 }

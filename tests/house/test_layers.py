@@ -279,3 +279,26 @@ def test_every_registering_module_is_a_listed_builtin_family():
                      if {"importlib", "pkgutil"} & {m.split(".")[0] for m in imports(p)})
     assert dynamic == ["init/plugins.py"], dynamic  # the deprecated entry-point / import-path routes (until 0.3.0)
     assert not internal("impulsevit.init.registry"), internal("impulsevit.init.registry")  # below every family
+
+
+def test_tools_take_built_objects_not_the_command_line():
+    """docs/design.md: ``tools/`` takes what it works on built (a datamodule, a checkpoint path) and never imports the
+    command line (``cli/``), which imports the tools: no arrow runs back from a tool to ``cli/`` or ``study/``."""
+    bad = sorted(f"{src} imports {dst}" for src in MODULES if _in(src, "impulsevit.tools")
+                 for dst in internal(src) if _in(dst, "impulsevit.cli") or _in(dst, "impulsevit.study"))
+    assert not bad, "\n".join(bad)
+    assert "impulsevit.tools.preview" in internal("impulsevit.cli.data_preview")  # the edge runs the other way
+
+
+def test_design_says_where_every_subcommand_lives():
+    """Every subcommand's ``main`` (``cli/entry.py``'s ``PROVIDERS``) is in an entry-point folder or is named, by its
+    file, in docs/design.md's layer table (the five that keep their ``main`` beside the lower layer they front)."""
+    text = DESIGN.read_text()
+    section = text[text.index("## Layers"):text.index("## Where a change goes")]
+    unplaced = []
+    for sub, module in sorted(provider_modules().items()):
+        path = str(MODULES[module].relative_to(PKG))
+        if layer(module) != 6 and f"`{path}`" not in section:
+            unplaced.append(f"{sub}: {module} ({path}, layer {layer(module)})")
+    assert not unplaced, "subcommands whose main docs/design.md does not place:\n" + "\n".join(unplaced)
+    assert layer(provider_modules()["runs"]) == 5  # the check sees a real one outside the entry points
