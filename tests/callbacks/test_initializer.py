@@ -16,7 +16,7 @@ from impulsevit.callbacks import Initializer
 from impulsevit.callbacks.initializer import generator_digest, tensor_digests
 from impulsevit.data.loading.synthetic import SyntheticDataModule
 from impulsevit.init.api import InitResult
-from impulsevit.init.vit import is_vit
+from impulsevit.init.vit_layout import is_vit
 
 VIT = dict(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=2, weight_init="skip")
 CALLS: list[int] = []
