@@ -236,11 +236,26 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: MixerIm
                  f"{[tuple(o[0]) for o in block_offsets]}; all {s} hidden units carry it (signs alternate, "
                  "magnitudes U(0.5, 1.5))")
     notes.append(note)
+    notes.append(_centre_kernel_note(model, grid))
     if layout in ("blocks", "fc1_only") and num_offsets == 1:
         notes.append(f"only one offset (identity) fits S//N = {s // n}: token mixing starts as the identity; "
                      "layout='factored' or 'one_tap' give other taps")
     return InitResult(options={**as_dict(opts), "num_offsets": num_offsets, "gain_out": gain_out},
                       offsets=block_offsets, notes=notes)
+
+
+def _centre_kernel_note(model: nn.Module, grid: tuple[int, int]) -> str:
+    """One line of the init report: block 0's composite token-mixing kernel (linear part, one-hot probing) at the
+    centre token, over its 3×3 neighbourhood, row by row."""
+    kernel = mixer_token_kernel(model)[0]
+    h, w = grid
+    r, c = h // 2, w // 2
+    rows = []
+    for dy in (-1, 0, 1):
+        taps = [kernel[r * w + c, (r + dy) * w + c + dx] if 0 <= r + dy < h and 0 <= c + dx < w else 0.0
+                for dx in (-1, 0, 1)]
+        rows.append(" ".join(f"{float(t):+.2f}" for t in taps))
+    return f"block 0 composite kernel at the centre token (3x3, rows top to bottom): [{' | '.join(rows)}]"
 
 
 # ---------------------------------------------------------------------------------------------------- diagnostics

@@ -152,3 +152,29 @@ def test_kernel5_factored_covers_25_offsets():
     offsets = ii.kernel_offsets(5)
     assert report.offsets[0] == offsets and report.options["num_offsets"] == 25
     assert torch.allclose(mixer_token_kernel(model)[0], expected_kernel(offsets, 0.5 / 5), atol=1e-6)
+
+
+@pytest.mark.parametrize("token_ratio", [0.75, 1.5, 4.0])  # S < N, N < S < 2N, S = 4N
+def test_one_tap_layout_is_one_tap_per_block_carried_by_every_hidden_unit(token_ratio):
+    """``layout='one_tap'``: block ``b``'s composite (linear part, one-hot probing of the real token MLP) is exactly
+    one tap at ``impulse_offsets(depth)[b]`` with gain 1 (zero padding at the border), where ``factored`` is a 9-tap
+    box; every hidden unit serves a token (no zero fc2 column) and no two units are alike."""
+    model = make(token_ratio=token_ratio, blocks=3)
+    report = ii.initialize(model, "impulse", layout="one_tap", generator=0)
+    offsets = impulse_offsets(3)
+    assert report.offsets == [[o] for o in offsets]
+    s = model.blocks[0].mlp_tokens.fc1.out_features
+    served = min(s, GRID[0] * GRID[1])
+    for block, kernel in enumerate(mixer_token_kernel(model)):
+        expected = expected_kernel([offsets[block]], 1.0)
+        expected[served:] = 0  # tokens no unit serves (S < N)
+        assert torch.allclose(kernel, expected, atol=1e-6)
+        mlp = model.blocks[block].mlp_tokens
+        assert (mlp.fc2.weight != 0).any(0).all()  # every hidden unit has an output
+        fc1 = mlp.fc1.weight.detach()
+        assert torch.unique(fc1[fc1.any(1)], dim=0).shape[0] == int(fc1.any(1).sum())
+    assert "[+0.00 +0.00 +0.00 | +0.00 +1.00 +0.00 | +0.00 +0.00 +0.00]" in report.notes[-1]
+    box = make(token_ratio=token_ratio, blocks=3) if token_ratio >= 1 else None
+    if box is not None:
+        notes = ii.initialize(box, "impulse", layout="factored", generator=0).notes
+        assert "[+0.17 +0.17 +0.17 | +0.17 +0.17 +0.17 | +0.17 +0.17 +0.17]" in notes[-1]
