@@ -56,7 +56,7 @@ from impulsevit.safe_load import (
     load_checkpoint,
     load_distributed_checkpoint,
 )
-from impulsevit.training.checkpointing import atomic_torch_save
+from impulsevit.training.checkpointing import atomic_torch_save, load_weights
 
 __all__ = ["EXPORT_FILES", "backbone_state_dict", "build_model", "data_config", "export_checkpoint",
            "export_folder", "is_export_folder", "load_checkpoint_file", "main", "model_card", "push_to_hub",
@@ -167,13 +167,15 @@ def _timm_kwargs(hp: dict[str, Any]) -> dict[str, Any]:
     return timm_kwargs(hp["backbone"], hp.get("backbone_kwargs"), img_size=hp.get("img_size"))
 
 
-def build_model(ckpt: dict[str, Any], ema: bool = False) -> nn.Module:
+def build_model(ckpt: dict[str, Any], ema: bool = False, source: str = "the checkpoint") -> nn.Module:
     """The timm backbone the run built (``timm.create_model(backbone, num_classes=..., **backbone_kwargs)``) with the
-    checkpoint's (or EMA) weights loaded strictly, in eval mode, on CPU.
+    checkpoint's (or EMA) weights loaded strictly (:func:`impulsevit.training.checkpointing.load_weights`), in eval
+    mode, on CPU. ``source`` names the checkpoint in the error messages.
 
     Raises:
         KeyError: see :func:`backbone_state_dict`. ValueError: the checkpoint has no ``hyper_parameters`` or timm
-            cannot build the model (names it).
+            cannot build the model (names it). ConfigError: the weights do not fit the model timm built (one line
+            naming ``source`` and the first tensors that differ).
     """
     import timm
 
@@ -190,11 +192,11 @@ def build_model(ckpt: dict[str, Any], ema: bool = False) -> nn.Module:
         kwargs["num_classes"] = int(num_classes)
     try:
         model = timm.create_model(hp["backbone"], **kwargs)
-        model.load_state_dict(state, strict=True)
     except (RuntimeError, TypeError, ValueError, AssertionError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"cannot rebuild timm model {hp['backbone']!r} with kwargs {kwargs} from the checkpoint: "
+        raise ValueError(f"cannot rebuild timm model {hp['backbone']!r} with kwargs {kwargs} from {source}: "
                          f"{first}") from e
+    load_weights(model, state, source=f"{source} ({'EMA' if ema else 'backbone'} weights)")
     return model.eval()
 
 
@@ -370,7 +372,7 @@ def export_folder(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike, ema:
     out = Path(out_dir)
     claim_output(out, overwrite, "folder", what="OUT", replaceable=is_export_folder, ours="export")
     ckpt = load_checkpoint_file(ckpt_path, trust=trust)
-    model = build_model(ckpt, ema=ema)
+    model = build_model(ckpt, ema=ema, source=f"checkpoint {ckpt_path}")
     dc = data_config(ckpt)
     model_config = _timm_model_config(ckpt, ckpt_path, ema)
     card = model_card(ckpt, model, ckpt_path, ema=ema, name=out.name)
@@ -401,13 +403,16 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out_path: str | os.PathLike,
 
     Raises:
         ConfigError: ``out_path`` is a folder (it is never replaced by a file), or an existing file without
-            ``overwrite``.
+            ``overwrite``; the tensors do not fit the model the hyperparameters name (:func:`build_model`, checked
+            before anything is written).
     """
     claim_output(out_path, overwrite, "file", what="OUT")
     ckpt = load_checkpoint_file(ckpt_path, trust=trust)
     state = backbone_state_dict(ckpt, ema=ema)
-    atomic_torch_save(state, out_path)
     hp = ckpt.get("hyper_parameters") or {}
+    if hp.get("backbone"):  # the printed `timm.create_model(..., checkpoint_path=OUT)` line must work: check the fit
+        build_model(ckpt, ema=ema, source=f"checkpoint {ckpt_path}")
+    atomic_torch_save(state, out_path)
     head = state.get("head.weight")
     return {
         "backbone": hp.get("backbone"),

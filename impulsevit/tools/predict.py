@@ -66,7 +66,7 @@ def load_predictor(path: str | os.PathLike, ema: bool = False,
         from impulsevit.tools.export import build_model, data_config, load_checkpoint_file, run_record
 
         ckpt = load_checkpoint_file(path, trust=trust)
-        model = build_model(ckpt, ema=ema)
+        model = build_model(ckpt, ema=ema, source=f"checkpoint {path}")
         names = run_record(ckpt).get("class_names")
         model.pretrained_cfg = {**model.pretrained_cfg, **data_config(ckpt), "num_classes": model.num_classes,
                                 **({"label_names": list(names)} if names else {})}

@@ -86,6 +86,11 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> Ctx:
     assert cfg["model_args"]["depth"] == 2, cfg["model_args"]
     cfg["model_args"]["depth"] = 3
     (mismatch / "config.json").write_text(json.dumps(cfg))
+    # a checkpoint whose state-dict keys were renamed (its hyperparameters still name the model they came from)
+    saved = torch.load(ckpt, map_location="cpu", weights_only=True)
+    saved["state_dict"] = {k.replace(".blocks.1.attn.", ".blocks.1.attention."): v
+                           for k, v in saved["state_dict"].items()}
+    torch.save(saved, tmp / "renamed.ckpt")
     return Ctx(tmp, ckpt, tmp / "exported")
 
 
@@ -134,7 +139,21 @@ CASES: list[tuple[str, Callable[[Ctx], list[str]], list[str], int, tuple[str, ..
                                                f"--out={c.tmp / 'p.csv'}"], [], 2,
      ("the weights do not fit the model VisionTransformer", "tensor(s) missing from the weights (first: "
       "blocks.2.norm1.weight")),
+    ("predict-renamed-keys", lambda c: ["predict", str(c.tmp / "renamed.ckpt"), str(c.tmp / "imgs"),
+                                        f"--out={c.tmp / 'p.csv'}"], [], 2,
+     ("impulsevit predict: error: checkpoint {tmp}/renamed.ckpt (backbone weights): the weights do not fit "
+      "the model VisionTransformer: 4 tensor(s) missing from the weights (first: blocks.1.attn.qkv.weight, ",
+      "4 tensor(s) unexpected (first: blocks.1.attention.qkv.weight")),
     # ---- export
+    *[(f"export-renamed-keys-{fmt}", lambda c, out=out: ["export", str(c.tmp / "renamed.ckpt"), str(c.tmp / out)],
+       [], 2, ("impulsevit export: error: checkpoint {tmp}/renamed.ckpt (backbone weights): the weights do "
+               "not fit the model VisionTransformer: 4 tensor(s) missing from the weights (first: "
+               "blocks.1.attn.qkv.weight, ", "4 tensor(s) unexpected (first: blocks.1.attention.qkv.weight"))
+      for fmt, out in (("folder", "renamed-out"), ("state-dict", "renamed.pth"))],
+    ("fit-resume-renamed-keys", _fit(), ["--resume={tmp}/renamed.ckpt"], 2,
+     ("impulsevit fit: error: --resume {tmp}/renamed.ckpt does not fit the model: 8 tensor(s) missing from the "
+      "weights (first: backbone.blocks.1.attn.qkv.weight, ", "8 tensor(s) unexpected (first: "
+      "backbone.blocks.1.attention.qkv.weight")),
     ("export-missing-checkpoint", lambda c: ["export", str(c.tmp / "missing.ckpt"), str(c.tmp / "out")], [], 2,
      ("impulsevit export: error:", "missing.ckpt")),
     ("export-a-folder-that-is-no-checkpoint", lambda c: ["export", str(c.tmp / "adir"), str(c.tmp / "out")], [], 2,
@@ -173,8 +192,9 @@ def test_a_mistake_is_one_line_and_its_exit_status(ctx: Ctx, argv, extra, rc, ne
     args = [*argv(ctx), *(a.format(tmp=ctx.tmp) for a in extra)]
     before = snapshot(ctx.tmp / "runs")
     res = run(*args, cwd=ctx.tmp, extra_env={"PYTHONPATH": _pythonpath(ctx)})
-    assert_one_line_error(res, rc, *needles)
+    assert_one_line_error(res, rc, *(n.format(tmp=ctx.tmp) for n in needles))
     assert snapshot(ctx.tmp / "runs") == before
+    assert not (ctx.tmp / "renamed-out").exists() and not (ctx.tmp / "renamed.pth").exists()
 
 
 def _pythonpath(ctx: Ctx) -> str:
