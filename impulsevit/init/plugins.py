@@ -28,7 +28,6 @@ before any data is prepared. ``impulsevit init list`` (:func:`main`) prints ever
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib
 import importlib.metadata
@@ -37,6 +36,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from impulsevit.argparser import ArgumentParser
 from impulsevit.init.options import as_dict, known_keys, parse_options, schema_from_signature, unknown_keys_message
 from impulsevit.init.registry import InitResult, add_function, methods, origins, schemas
 
@@ -297,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``impulsevit init list [module:function ...]``: list the init methods and where each comes from.
 
     Exit status 1 when one of the given import paths does not resolve (the reason is printed), else 0."""
-    parser = argparse.ArgumentParser(prog="impulsevit init", description="initializers: built-in, registered by "
+    parser = ArgumentParser(prog="impulsevit init", description="initializers: built-in, registered by "
                                      "plugin modules (impulsevit --plugins), installed plugins (entry-point group "
                                      f"{ENTRY_POINT_GROUP}, value module:function) and import paths")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -34,7 +34,6 @@ data config from the datamodule's saved hyperparameters and a card without metri
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -47,6 +46,7 @@ from torch import nn
 
 from impulsevit._compat.checkpoint import callback_state
 from impulsevit._compat.timm import model_card_readme
+from impulsevit.argparser import ArgumentParser
 from impulsevit.errors import ConfigError, UserError
 from impulsevit.io import claim_output, commit, disk_errors, remove, temp_path
 from impulsevit.safe_load import (
@@ -473,7 +473,7 @@ def push_to_hub(info: dict[str, Any], repo_id: str, private: bool = False) -> st
 def main(argv: list[str] | None = None) -> int:
     """``impulsevit export CKPT OUT [--ema] [--format folder|state-dict] [--overwrite] [--push-to-hub ORG/NAME]``;
     returns the exit status (0 done, 2 bad input, 1 disk or hub failure)."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="impulsevit export",
         description="Write a timm model folder (config.json with the run's data config and class names, "
                     "model.safetensors, a model card) or a plain state dict from a checkpoint; load the folder with "

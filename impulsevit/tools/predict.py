@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from impulsevit.argparser import ArgumentParser
 from impulsevit.errors import ConfigError, state_dict_mismatch
 from impulsevit.safe_load import TRUST_FLAG, TRUST_HELP
 
@@ -164,7 +165,7 @@ def _at_least(low: int):  # noqa: ANN202 - an argparse type
 
 def main(argv: list[str] | None = None) -> int:
     """``impulsevit predict MODEL IMAGES [...]``; the exit status (0 done, 2 bad input, 1 no image readable)."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="impulsevit predict",
         description="Top-5 classes of every image in a folder as CSV, with the model's own data config "
                     "(`impulsevit predict --recipe ...` is LightningCLI's predict).")

@@ -44,6 +44,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from impulsevit.argparser import ArgumentParser, did_you_mean
+
 __all__ = ["build_datamodule", "claim_preview", "class_names", "collect", "main", "preview_paths", "render_grid",
            "write_preview"]
 
@@ -287,7 +289,7 @@ def class_names(dm: Any, split: str) -> list[str] | None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="impulsevit data preview", allow_abbrev=False,
+    p = ArgumentParser(prog="impulsevit data preview", allow_abbrev=False,
                                 description="Write the images a recipe feeds the model (PNG grid + tensors).",
                                 epilog="Every other argument is parsed as by `impulsevit fit` (--recipe R, "
                                        "--data.init_args.root=..., ...).")
@@ -308,11 +310,13 @@ def main(argv: list[str]) -> int:
         print(f"{USAGE}\n\n{__doc__.split(chr(10) * 2)[0]}")
         return 0 if argv else 2
     if argv[0] != "preview":
-        print(f"impulsevit data: error: unknown command {argv[0]!r} (known: preview)\n{USAGE}", file=sys.stderr)
+        hint = "; did you mean 'preview'?" if did_you_mean(argv[0], ["preview"]) else ""
+        print(f"impulsevit data: error: unknown command {argv[0]!r} (choose from preview){hint}", file=sys.stderr)
         return 2
     args, rest = _parser().parse_known_args(argv[1:])
     if not any(a.split("=", 1)[0] in ("--recipe", "--config", "-c") for a in rest):
-        print(f"impulsevit data preview: error: --recipe is required\n{USAGE}", file=sys.stderr)
+        print("impulsevit data preview: error: --recipe is required (impulsevit data --help lists the options)",
+              file=sys.stderr)
         return 2
     try:
         claim_preview(args.out, args.split, args.overwrite)

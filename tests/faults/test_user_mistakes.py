@@ -276,3 +276,29 @@ def test_corrupt_images_on_the_torchvision_backend_are_named_and_skipped(tmp_pat
     res = run("fit", "--recipe", TINY, f"--runs_dir={tmp_path / 'runs'}", "--name=d", "--trainer.max_epochs=1",
               _folder_data(only_bad), cwd=tmp_path)
     assert_one_line_error(res, 1, "none of the 2 images of this split can be read", "x.jpg")
+
+
+@pytest.mark.parametrize(("argv", "needles"), [
+    (["convert", "--preset", "res265", "a", "b"], ("impulsevit convert: error: argument --preset: invalid choice: "
+                                                   "'res265' (choose from ", "'res256'", "did you mean 'res256'?")),
+    (["convert", "--preset", "unknown", "a", "b"], ("invalid choice: 'unknown' (choose from ", "'short384')")),
+    (["export", "a.ckpt", "out", "--format", "fodler"], ("impulsevit export: error:", "did you mean 'folder'?")),
+    (["init", "lst"], ("impulsevit init: error:", "invalid choice: 'lst'", "did you mean 'list'?")),
+    (["data", "previw"], ("impulsevit data: error: unknown command 'previw' (choose from preview); did you mean "
+                          "'preview'?",)),
+    (["data", "preview", "--recipe", "tiny_synthetic", "--split", "trian"], ("did you mean 'train'?",)),
+    (["runs", "--sort", "top"], ("impulsevit runs: error: argument --sort: invalid choice: 'top'",)),
+    (["study", "--recipe", "tiny_synthetic", "--methods"], ("impulsevit study: error: argument --methods: expected",)),
+    (["submit", "--dry-run"], ("impulsevit submit: error: the following arguments are required: --recipe",)),
+    (["predict", "m", "i", "--batch-size", "0"], ("impulsevit predict: error: argument --batch-size: must be >= 1",)),
+    (["download", "cifar10"], ("impulsevit download: error: the following arguments are required: root",)),
+    (["demo", "--layers", "x"], ("impulsevit demo: error: argument --layers: invalid int value: 'x'",)),
+    (["fitt"], ("impulsevit: error: unknown subcommand 'fitt' (choose from ", "did you mean 'fit'?")),
+], ids=lambda v: "-".join(v) if isinstance(v, list) else None)
+def test_argument_errors_of_every_subcommand_are_one_line(tmp_path, argv, needles):  # noqa: ANN001
+    """argparse prints its usage before the error; impulsevit's parser (impulsevit.argparser) prints the error alone,
+    with the choices and the closest one."""
+    res = run(*argv, cwd=tmp_path)
+    assert len(res.err_lines) == 1, res.err
+    assert_one_line_error(res, 2, *needles)
+    assert list(tmp_path.iterdir()) == []
