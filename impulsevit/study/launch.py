@@ -187,8 +187,9 @@ def _run_plan(study_dir: Path, plan: dict[str, Any], run_index: int | None) -> t
             print(f"[study] {run['name']}: fit {plan['recipe']} {' '.join(plan_entry_args(run))}", flush=True)
             rc, state, received = _run_one(study_dir, plan["recipe"], run, plan["overrides"])
             stops = [sig for sig in (*received, *between) if sig in _STOPS]
-            if stops:
-                print(f"[study] {run['name']}: {state} (exit {rc})", flush=True)
+            if stops:  # an interrupted run is named by main's one line; a run that ended anyway is said here
+                if state != "interrupted":
+                    print(f"[study] {run['name']}: {state} (exit {rc})", flush=True)
                 return stops[0], run["name"] if state == "interrupted" else ""
             print(f"[study] {run['name']}: {'done' if rc == 0 else f'FAILED (exit {rc})'}", flush=True)
     return None

@@ -186,6 +186,7 @@ def test_study_signal_stops_after_the_running_fit(tmp_path: Path, sig: int) -> N
     assert res.err_lines == [f"impulsevit study: stopped by {name}: run impulse-s0 checkpointed and marked "
                              f"interrupted; no further run started; rerun the same command to continue "
                              f"(exit {128 + sig})"], res.err
+    assert "interrupted" not in res.out, res.out  # said once, in that line
     assert_no_survivors(res.sid)
     study_dir = runs / "s"
     status = json.loads((study_dir / "impulse-s0" / "status.json").read_text())
