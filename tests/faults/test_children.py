@@ -21,7 +21,8 @@ from filelock import FileLock
 
 from tests.faults.harness import REPO, TINY, assert_no_survivors, finish, run, session_members, start, wait_for
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signals are Linux-only")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signals are Linux-only"),
+              pytest.mark.slow]
 
 # the convert test's slow writer: a plugin module (imported by the command before the subcommand, so the forked
 # writer processes inherit it) that makes each written image take 50 ms; each writer marks itself (MARKER.<pid>)

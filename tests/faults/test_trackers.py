@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from faults.harness import (
     TINY,
     assert_no_survivors,
@@ -14,6 +16,8 @@ from faults.harness import (
     run,
     snapshot,
 )
+
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
 
 
 def test_unknown_tracker_is_one_line_and_writes_nothing(tmp_path):

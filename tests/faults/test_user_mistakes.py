@@ -24,6 +24,8 @@ from impulsevit.run.preflight import check_epochs
 from impulsevit.training.config import MixupConfig, OptimizerConfig, SchedulerConfig
 from tests.faults.harness import TINY, assert_one_line_error, run, small_tmpfs, snapshot
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 SHORT = ("--trainer.max_epochs=1", "--data.init_args.num_train=32", "--data.init_args.num_val=16")
 
 

@@ -27,6 +27,8 @@ from impulsevit.cli.trainer_cli import fit_summary
 from impulsevit.errors import ConfigError
 from impulsevit.training.trackers import TRACKERS_FILE, check_tracker_ready, check_trackers, place_logger_config
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 PREEMPT = '--trainer.callbacks=[{"class_path": "_cli_helpers.SignalAtStep", "init_args": {"step": 5}}]'
 STEPS = 8  # tiny_synthetic: 2 epochs x 4 steps
 

@@ -27,6 +27,8 @@ from PIL import Image
 from impulsevit.data.sources import download as dl
 from impulsevit.tools.preview import main as preview_main
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 N_TRAIN, N_TEST = 10, 5
 
 
