@@ -131,6 +131,8 @@ def check_fit_config(job: FitJob, opts: SlurmOptions) -> None:
         pass
 
     class _ParseOnly(ImpulseCLI):
+        error_prog = "impulsevit submit"  # its one-line error names submit, and `impulsevit fit --help` for the keys
+
         def before_instantiate_classes(self) -> None:
             super().before_instantiate_classes()
             raise _Parsed

@@ -70,6 +70,8 @@ class ImpulseCLI(SubcommandRunHookCLI):
     ``IMPULSEVIT_TRUST_CHECKPOINT=1`` is set; then Lightning loads it with ``weights_only=False``.
     """
 
+    error_prog: str | None = None  # how a parse error names the command, when not `impulsevit SUBCOMMAND`
+
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("seed_everything_default", 0)
         kwargs.setdefault("parser_kwargs", {"prog": "impulsevit"})
@@ -192,6 +194,10 @@ class ImpulseCLI(SubcommandRunHookCLI):
         if isinstance(parser, ImpulseArgumentParser) and isinstance(args, list | tuple) and args and \
                 args[0] in subcommands:
             parser.error_prog = f"{parser.prog} {args[0]}"  # the one-line error names the subcommand
+            if self.error_prog is not None:  # ... or the command that parses a fit configuration (submit)
+                for p in (parser, subcommands[args[0]]):
+                    if isinstance(p, ImpulseArgumentParser):
+                        p.error_prog, p.keys_prog = self.error_prog, f"{parser.prog} {args[0]}"
         with old_module_paths():  # class_path strings of recipes and old runs' config.yaml may name old paths
             if isinstance(args, dict):
                 self.config = parser.parse_object(args)
