@@ -126,7 +126,7 @@ def timm_pipeline(n: int, size: int, jitter: bool, seed: int, src: np.ndarray) -
     the magnitudes of the applied ops that take one."""
     from timm.data.transforms_factory import transforms_imagenet_train
 
-    from impulsevit.data.augment.device import fix_timm_posterize
+    from impulsevit._compat.timm import fix_timm_posterize
 
     cfg = _augment_cfg(jitter)
     tf = transforms_imagenet_train(size, scale=cfg["scale"], ratio=cfg["ratio"], hflip=0.0, interpolation="bicubic",

@@ -38,7 +38,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from impulsevit.data.augment.device import DeviceAugment, fix_timm_posterize
+from impulsevit._compat.timm import fix_timm_posterize
+from impulsevit.data.augment.device import DeviceAugment
 from impulsevit.memory import reuse_large_allocations
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -28,7 +28,7 @@ import torch
 import impulsevit.init as ii
 from impulsevit.init import impulse as imp
 from impulsevit.init.baselines import torch_defaults, write_values
-from impulsevit.init.vit import vit_layout
+from impulsevit.init.vit_layout import vit_layout
 
 CONFIGS = [
     ("vit_tiny_patch16_224", {}),

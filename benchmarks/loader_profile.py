@@ -2,7 +2,7 @@
 
 Generates JPEGs as ``benchmarks/loader_speed.py`` does, converts them with the ``short256`` preset (half the stored
 images JPEG, half raw), reads the stored bytes back from the ``.beton`` and times, single-threaded and compiled as the
-decoder runs them, each stage of :func:`~.ffcv_loader._resample_decoder`'s training path over every
+decoder runs them, each stage of :func:`~.ffcv_decoder.resample_decoder`'s training path over every
 stored image:
 
 - ``decode jpg`` / ``read raw``: FFCV's libjpeg-turbo ``imdecode`` of the JPEG samples into a scratch buffer; a copy of

@@ -30,7 +30,7 @@ from impulsevit.callbacks import Initializer
 from impulsevit.data.loading.synthetic import SyntheticDataModule
 from impulsevit.init import initialize, read_full, register
 from impulsevit.init.api import InitResult
-from impulsevit.init.vit import is_vit
+from impulsevit.init.vit_layout import is_vit
 
 ROOT = Path(__file__).resolve().parents[1]
 

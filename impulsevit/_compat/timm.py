@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["module_init_fn", "model_card_readme", "swin_relative_position_bias"]
+__all__ = ["fix_timm_posterize", "module_init_fn", "model_card_readme", "swin_relative_position_bias"]
 
 
 def module_init_fn(model: nn.Module) -> Callable[[nn.Module], None] | None:
@@ -45,3 +45,28 @@ def model_card_readme(model_card: dict[str, Any], model_name: str) -> str:
     from timm.models._hub import generate_readme
 
     return generate_readme(model_card, model_name)
+
+
+def _posterize_at_least_1bit(img, bits_to_keep, **kwargs):  # noqa: ANN001, ANN202 - timm op signature
+    from timm.data.auto_augment import posterize
+
+    return posterize(img, max(1, int(bits_to_keep)), **kwargs)
+
+
+def fix_timm_posterize(transform) -> None:  # noqa: ANN001 - timm RandAugment or a Compose holding one
+    """Pillow >= 11 rejects ``posterize(bits=0)``, which timm's ``PosterizeIncreasing`` requests at magnitude 10
+    (reachable with ``m9-mstd0.5``, then the PIL pipeline raises): make the RandAugment ops in ``transform`` keep at
+    least 1 bit, as :class:`impulsevit.data.augment.rand_augment.BatchRandAugment` does. Modifies the given objects
+    only, not timm.
+
+    Reaches: ``timm.data.auto_augment.AugmentOp.aug_fn`` of the Posterize ops (replaced on the given ``RandAugment``)
+    Checked on: timm>=1.0.20,<1.1
+    Waits for: timm clamping posterize's bits to >= 1 itself (Pillow >= 11 refuses 0).
+    """
+    from timm.data.auto_augment import RandAugment
+
+    for t in [transform, *getattr(transform, "transforms", [])]:
+        if isinstance(t, RandAugment):
+            for op in t.ops:
+                if op.name.startswith("Posterize"):
+                    op.aug_fn = _posterize_at_least_1bit

@@ -130,10 +130,10 @@ class Initializer(L.Callback):
     """Run ``impulsevit.init.initialize(backbone, method, generator=Generator(seed), **options)`` at ``on_fit_start``.
 
     Args:
-        method: registered init method (``impulse``, ``mimetic``, ``timm``, ``torch``, ``weight_selection``, ...), an
-            installed plugin's entry-point name or an import path ``module:function`` (checked once, before any data
-            work, by :func:`impulsevit.init.check_init_method` through ``ImageClassifier`` / the CLI; a callback
-            built by hand with an unknown method fails when it runs, naming the method).
+        method: registered init method (``impulse``, ``mimetic``, ``timm``, ``torch``, ``weight_selection``, ..., or
+            one a plugin module registered; an import path ``module:function`` is deprecated) (checked once, before
+            any data work, by :func:`impulsevit.init.check_init_method` through ``ImageClassifier`` / the CLI; a
+            callback built by hand with an unknown method fails when it runs, naming the method).
         seed: seed of the generator every rank uses.
         options: method options (validated by the method; unknown keys raise).
         log_attention: log the initial attention maps and per-head summary (models without attention maps are

@@ -1,8 +1,8 @@
 """The ``RunRecord`` callback: what a checkpoint must carry so that the model can be shared without its run directory.
 
 Every checkpoint gets (as this callback's state, ``checkpoint["callbacks"]["RunRecord"]``) a plain dict, read by
-``impulsevit export`` (:func:`impulsevit.tools.export.run_record`) for the model folder's ``config.json`` and model
-card:
+``impulsevit export`` (:func:`impulsevit.tools.checkpoint_model.run_record`) for the model folder's ``config.json``
+and model card:
 
 - ``data_config``: the evaluation transform the run used, in timm's terms (``input_size`` ``[3, S, S]``, ``mean`` /
   ``std`` on the 0–1 scale, ``interpolation``, ``crop_pct``, ``crop_mode``), from the datamodule's

@@ -1,9 +1,9 @@
 """The FFCV conversion job ``impulsevit submit`` puts in front of a training job whose ``.beton`` files are missing.
 
 :func:`conversion_commands` instantiates the recipe's datamodule exactly as ``impulsevit fit`` would (same parser,
-same overrides; :func:`impulsevit.tools.preview.build_datamodule`) and asks it which splits have no complete ``.beton``
-and which ``impulsevit convert`` command writes each (the datamodule's ``convert_command``: same path, preset,
-subset and request, so the training job's ``prepare_data`` finds them up to date). :func:`render_convert_sbatch`
+same overrides; :func:`impulsevit.cli.fit_datamodule.build_datamodule`) and asks it which splits have no complete
+``.beton`` and which ``impulsevit convert`` command writes each (the datamodule's ``convert_command``: same path,
+preset, subset and request, so the training job's ``prepare_data`` finds them up to date). :func:`render_convert_sbatch`
 writes one job on one node with all its cores (``--exclusive``; ``--workers`` = ``$SLURM_CPUS_ON_NODE``) that runs
 them in order; the training job is then submitted with ``--dependency=afterok:<conversion job id>``, so it starts
 only when every split converted. The conversion job's output goes to ``<run dir>/slurm/convert-<job id>.out``.
@@ -28,7 +28,7 @@ __all__ = ["conversion_commands", "convert_script_path", "render_convert_sbatch"
 def conversion_commands(job: FitJob) -> list[list[str]]:
     """``impulsevit convert`` argvs (without the launcher) for the splits of ``job``'s recipe + overrides that
     have no complete ``.beton``; empty when nothing needs converting (or the backend is not FFCV)."""
-    from impulsevit.tools.preview import build_datamodule
+    from impulsevit.cli.fit_datamodule import build_datamodule
 
     overrides = [o.replace("%a", "0") for o in job.fit_overrides]
     errors = io.StringIO()

@@ -43,7 +43,7 @@ PROVIDERS: dict[str, tuple[str, str]] = {
     "study": ("impulsevit.study", "main"),
     "demo": ("impulsevit.init.demo", "main"),
     "init": ("impulsevit.init.plugins", "main"),
-    "data": ("impulsevit.tools.preview", "main"),
+    "data": ("impulsevit.cli.data_preview", "main"),
     "download": ("impulsevit.data.sources.download", "main"),
     "runs": ("impulsevit.run.runs", "main"),
 }
@@ -147,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv or os.environ.get("IMPULSEVIT_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
     _setup_logging()
+    # the deprecated extension routes the user took (an init import path, a function entry point, ...) are shown, once
+    # each, though Python hides a DeprecationWarning raised outside __main__
+    warnings.filterwarnings("default", category=DeprecationWarning, message=r".*will be removed in impulsevit ")
     where = ["impulsevit"]  # the message's prefix: "impulsevit SUB" once the subcommand is known
     try:
         return _dispatch(argv, debug, where)

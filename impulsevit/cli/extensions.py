@@ -5,7 +5,7 @@ A plugin is a module; importing it runs its registrations. ``impulsevit`` import
 
 * every entry point of the group ``impulsevit.plugins`` of an installed distribution (its value names the module:
   ``[options.entry_points] impulsevit.plugins = my_data = my_pkg.extras``), as pytest does with ``pytest11``; an
-  entry whose value names a function (``my_init = my_pkg.inits:my_init``) is an init method of that name
+  entry whose value names a function (``my_init = my_pkg.inits:my_init``) is deprecated until 0.3.0
   (:mod:`impulsevit.init.plugins`): its module is imported here, the function is looked up when a recipe names it;
 * the modules of ``IMPULSEVIT_PLUGINS`` (comma-separated module names, e.g. ``my_pkg.extras,my_inits``; the module
   must be importable, e.g. on ``PYTHONPATH``);

@@ -38,7 +38,7 @@ impulsevit {__version__}: Lightning + timm training of vision transformers with 
                       one table of every run under DIR (default runs) or a study: status, epoch/step, top-1, ...
   demo                show an impulse initialization on a small ViT
   init list [module:function ...]
-                      list the init methods (built-in, plugins, import paths) and their source
+                      list the init methods (built-in, registered by plugin modules) and their source
   data preview --recipe R [overrides] --split train|val [--num N] [--out DIR]
                       write the images the recipe feeds the model (PNG grid + tensors)
   download NAME ROOT  fetch a public dataset (cifar10, cifar100, stl10, flowers102, pets, food101, fashion_mnist,

@@ -12,7 +12,9 @@ Families register handlers per method, each with the frozen dataclass of its opt
 
 ``initialize`` picks the first registered handler of ``method`` whose ``matches(model)`` is true. The registry itself
 (``register``, ``methods``, ``supports``, :class:`InitResult`) lives in :mod:`impulsevit.init.registry`, below both this
-module and :mod:`impulsevit.init.plugins`; it is re-exported here.
+module and :mod:`impulsevit.init.plugins`; it is re-exported here. A method from outside the package is registered the
+same way, by a module the user imports (or names with ``--plugins``); the one lookup here is ``find``, and only a name
+nothing registered goes on to the deprecated routes of :mod:`impulsevit.init.plugins` (removed in 0.3.0).
 
 Parameters may be FSDP2 ``DTensor`` shards: handlers read with :func:`read_full` (the full tensor, identical on every
 rank) and write with :func:`write_full_` (each rank copies its own shard of the full value). The caller must give every
@@ -31,7 +33,7 @@ from torch import nn
 
 from impulsevit.init.options import parse_options
 from impulsevit.init.plugins import resolve_method
-from impulsevit.init.registry import InitResult, _load_builtin, find, methods, register, supports
+from impulsevit.init.registry import InitResult, find, methods, register, supports
 
 __all__ = [
     "InitReport",
@@ -117,9 +119,9 @@ def initialize(
 
     Args:
         model: a bare timm model (or an FSDP2-sharded one). Not wrapped in DDP: pass ``ddp.module``.
-        method: a registered method name (see :func:`methods`), the name of an installed plugin (entry-point group
-            ``impulsevit.initializers``) or an import path ``module:function`` to ``fn(model, generator, **options)
-            -> None | InitResult`` (:mod:`impulsevit.init.plugins`).
+        method: a registered method name (see :func:`methods`): a built-in one, or one a module you imported
+            registered with ``@impulsevit.init.register``. Deprecated, removed in 0.3.0 (``DeprecationWarning``): an
+            import path ``module:function`` or the name of a function entry point (:mod:`impulsevit.init.plugins`).
         generator: a CPU ``torch.Generator`` or an int seed; the only source of randomness. ``None`` means seed 0.
         **options: method options (see each method's docstring / ``impulsevit/init/README.md``), checked against the
             handler's options schema (:func:`impulsevit.init.options.parse_options`) before anything is written.
@@ -132,10 +134,9 @@ def initialize(
             met by this model (the message names the model class and what is missing; the model is left unmodified).
         TypeError: unknown (with the closest valid name) or mistyped option.
     """
-    _load_builtin()
     known = methods()
     if method not in known:
-        resolve_method(method)  # a plugin: registered as a handler for any model (ValueError when it does not resolve)
+        resolve_method(method)  # deprecated routes: a function registered for any model (ValueError when none fits)
     entry = find(method, model)
     if entry is None:
         needs = "; ".join(f"{f}: {FAMILY_NEEDS[f]}" for f in known[method] if f in FAMILY_NEEDS)

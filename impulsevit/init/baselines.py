@@ -29,7 +29,7 @@ from impulsevit.init.options import NoOptions, as_dict
 from impulsevit.init.rng import RandomFill, seed_from
 
 __all__ = ["TimmOptions", "RandomFill", "torch_default_fills", "torch_defaults", "timm_defaults", "write_values",
-           "TOKEN_PARAMS"]
+           "base_values", "TOKEN_PARAMS"]
 
 TOKEN_PARAMS = ("cls_token", "reg_token", "dist_token", "mask_token")
 """Prefix / mask token parameters: zero under the ``torch`` baseline (timm 1.0.22's ``weight_init='skip'`` value)."""
@@ -131,6 +131,36 @@ def torch_default_fills(
                 kept.extend(prefix + n for n, _ in generic)
     notes = [f"torch baseline kept as constructed (no PyTorch default known): {', '.join(kept)}"] if kept else []
     return values, notes
+
+
+def base_values(
+    model: nn.Module, generator: torch.Generator, base: str, structured: set[str] | frozenset[str] = frozenset()
+) -> tuple[dict[str, Value], list[str]]:
+    """The ``base`` option of every structured initializer (:class:`~impulsevit.init.options.BaseOptions`), decided,
+    not written: the values every tensor outside the structure starts from, and the init report's notes.
+
+    ``base='torch'``: :func:`torch_default_fills` of the WHOLE model, drawn first from ``generator`` exactly as the
+    ``torch`` method draws them (one seed per tensor, structured tensors included), then the ``structured`` names are
+    dropped. So for the same seed every tensor the structure does not set is bit-identical to the ``torch`` method's
+    (the paired comparison impulse vs torch differs only in the structure), and the generator is left in the same
+    state whatever ``structured`` is. ``base='keep'``: no values (the model keeps its own init).
+
+    Args:
+        base: ``"torch"`` or ``"keep"``.
+        structured: full tensor names the caller overwrites entirely (their base values are not returned).
+
+    Returns:
+        ``({name: value}, notes)``; the first note is the one line naming the base.
+    """
+    if base == "keep":
+        return {}, ["base: keep (every tensor outside the structure keeps the model's own init)"]
+    if base != "torch":
+        raise ValueError(f"option 'base' must be one of ('torch', 'keep'), got {base!r}")
+    values, notes = torch_default_fills(model, generator)
+    for name in structured:
+        values.pop(name, None)
+    return values, ["base: torch (every tensor outside the structure at PyTorch's constructor init, the torch "
+                    "method's values for this seed)", *notes]
 
 
 def torch_defaults(

@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 from impulsevit.init.api import InitResult, read_full, register, write_full_
-from impulsevit.init.options import as_dict
+from impulsevit.init.baselines import base_values, write_values
+from impulsevit.init.options import BaseOptions, as_dict
 from impulsevit.models.convmixer import depthwise_convs, set_spatial_trainable
 
 __all__ = ["is_convmixer", "spatial_convs", "convmixer_filter_taps", "convmixer_filter_summary"]
@@ -68,9 +69,11 @@ def _uniform(shape: tuple[int, ...], bound: float, generator: torch.Generator) -
 
 
 @dataclasses.dataclass(frozen=True)
-class RandomOptions:
+class RandomOptions(BaseOptions):
     """Options of ``random`` on ConvMixer: ``trainable`` — ``None`` keeps the filters' ``requires_grad``, ``True`` /
-    ``False`` sets it (the paper's frozen-filter ablation)."""
+    ``False`` sets it (the paper's frozen-filter ablation) — and ``base`` (:class:`BaseOptions`; timm's ConvMixer
+    has no init of its own, so ``"keep"`` is the constructor init as built, ``"torch"`` the same distribution drawn
+    from the init generator, paired with the ``torch`` method)."""
 
     trainable: bool | None = None
 
@@ -95,7 +98,9 @@ def _apply(
 ) -> InitResult:
     trainable = opts.trainable
     convs = spatial_convs(model)
-    writes, offsets, notes = [], [], []
+    structured = {f"{name}.{p}" for name, conv, _, _ in convs for p in ("weight", "bias")}
+    base, notes = base_values(model, generator, opts.base, structured)
+    writes, offsets = [], []
     resolved: dict[str, Any] = as_dict(opts)
     for name, conv, k, pad in convs:
         channels = conv.out_channels
@@ -129,6 +134,7 @@ def _apply(
                              f"expected {tuple(w.shape)}")
         b = _uniform((channels,), 1.0 / k, generator) if conv.bias is not None else None
         writes.append((conv, w, b))
+    write_values(model, base)
     for conv, w, b in writes:
         write_full_(conv.weight, w)
         if b is not None:

@@ -18,8 +18,7 @@ from torch import nn
 
 from impulsevit.init import impulse
 from impulsevit.init.api import InitReport, read_full
-from impulsevit.init.registry import _load_builtin
-from impulsevit.init.vit import VitLayout, is_vit, patch_pseudo_input, vit_layout
+from impulsevit.init.vit_layout import VitLayout, is_vit, patch_pseudo_input, vit_layout
 
 __all__ = [
     "AttentionMaps",
@@ -80,8 +79,7 @@ def attention_maps(model: nn.Module, images: torch.Tensor | None = None) -> Atte
     Raises:
         ValueError: no registered diagnostics for this model class.
     """
-    _load_builtin()
-    for matches, fn in _MAPS:
+    for matches, fn in _MAPS:  # the built-in families' are registered by `import impulsevit.init`
         if matches(model):
             with torch.no_grad():
                 return fn(model, images)

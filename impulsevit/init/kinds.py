@@ -1,7 +1,7 @@
 """Which timm attention family a model belongs to, by its class and attributes only (no weights read): the dispatch
 predicates the family adapters register with (:mod:`impulsevit.init.relbias`, :mod:`impulsevit.init.rope`) and that
-:func:`impulsevit.init.vit.is_vit` uses to step aside for them. A leaf of ``init/``: it imports no other impulsevit
-module, so the adapters and the ViT solve can all depend on it without a cycle."""
+:func:`impulsevit.init.vit_layout.is_vit` uses to step aside for them. A leaf of ``init/``: it imports no other
+impulsevit module, so the adapters and the ViT solve can all depend on it without a cycle."""
 
 from __future__ import annotations
 

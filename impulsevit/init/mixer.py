@@ -36,10 +36,11 @@ from typing import Literal
 import torch
 from torch import nn
 
-from impulsevit.init.api import InitResult, read_full, register, write_full_
+from impulsevit.init.api import InitResult, read_full, register
+from impulsevit.init.baselines import as_tensor, base_values, write_values
 from impulsevit.init.diagnostics import AttentionMaps, register_attention_maps
 from impulsevit.init.impulse import impulse_indicator, impulse_offsets
-from impulsevit.init.options import OffsetOptions, as_dict, check_range
+from impulsevit.init.options import BaseOptions, OffsetOptions, as_dict, check_range
 
 __all__ = ["is_mixer", "mixer_token_mlps", "mixer_token_kernel", "mixer_kernel_summary"]
 
@@ -95,10 +96,10 @@ def mixer_token_mlps(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 @dataclasses.dataclass(frozen=True)
-class MixerImpulseOptions(OffsetOptions):
+class MixerImpulseOptions(BaseOptions, OffsetOptions):
     """``impulse`` on MLP-Mixer (see :func:`impulse_mixer`)."""
 
-    layout: Literal["blocks", "fc1_only", "factored"] = "blocks"
+    layout: Literal["blocks", "fc1_only", "factored", "one_tap"] = "blocks"
     num_offsets: int | None = None
     gain_in: float = 1.0
     gain_out: float | None = None
@@ -107,19 +108,61 @@ class MixerImpulseOptions(OffsetOptions):
         check_range("num_offsets", self.num_offsets, 1)
 
 
+def one_tap_weights(
+    grid: tuple[int, int], hidden: int, offset: tuple[int, int], generator: torch.Generator, *,
+    gain_in: float = 1.0, gain_out: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fc1 (S, N)`` and ``fc2 (N, S)`` of a token MLP whose composite, at init, is ONE tap: ``y_t ≈ g·x_{t+o}``.
+
+    Hidden unit ``j`` serves output token ``t = j mod N`` (every unit used, each token by ``n_t = ⌈(S−t)/N⌉`` units)
+    through one path: ``fc1[j] = gain_in·σ_j·a_j·e_{t+o}`` (a zero row when ``t+o`` is off the grid: zero padding) and
+    ``fc2[t, j] = 2·gain_out·σ_j / (n_t·a_j)``, with signs ``σ_j`` alternating over a token's units (+, −, +, …) and
+    magnitudes ``a_j ~ U(0.5, 1.5)`` from ``generator``. Each path's linear part is ``gain_in·gain_out·x_{t+o}/n_t``
+    (``GELU′(0) = ½``), so the token MLP's linear part is exactly ``g·S_o`` with ``g = gain_in·gain_out``; a ``+``/``−``
+    pair of equal magnitude is exactly linear (``GELU(z) − GELU(−z) = z``), and the random magnitudes and signs make
+    every unit different (no two units get the same gradient). Contrast the ``"blocks"`` / ``"factored"`` layouts,
+    whose composite is the same sum of shifts (a box blur) in every block.
+
+    Args:
+        grid: ``(H, W)`` token grid, ``N = H·W``.
+        hidden: ``S`` (any ``S ≥ 1``; tokens ``t ≥ S`` get no unit when ``S < N``).
+        offset: ``(dy, dx)``: output token ``t`` reads input token ``t + dy·W + dx``.
+
+    Returns:
+        ``(fc1, fc2)`` float64.
+    """
+    n = grid[0] * grid[1]
+    shift = impulse_indicator(grid[0], grid[1], offset)  # (N, N): row t = e_{t+o} or 0
+    token = torch.arange(hidden) % n
+    copy = torch.arange(hidden) // n
+    count = torch.tensor([(hidden - t + n - 1) // n for t in range(n)], dtype=torch.float64)
+    sign = torch.where(copy % 2 == 0, 1.0, -1.0).double()
+    magnitude = 0.5 + torch.rand(hidden, generator=generator, dtype=torch.float64)
+    fc1 = (gain_in * sign * magnitude)[:, None] * shift[token]
+    fc2 = torch.zeros(n, hidden, dtype=torch.float64)
+    fc2[token, torch.arange(hidden)] = 2.0 * gain_out * sign / (count[token] * magnitude)
+    return fc1, fc2
+
+
 @register("impulse", family="mixer", matches=is_mixer, options=MixerImpulseOptions)
 def impulse_mixer(model: nn.Module, generator: torch.Generator, options: MixerImpulseOptions) -> InitResult:
-    """Convolutional (impulse) token-mixing MLPs in every Mixer block; deterministic (no randomness used).
+    """Convolutional (impulse) token-mixing MLPs in every Mixer block, on the ``base`` init.
+
+    Order of random draws (from ``generator``): the ``base`` (``'torch'``: every tensor, as the ``torch`` method), the
+    offsets (``offsets='random'``), then per block the ``one_tap`` path magnitudes.
 
     Options:
-        layout: ``"blocks"`` (default), ``"fc1_only"`` or ``"factored"`` — see the module docstring.
+        layout: ``"blocks"`` (default), ``"fc1_only"``, ``"factored"`` (sums of shifts: a blur) or ``"one_tap"`` (one
+            offset per block, cycling over depth: :func:`one_tap_weights`) — see the module docstring.
         num_offsets: offsets used, taken from the §2.1 list (cyclic beyond 9). Default: ``S // N`` for
-            blocks/fc1_only (all blocks), 9 for factored. Must be ≤ ``S // N`` for blocks/fc1_only.
+            blocks/fc1_only (all blocks), 9 for factored, the depth for one_tap (block ``b`` gets offset ``b``).
+            Must be ≤ ``S // N`` for blocks/fc1_only.
         gain_in: value of the one-hot ``fc1`` entries (default 1.0).
-        gain_out: value of the ``fc2`` routing / kernel taps (default ``1/√num_offsets``).
+        gain_out: value of the ``fc2`` routing / kernel taps (default ``1/√num_offsets``; one_tap: 1.0, the tap of
+            the composite's linear part is ``gain_in·gain_out``).
         kernel_size: 3 (default, §2.1 order) or 5 (``impulse.kernel_offsets(5)``); factored then defaults to k².
-        offsets: ``"fixed"`` (default, deterministic) or ``"random"`` (drawn with replacement from the generator,
-            the same for every block).
+        offsets: ``"fixed"`` (default, deterministic) or ``"random"`` (drawn with replacement from the generator).
+        base: ``"torch"`` (default) or ``"keep"`` (:class:`~impulsevit.init.options.BaseOptions`).
     """
     opts = options
     grid = _grid(model)
@@ -128,59 +171,76 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: MixerIm
     s = mlps[0][1].fc1.out_features
     if any(m.fc1.out_features != s for _, m in mlps):
         raise ValueError(f"{type(model).__name__}: token MLP hidden sizes differ between blocks")
-    if s < n:
+    layout = opts.layout
+    if s < n and layout != "one_tap":
         raise ValueError(f"{type(model).__name__}: token-mixing hidden size S={s} < N={n} tokens; impulse needs S >= N "
                          "(raise mlp_ratio[0])")
-    layout = opts.layout
     kernel_size = int(opts.kernel_size)
     num_offsets = opts.num_offsets  # K
     if num_offsets is None:
-        num_offsets = s // n if layout != "factored" else kernel_size * kernel_size
+        num_offsets = {"factored": kernel_size * kernel_size, "one_tap": len(mlps)}.get(layout, s // n)
     num_offsets = int(num_offsets)
-    if num_offsets < 1 or (layout != "factored" and num_offsets > s // n):
+    if num_offsets < 1 or (layout in ("blocks", "fc1_only") and num_offsets > s // n):
         raise ValueError(
             f"impulse (mixer): num_offsets={num_offsets} must be in [1, S//N={s // n}] for layout {layout!r}"
         )
     gain_in = float(opts.gain_in)
-    gain_out = 1.0 / math.sqrt(num_offsets) if opts.gain_out is None else float(opts.gain_out)
+    default_out = 1.0 if layout == "one_tap" else 1.0 / math.sqrt(num_offsets)
+    gain_out = default_out if opts.gain_out is None else float(opts.gain_out)
+    structured = set() if layout == "fc1_only" else {f"{name}.{p}" for name, _ in mlps
+                                                      for p in ("fc1.weight", "fc2.weight")}
+    values, notes = base_values(model, generator, opts.base, structured)
     offsets = impulse_offsets(num_offsets, kernel_size, opts.offsets, generator=generator)
     shifts = [impulse_indicator(grid[0], grid[1], o) for o in offsets]  # (M x)_t = x_{t+o}, zero padding
     eye = torch.eye(n, dtype=torch.float64)
 
-    writes = []
-    for _, mlp in mlps:
-        w1 = read_full(mlp.fc1.weight).detach().to(torch.float64).clone()
-        w2 = read_full(mlp.fc2.weight).detach().to(torch.float64).clone()
-        if layout == "factored":
-            w1[:n] = gain_in * eye
-            w2.zero_()
-            w2[:, :n] = gain_out * sum(shifts)
+    block_offsets = []
+    for index, (name, mlp) in enumerate(mlps):
+        def current(param: str, module: nn.Module = mlp, prefix: str = name) -> torch.Tensor:
+            key = f"{prefix}.{param}"
+            if key in values:
+                return as_tensor(values[key]).to(torch.float64).clone()
+            return read_full(module.get_parameter(param)).detach().to(torch.float64).clone()
+
+        if layout == "one_tap":
+            offset = offsets[index % num_offsets]
+            w1, w2 = one_tap_weights(grid, s, offset, generator, gain_in=gain_in, gain_out=gain_out)
+            block_offsets.append([offset])
         else:
-            for block, shift in enumerate(shifts):
-                w1[block * n:(block + 1) * n] = gain_in * shift
-            if layout == "blocks":
+            w1, w2 = current("fc1.weight"), current("fc2.weight")
+            block_offsets.append(list(offsets))
+            if layout == "factored":
+                w1[:n] = gain_in * eye
                 w2.zero_()
-                for block in range(num_offsets):
-                    w2[:, block * n:(block + 1) * n] = gain_out * eye
-        writes.append((mlp, w1, w2))
-    for mlp, w1, w2 in writes:
-        write_full_(mlp.fc1.weight, w1)
+                w2[:, :n] = gain_out * sum(shifts)
+            else:
+                for block, shift in enumerate(shifts):
+                    w1[block * n:(block + 1) * n] = gain_in * shift
+                if layout == "blocks":
+                    w2.zero_()
+                    for block in range(num_offsets):
+                        w2[:, block * n:(block + 1) * n] = gain_out * eye
+        values[f"{name}.fc1.weight"] = w1
         if layout == "fc1_only":
             continue
-        write_full_(mlp.fc2.weight, w2)
-        for lin in (mlp.fc1, mlp.fc2):
-            if lin.bias is not None:
-                write_full_(lin.bias, torch.zeros_like(read_full(lin.bias)))
+        values[f"{name}.fc2.weight"] = w2
+        for lin in ("fc1", "fc2"):
+            if getattr(mlp, lin).bias is not None:
+                values[f"{name}.{lin}.bias"] = torch.zeros(getattr(mlp, lin).bias.shape, dtype=torch.float64)
+    write_values(model, values)
     note = f"grid {grid[0]}x{grid[1]} (N={n}), token hidden S={s}, {num_offsets} offsets, layout {layout}"
-    notes = []
     if layout == "blocks":
         note += f"; {s - num_offsets * n} remainder hidden units (fc1 kept, fc2 columns zero)"
+    if layout == "one_tap":
+        note += (f"; one tap per block (gain {gain_in * gain_out:g}), offsets over depth "
+                 f"{[tuple(o[0]) for o in block_offsets]}; all {s} hidden units carry it (signs alternate, "
+                 "magnitudes U(0.5, 1.5))")
     notes.append(note)
-    if layout != "factored" and num_offsets == 1:
+    if layout in ("blocks", "fc1_only") and num_offsets == 1:
         notes.append(f"only one offset (identity) fits S//N = {s // n}: token mixing starts as the identity; "
-                     "layout='factored' gives the full kernel")
+                     "layout='factored' or 'one_tap' give other taps")
     return InitResult(options={**as_dict(opts), "num_offsets": num_offsets, "gain_out": gain_out},
-                      offsets=[list(offsets) for _ in mlps], notes=notes)
+                      offsets=block_offsets, notes=notes)
 
 
 # ---------------------------------------------------------------------------------------------------- diagnostics

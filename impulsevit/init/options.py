@@ -32,13 +32,25 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-__all__ = ["OPEN", "NoOptions", "OffsetOptions", "TargetMassOptions", "BiasImpulseOptions", "MimeticOptions",
-           "parse_options", "schema_from_signature", "known_keys", "unknown_keys_message", "as_dict", "check_range"]
+__all__ = ["OPEN", "NoOptions", "BaseOptions", "OffsetOptions", "TargetMassOptions", "BiasImpulseOptions",
+           "MimeticOptions", "parse_options", "schema_from_signature", "known_keys", "unknown_keys_message", "as_dict",
+           "check_range"]
 
 
 @dataclasses.dataclass(frozen=True)
 class NoOptions:
     """The schema of a handler without options (``torch``)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseOptions:
+    """The one ``base`` option of every structured initializer: what each parameter the structure does not set starts
+    as. ``"torch"``: PyTorch's constructor init, drawn from the init generator exactly as the ``torch`` method draws it
+    (so ``impulse`` with ``base='torch'`` and ``torch`` agree on every untouched tensor for the same seed: the paired
+    comparison is like for like); ``"keep"``: the model's own init as built (timm's ``init_weights`` for timm models).
+    Implemented once, :func:`impulsevit.init.baselines.base_values`; each family states its default and why."""
+
+    base: Literal["torch", "keep"] = "torch"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +67,7 @@ class OffsetOptions:
 
 
 @dataclasses.dataclass(frozen=True)
-class TargetMassOptions(OffsetOptions):
+class TargetMassOptions(BaseOptions, OffsetOptions):
     """One-tap constructions that set a bias (relative-position tables, rotary phases): ``target_mass``, the softmax
     share of the target key for an interior query when content is ignored, in (0, 1)."""
 

@@ -1,29 +1,23 @@
-"""Initializers from outside the package: import paths and installed plugins, resolved and validated up front.
+"""Resolving and checking a recipe's ``model.init.method`` before any model exists, and ``impulsevit init list``.
 
-A recipe's ``model.init.method`` is one of
+The one way to add an init method is a handler registered with ``@impulsevit.init.register(method, family=...,
+matches=..., options=<frozen dataclass>)`` in a module that is imported: by you (Python), or by ``impulsevit`` as a
+plugin module (``--plugins``, ``IMPULSEVIT_PLUGINS``, an entry point of the group ``impulsevit.plugins`` whose value is
+the module; :mod:`impulsevit.cli.extensions`). Such a method is a name in the registry like a built-in one, and
+:func:`resolve_method` only looks it up (:func:`impulsevit.init.registry.methods`).
 
-* a built-in method name (``impulse``, ``mimetic``, ``torch``, ``timm``, ``weight_selection``, ``box``, ``random``);
-* the name of an entry point of an installed distribution in the group ``impulsevit.plugins`` whose value names a
-  function (``[options.entry_points] impulsevit.plugins = my_init = my_pkg.inits:my_init``) — the one entry-point
-  group of the project: an entry naming a *module* is a plugin module imported at start
-  (:mod:`impulsevit.cli.extensions`), one naming a *function* is an init method of that name. The former group
-  ``impulsevit.initializers`` is still read, with a ``DeprecationWarning``;
-* an import path ``module:function`` (``my_pkg.inits:my_init``; the module must be importable, e.g. on
-  ``PYTHONPATH``).
+Deprecated, removed in 0.3.0 (each use warns with a ``DeprecationWarning`` naming the replacement):
 
-A plugin function has the signature ``fn(model: nn.Module, generator: torch.Generator, *, opt=default, ...) -> None |
-InitResult``: it initialises ``model`` in place, draws its random numbers from ``generator`` (so every rank computes
-the same weights) and may return an :class:`~impulsevit.init.api.InitResult` with resolved options, offsets and notes.
-Built-in names win over entry points of the same name (the listing marks those as shadowed).
+* an import path ``module:function`` as the method (``my_pkg.inits:my_init``);
+* an entry point of the group ``impulsevit.plugins`` whose value names a *function* (``my_init =
+  my_pkg.inits:my_init``) rather than a module;
+* the entry-point group ``impulsevit.initializers``.
 
-There is one handler signature and one dispatch: :func:`resolve_method` wraps the function into a registered handler
-``handler(model, generator, options)`` (family ``plugin``, for any model) whose options schema comes from the
-function's keyword parameters (:func:`impulsevit.init.options.schema_from_signature`; ``**options`` takes any keys), so
-its options are checked by the same :func:`~impulsevit.init.options.parse_options` as the built-ins' (unknown names
-with a hint, types from the annotations). It checks, without touching a model, that the module imports, the attribute
-exists and is callable with ``(model, generator)`` and that the options fit; every failure is a one-line
-``ValueError`` / ``TypeError`` naming the method string and what was expected. ``ImageClassifier`` and the CLI call it
-before any data is prepared. ``impulsevit init list`` (:func:`main`) prints every method with its source.
+Such a function ``fn(model, generator, *, opt=default, ...) -> None | InitResult`` is wrapped into a registered handler
+(family ``plugin``, any model) whose options schema comes from its keyword parameters
+(:func:`impulsevit.init.options.schema_from_signature`), so its options are checked by the same
+:func:`~impulsevit.init.options.parse_options`. Every failure is a one-line ``ValueError`` / ``TypeError`` naming the
+method string and what was expected. ``impulsevit init list`` (:func:`main`) prints every method with its source.
 """
 
 from __future__ import annotations
@@ -38,15 +32,26 @@ from typing import Any
 
 from impulsevit.argparser import ArgumentParser
 from impulsevit.init.options import as_dict, known_keys, parse_options, schema_from_signature, unknown_keys_message
-from impulsevit.init.registry import InitResult, add_function, methods, origins, schemas
+from impulsevit.init.registry import REMOVAL_VERSION, InitResult, add_function, methods, origins, schemas
 
 __all__ = ["ENTRY_POINT_GROUP", "LEGACY_GROUP", "MethodInfo", "check_init_method", "resolve_method", "list_methods",
            "is_import_path", "main"]
 
 ENTRY_POINT_GROUP = "impulsevit.plugins"
-"""The project's one entry-point group: a value ``module`` is a plugin module, ``module:function`` an init method."""
+"""The project's one entry-point group: its value is a plugin module (a value ``module:function``, an init function, is
+deprecated and read until 0.3.0)."""
 LEGACY_GROUP = "impulsevit.initializers"
-"""The former init-function group, still read (with a ``DeprecationWarning``); ``impulsevit.plugins`` wins a name."""
+"""The former init-function group, read with a ``DeprecationWarning`` until 0.3.0; ``impulsevit.plugins`` wins a
+name."""
+
+_HOW = ("register a handler with @impulsevit.init.register(method, family=..., matches=..., options=...) in a module "
+        "and import it (impulsevit --plugins MODULE, IMPULSEVIT_PLUGINS, or an impulsevit.plugins entry point whose "
+        "value is the module)")
+
+
+def _deprecated(what: str) -> None:
+    warnings.warn(f"{what} is deprecated and will be removed in impulsevit {REMOVAL_VERSION}: {_HOW}",
+                  DeprecationWarning, stacklevel=4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,9 +86,8 @@ def _entry_points() -> list[importlib.metadata.EntryPoint]:
     eps = [ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.attr]
     legacy = [ep for ep in importlib.metadata.entry_points(group=LEGACY_GROUP) if ep.name not in {e.name for e in eps}]
     if legacy:
-        warnings.warn(f"entry-point group {LEGACY_GROUP!r} is deprecated ({', '.join(e.name for e in legacy)}): "
-                      f"declare init functions in {ENTRY_POINT_GROUP!r} (name = module:function)", DeprecationWarning,
-                      stacklevel=3)
+        warnings.warn(f"entry-point group {LEGACY_GROUP!r} is deprecated ({', '.join(e.name for e in legacy)}) and "
+                      f"will be removed in impulsevit {REMOVAL_VERSION}: {_HOW}", DeprecationWarning, stacklevel=3)
     return eps + legacy
 
 
@@ -204,6 +208,7 @@ def resolve_method(method: str, options: Mapping[str, Any] | None = None) -> Met
         kind = "builtin" if "builtin" in where else "registered"
         info = MethodInfo(method, kind, tuple(builtin[method]), " + ".join(where))
     elif is_import_path(method):
+        _deprecated(f"init method {method!r}: an import path 'module:function' as model.init.method")
         info = _register_function(method, _load_import_path(method), "import path")
     elif eps := [ep for ep in _entry_points() if ep.name == method]:
         ep, source = eps[0], _ep_source(eps[0])
@@ -211,6 +216,7 @@ def resolve_method(method: str, options: Mapping[str, Any] | None = None) -> Met
             fn = ep.load()
         except Exception as e:  # noqa: BLE001 - any failure of third-party code at import is reported the same way
             raise ValueError(f"init method {method!r} ({source}) cannot be loaded: {type(e).__name__}: {e}") from None
+        _deprecated(f"init method {method!r} ({source}): an entry point naming a function")
         info = _register_function(method, fn, source)
     else:
         info = None
@@ -219,8 +225,8 @@ def resolve_method(method: str, options: Mapping[str, Any] | None = None) -> Met
         return info
     plugins = sorted({ep.name for ep in _entry_points()} - set(builtin))
     extra = f"; entry points ({ENTRY_POINT_GROUP}): {', '.join(plugins)}" if plugins else ""
-    raise ValueError(f"unknown init method {method!r}; available: {', '.join(sorted(builtin))}{extra}; or an import "
-                     "path 'module:function'")
+    raise ValueError(f"unknown init method {method!r}; available: {', '.join(sorted(builtin))}{extra}; or a method "
+                     "a plugin module registers (impulsevit --plugins MODULE)")
 
 
 def check_init_method(method: str, options: Mapping[str, Any] | None = None) -> None:
@@ -297,9 +303,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``impulsevit init list [module:function ...]``: list the init methods and where each comes from.
 
     Exit status 1 when one of the given import paths does not resolve (the reason is printed), else 0."""
-    parser = ArgumentParser(prog="impulsevit init", description="initializers: built-in, registered by "
-                                     "plugin modules (impulsevit --plugins), installed plugins (entry-point group "
-                                     f"{ENTRY_POINT_GROUP}, value module:function) and import paths")
+    parser = ArgumentParser(prog="impulsevit init", description="initializers: built-in and registered by "
+                            "plugin modules (impulsevit --plugins MODULE, IMPULSEVIT_PLUGINS, entry-point "
+                            f"group {ENTRY_POINT_GROUP}); deprecated until {REMOVAL_VERSION}: function entry "
+                            "points and import paths")
     sub = parser.add_subparsers(dest="command", required=True)
     lst = sub.add_parser("list", help="list the init methods with their source")
     lst.add_argument("methods", nargs="*", metavar="module:function", help="import paths to resolve and show too")

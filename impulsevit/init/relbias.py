@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from impulsevit.init.api import InitResult, read_full, register, write_full_
+from impulsevit.init.baselines import base_values, write_values
 from impulsevit.init.capture import captured_attention
 from impulsevit.init.diagnostics import AttentionMaps, register_attention_maps
 from impulsevit.init.impulse import impulse_offsets
@@ -264,7 +265,8 @@ def _impulse(model: nn.Module, generator: torch.Generator, opts: RelBiasImpulseO
     if any(o is None for o in offsets):
         raise ValueError(f"{type(model).__name__}: layers {[i for i, o in enumerate(offsets) if o is None]} have no "
                          "relative position bias; a partial impulse init is not supported")
-    notes = []
+    values, notes = base_values(model, generator, opts.base)  # the base first, then the structure on top of it
+    write_values(model, values)
     for users, carrier in carriers:  # everything is validated: from here on, write
         head_offsets = impulse_offsets(carrier.heads, opts.kernel_size, opts.offsets, generator=generator)
         for i in users:

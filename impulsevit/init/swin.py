@@ -17,7 +17,8 @@ installed timm uses.
 
 ``mimetic`` (Trockman & Kolter; docs/method.md §5.1) per block: per head ``W_qᵀ W_k`` = best rank-``d`` approximation of
 ``qk_alpha·Z + qk_beta·I`` (``Z`` i.i.d. ``U(±√(3/D))``), and ``x W_vᵀ W_oᵀ = x (value_alpha·Z' − value_beta·I)`` per
-block. The bias table and everything else keep their values (no ``base`` reset, unlike the ViT adapter).
+block. Both start from the one ``base`` option (:class:`~impulsevit.init.options.BaseOptions`): by default every
+tensor they do not write is at PyTorch's constructor init, as the ``torch`` method draws it for the same seed.
 
 Not supported: ``SwinTransformerV2`` (its bias comes from a continuous-position MLP, not a table; it does not match
 this family and ``initialize`` raises). Windows smaller than 2 along an axis cannot hold a vertical/horizontal
@@ -26,6 +27,7 @@ neighbour: such heads keep a flat (all-zero) table and a note says so.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -34,10 +36,11 @@ import torch
 from torch import nn
 
 from impulsevit._compat.timm import swin_relative_position_bias
-from impulsevit.init.api import InitResult, read_full, register, write_full_
+from impulsevit.init.api import InitResult, read_full, register
+from impulsevit.init.baselines import as_tensor, base_values, write_values
 from impulsevit.init.diagnostics import AttentionMaps, register_attention_maps
 from impulsevit.init.impulse import impulse_offsets, mimetic_qk_factors, value_proj_factors
-from impulsevit.init.options import BiasImpulseOptions, MimeticOptions, as_dict
+from impulsevit.init.options import BaseOptions, BiasImpulseOptions, MimeticOptions, as_dict
 
 __all__ = [
     "is_swin",
@@ -129,7 +132,9 @@ def impulse_swin(model: nn.Module, generator: torch.Generator, options: BiasImpu
     opts = options
     target_mass = float(opts.target_mass)
     blocks = swin_blocks(model)
-    plans, offsets, notes = [], [], []
+    tables = {f"{name}.attn.relative_position_bias_table" for name, _ in blocks}
+    values, notes = base_values(model, generator, opts.base, tables)
+    plans, offsets = [], []
     for name, blk in blocks:
         attn = blk.attn
         wh, ww = _window(blk)
@@ -148,16 +153,21 @@ def impulse_swin(model: nn.Module, generator: torch.Generator, options: BiasImpu
         table, misfit = impulse_bias_table(read_full(attn.relative_position_index), (wh, ww), head_offsets, bias)
         if misfit:
             notes.append(f"{name}: window {wh}x{ww} cannot hold the offsets of heads {misfit}; their bias stays flat")
-        plans.append((attn.relative_position_bias_table, table))
+        plans.append((f"{name}.attn.relative_position_bias_table", table))
         offsets.append(head_offsets)
         notes.append(f"{name}: window {wh}x{ww}, shift {tuple(blk.shift_size)}, bias c={bias:.4f}")
-    for param, table in plans:
-        write_full_(param, table)
+    values.update(plans)
+    write_values(model, values)
     return InitResult(options=as_dict(opts), offsets=offsets, notes=notes)
 
 
-@register("mimetic", family="swin", matches=is_swin, options=MimeticOptions)
-def mimetic_swin(model: nn.Module, generator: torch.Generator, options: MimeticOptions) -> InitResult:
+@dataclasses.dataclass(frozen=True)
+class SwinMimeticOptions(BaseOptions, MimeticOptions):
+    """``mimetic`` on Swin v1: the shared mimetic options and ``base``."""
+
+
+@register("mimetic", family="swin", matches=is_swin, options=SwinMimeticOptions)
+def mimetic_swin(model: nn.Module, generator: torch.Generator, options: SwinMimeticOptions) -> InitResult:
     """Mimetic Q/K per head (and V/proj per block) for every Swin block; option names as for ViT.
 
     Options:
@@ -181,10 +191,12 @@ def mimetic_swin(model: nn.Module, generator: torch.Generator, options: MimeticO
             raise ValueError(f"{type(model).__name__}: block {name!r} has heads·head_dim={attn_dim} != dim={dim}; "
                              "mimetic V/proj needs them equal (pass value='default')")
         shapes.append((dim, heads, attn_dim // heads))
-    writes = []
-    for (_, blk), (dim, heads, head_dim) in zip(blocks, shapes):
+    values, notes = base_values(model, generator, opts.base)
+    for (name, blk), (dim, heads, head_dim) in zip(blocks, shapes):
         width = heads * head_dim
-        qkv = read_full(blk.attn.qkv.weight).detach().to(torch.float64).clone()
+        qkv_name = f"{name}.attn.qkv.weight"
+        qkv = (as_tensor(values[qkv_name]) if qkv_name in values else read_full(blk.attn.qkv.weight).detach()
+               ).to(torch.float64).clone()
         wq, wk, _ = mimetic_qk_factors(dim, heads, head_dim, generator, float(opts.qk_alpha), float(opts.qk_beta))
         qkv[:width] = wq.reshape(width, dim)
         qkv[width : 2 * width] = wk.reshape(width, dim)
@@ -192,12 +204,11 @@ def mimetic_swin(model: nn.Module, generator: torch.Generator, options: MimeticO
         if opts.value == "mimetic":
             wv, proj, _ = value_proj_factors(dim, generator, float(opts.value_alpha), float(opts.value_beta))
             qkv[2 * width :] = wv
-        writes.append((blk.attn, qkv, proj))
-    for attn, qkv, proj in writes:
-        write_full_(attn.qkv.weight, qkv)
+        values[qkv_name] = qkv
         if proj is not None:
-            write_full_(attn.proj.weight, proj)
-    return InitResult(options=as_dict(opts), notes=[f"{len(blocks)} Swin blocks"])
+            values[f"{name}.attn.proj.weight"] = proj
+    write_values(model, values)
+    return InitResult(options=as_dict(opts), notes=[*notes, f"{len(blocks)} Swin blocks"])
 
 
 # ---------------------------------------------------------------------------------------------------- diagnostics

@@ -68,7 +68,7 @@ def check_init(build_backbone: Any, backbone_name: str, method: str, options: di
     ``torch.device("meta")``. Errors of the initializer other than ``ValueError`` / ``TypeError`` (an operation the
     meta device lacks) are not the configuration's fault and are ignored here.
     """
-    from impulsevit.init import methods
+    from impulsevit.init.registry import methods
 
     if method not in methods():
         return
@@ -92,8 +92,7 @@ def _check_init_on_meta(build_backbone: Any, backbone_name: str, method: str, op
     with torch.device("meta"):
         model: nn.Module = build_backbone()
     n_params = sum(p.numel() for p in model.parameters())
-    from impulsevit.init import methods
-    from impulsevit.init.api import supports
+    from impulsevit.init.registry import methods, supports
 
     families = methods().get(method)
     if families and not supports(model, method):

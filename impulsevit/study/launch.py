@@ -17,8 +17,16 @@ from impulsevit.argparser import ArgumentParser
 from impulsevit.errors import ConfigError
 from impulsevit.io import atomic_write_json, child_path, claim_output, read_json
 from impulsevit.procs import forward_signals, popen
-from impulsevit.study.plan import DEFAULT_METHODS, paper_numbers, plan_entry_args, plan_runs, run_args, study_header
-from impulsevit.study.report import collect, write_report
+from impulsevit.study.plan import (
+    DEFAULT_METHODS,
+    paper_numbers,
+    plan_entry_args,
+    plan_runs,
+    reference_method,
+    run_args,
+    study_header,
+)
+from impulsevit.study.report import collect, paired_summary, write_report
 
 __all__ = ["run_fit", "main"]
 
@@ -129,7 +137,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help="study name (default: <recipe>-study)")
     p.add_argument("--runs-dir", "--runs_dir", dest="runs_dir", default="runs",
                    help="where the study folder goes (default: runs)")
-    p.add_argument("--collect", action="store_true", help="only rebuild the report from the run directories")
+    p.add_argument("--collect", "--report-only", dest="collect", action="store_true",
+                   help="only rebuild the report from the run directories (no training)")
+    p.add_argument("--reference", default=None,
+                   help="the method the report's paired differences are taken against (default: the recipe's "
+                        "'# study:' reference, else torch when it is a method, else the first method)")
+    p.add_argument("--json", action="store_true",
+                   help="print the report as JSON (report.json) instead of the markdown")
     p.add_argument("--run-index", type=int, default=None, help="run only this entry of the plan")
     p.add_argument("--submit", action="store_true", help="submit the plan as a SLURM array instead of running here")
     p.add_argument("--dry-run", action="store_true", help="with --submit: print the sbatch script, submit nothing")
@@ -213,11 +227,18 @@ def main(argv: list[str] | None = None) -> int:
                                                                "--runs-dir")
     claim_output(study_dir, overwrite=False, kind="into", what="study folder")  # a file there: one line
     plan_file = study_dir / "study.json"
-    if not args.collect:
-        plan = _new_plan(args, recipe_path, overrides)
-        if plan_file.exists() and args.run_index is not None:
+    if args.collect:
+        plan, stored = (read_json(plan_file) if plan_file.exists() else None), True
+    else:
+        plan, stored = _new_plan(args, recipe_path, overrides), plan_file.exists() and args.run_index is not None
+        if stored:
             plan = read_json(plan_file)
-        elif not (args.submit and args.dry_run):
+    # checked before any run starts (a typo must not cost a study); without a plan (--collect on a folder that is not
+    # a study) collect() below says what is missing
+    reference = args.reference if plan is None else reference_method(
+        list(plan["methods"]), args.reference, study_header(recipe_path)["reference"], recipe_path)
+    if plan is not None and not args.collect:
+        if not stored and not (args.submit and args.dry_run):
             study_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_json(plan_file, plan, indent=2)
         if args.submit:
@@ -232,9 +253,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.run_index is not None:
             return 0
     results = collect(study_dir)
-    md = write_report(study_dir, results, paper_numbers(recipe_path))
-    print(md.read_text())
-    print(f"[study] report: {md}  plot: {md.with_suffix('.png')}")
+    paper = paper_numbers(recipe_path)
+    md = write_report(study_dir, results, paper, reference)
+    if args.json:
+        print(md.with_suffix(".json").read_text(), end="")
+        print(f"[study] report: {md}  json: {md.with_suffix('.json')}", file=sys.stderr)
+    else:
+        print(md.read_text())
+        for line in paired_summary(results, reference):
+            print(f"[study] {line}")
+        print(f"[study] report: {md}  json: {md.with_suffix('.json')}  plot: {md.with_suffix('.png')}")
     return 0 if all(r.state == "done" for r in results) else 1
 
 

@@ -12,7 +12,8 @@ import yaml
 from impulsevit.errors import ConfigError
 from impulsevit.io import check_child_name
 
-__all__ = ["DEFAULT_METHODS", "plan_runs", "paper_numbers", "study_header", "run_args", "plan_entry_args"]
+__all__ = ["DEFAULT_METHODS", "plan_runs", "paper_numbers", "study_header", "run_args", "plan_entry_args",
+           "reference_method"]
 
 DEFAULT_METHODS = ["impulse", "mimetic", "torch"]
 
@@ -64,18 +65,23 @@ def paper_numbers(recipe_path: str | os.PathLike) -> dict[str, float]:
 
 
 def study_header(recipe_path: str | os.PathLike) -> dict[str, Any]:
-    """The ``# study: {methods: [...], overrides: {method: [fit args]}}`` header as ``{"methods": list[str] | None,
-    "overrides": dict[str, list[str]]}`` (both empty when absent).
+    """The ``# study: {methods: [...], overrides: {method: [fit args]}, reference: method}`` header as ``{"methods":
+    list[str] | None, "overrides": dict[str, list[str]], "reference": str | None}`` (empty / None when absent).
+    ``reference`` names the method the report's paired differences are taken against (:func:`reference_method`).
 
     Raises:
         ValueError: naming the recipe file, when the header has other keys or values of the wrong type.
     """
     value = _header(recipe_path, "study")
     if value is None:
-        return {"methods": None, "overrides": {}}
-    if not isinstance(value, dict) or set(value) - {"methods", "overrides"}:
+        return {"methods": None, "overrides": {}, "reference": None}
+    if not isinstance(value, dict) or set(value) - {"methods", "overrides", "reference"}:
         raise ValueError(f"{recipe_path}: '# study:' header must be a mapping with keys 'methods' (list of init "
-                         f"methods) and/or 'overrides' (method -> list of fit arguments), got {value!r}")
+                         f"methods), 'overrides' (method -> list of fit arguments) and/or 'reference' (the method "
+                         f"paired differences are taken against), got {value!r}")
+    reference = value.get("reference")
+    if reference is not None and not isinstance(reference, str):
+        raise ValueError(f"{recipe_path}: '# study:' reference must be one method name, got {reference!r}")
     methods = value.get("methods")
     if methods is not None and (not isinstance(methods, list) or not all(isinstance(m, str) for m in methods)):
         raise ValueError(f"{recipe_path}: '# study:' methods must be a list of method names, got {methods!r}")
@@ -85,7 +91,27 @@ def study_header(recipe_path: str | os.PathLike) -> dict[str, Any]:
     ):
         raise ValueError(f"{recipe_path}: '# study:' overrides must map a method to a list of '--key=value' fit "
                          f"arguments, got {overrides!r}")
-    return {"methods": methods, "overrides": {str(k): list(v) for k, v in overrides.items()}}
+    return {"methods": methods, "overrides": {str(k): list(v) for k, v in overrides.items()}, "reference": reference}
+
+
+def reference_method(methods: list[str], given: str | None = None, header: str | None = None,
+                     recipe: str | os.PathLike | None = None) -> str:
+    """The method a study's paired differences are taken against: ``given`` (``--reference``), else ``header`` (the
+    recipe's ``# study: {reference: ...}``), else ``torch`` when it is one of ``methods``, else the first method.
+
+    Raises:
+        ConfigError: the chosen reference is not one of ``methods`` (names where it came from and the methods).
+    """
+    if not methods:
+        raise ConfigError("the study has no methods, so there is no reference method")
+    ref = given if given is not None else header
+    if ref is None:
+        ref = "torch" if "torch" in methods else methods[0]
+    if ref not in methods:
+        where = "--reference" if given is not None else f"{recipe}: '# study:' reference"
+        raise ConfigError(f"{where} {ref!r} is not a method of this study (methods: {', '.join(methods)}); the paired "
+                          f"differences need the reference among the methods")
+    return ref
 
 
 def run_args(method: str, seed: int, method_overrides: dict[str, list[str]] | None = None) -> list[str]:

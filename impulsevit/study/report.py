@@ -1,5 +1,6 @@
 """What a study measured: each run's outcome read back from its ``status.json`` and TensorBoard event files, and the
-report (``report.md``: mean ± sample std per method beside the paper's numbers; ``report.png``: accuracy curves;
+report (``report.md``: mean ± sample std per method beside the paper's numbers, and each method's paired difference
+from a reference method; ``report.json``: the same numbers, machine-readable; ``report.png``: accuracy curves;
 ``report_attention.png`` and a table: per-layer attention locality from init to the end, from each run's
 ``attention/step_*.json`` files written by ``impulsevit.callbacks.AttentionEvolution``; x is the epoch each record
 names, 0 = init, and every point is the mean over the runs that recorded that epoch, so the table's "end" is the
@@ -7,20 +8,48 @@ figure's last point).
 
 Metrics: ``val/acc1`` per validation (one point per epoch), ``test/acc1`` when a test was run. "final" = the last
 validation, "best" = the maximum over epochs. Not supported: runs that log no ``val/acc1`` (reported as failed).
+
+Paired differences. Every method of a study runs with the same seeds, and seed ``s`` fixes the same things for every
+method: the initializer's generator (``model.init.seed``) and the global RNG (``seed_everything``: dropout, drop-path,
+mixup); the data order and augmentation draws come from the recipe's data seed, the same for every run. So
+``<method>-s<s>`` and ``<reference>-s<s>`` differ only in the init method. For each method, the report takes, per seed
+where both runs finished, ``d_s = top-1(method, s) − top-1(reference, s)`` (percentage points; final val and best
+val), and gives their mean, their sample std, every ``d_s``, and a 95 % Student-t interval on the mean (n − 1 degrees
+of freedom; :mod:`impulsevit.study.paired`); with one pair, the difference and "no interval (n=1)". An interval built
+this way covers the true mean difference (over seeds, on this recipe and data order) in 95 % of studies; one that
+excludes 0 says the sign of the difference is resolved at this n. Runs that did not finish drop only their own pair.
+
+Why pairing is tighter than comparing the two means: part of the spread between seeds is what both methods share at a
+seed (the draws of the weights the init leaves alone, the global RNG), so the two methods' results move together from
+seed to seed — as far as the two inits draw alike: a method that draws the weights it does not structure differently
+from the reference at the same seed shares less with it. A difference of unpaired means carries both methods' whole seed
+spread (per seed, the std of a difference of independent draws is ``√(s_m² + s_r²)``); the paired one carries only the
+spread of ``d_s``, ``√(s_m² + s_r² − 2·cov)``, smaller whenever the two methods are positively correlated over seeds.
+When they are not, pairing gains nothing and costs degrees of freedom (n − 1 instead of 2n − 2); and an interval from 3
+pairs is wide (the t quantile is 4.30 at 2 degrees of freedom): it resolves effects several times the std of ``d_s``,
+not fractions of it.
+
+The reference: ``impulsevit study --reference METHOD``, else the recipe's ``# study: {reference: METHOD}`` header,
+else ``torch`` when it is one of the methods, else the first method (:func:`impulsevit.study.plan.reference_method`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import os
 import statistics
 from pathlib import Path
 
-from impulsevit.io import atomic_write_bytes, atomic_write_text, read_json
+from impulsevit.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_json
+from impulsevit.study.paired import PairedDifference, paired_difference
+from impulsevit.study.plan import reference_method
 
-__all__ = ["RunResult", "attention_by_epoch", "point_epoch", "read_attention", "read_scalars", "collect",
-           "render_report", "write_report"]
+__all__ = ["RunResult", "accuracy_by_epoch", "attention_by_epoch", "point_epoch", "read_attention", "read_scalars",
+           "collect", "paired_differences", "render_report", "report_data", "paired_summary", "write_report"]
+
+PAIRED_METRICS = {"final": "final val top-1", "best": "best val top-1"}  # RunResult field -> what the report calls it
 
 ATTENTION_METRICS = ("distance", "offset_mass")  # what the report plots and tabulates, per layer
 ATTENTION_SOURCE = "images"
@@ -137,25 +166,120 @@ def _mean_std(xs: list[float], digits: int = 2) -> str:
     return f"{statistics.fmean(xs):.{digits}f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.{digits}f}"
 
 
-def render_report(study_name: str, plan: dict, results: list[RunResult], paper: dict[str, float]) -> str:
-    """The markdown of ``report.md``: per-method table (top-1 in %), per-run table, unfinished / failed runs."""
+def paired_differences(results: list[RunResult], reference: str,
+                       confidence: float = 0.95) -> dict[str, dict[str, PairedDifference]]:
+    """Per method other than ``reference`` (study order), per metric of :data:`PAIRED_METRICS`: the paired difference
+    ``method − reference`` in top-1 percentage points over the seeds where both runs are done
+    (:func:`impulsevit.study.paired.paired_difference`)."""
+    def by_seed(method: str, metric: str) -> dict[int, float | None]:
+        runs = [r for r in results if r.method == method and r.state == "done"]
+        if len({r.seed for r in runs}) != len(runs):
+            raise ValueError(f"method {method!r} has two runs with the same seed: cannot pair by seed")
+        return {r.seed: None if getattr(r, metric) is None else 100 * getattr(r, metric) for r in runs}
+
+    methods = [m for m in dict.fromkeys(r.method for r in results) if m != reference]
+    return {m: {k: paired_difference(by_seed(m, k), by_seed(reference, k), confidence) for k in PAIRED_METRICS}
+            for m in methods}
+
+
+def _ci_cell(d: PairedDifference) -> str:
+    """``+1.23 [−0.40, +2.86], excludes 0`` (percentage points); ``+1.23, no interval (n=1)``; ``–`` without pairs."""
+    if d.mean is None:
+        return "– (no paired seeds)"
+    if d.low is None or d.high is None:
+        return f"{d.mean:+.2f}, no interval (n={d.n})"
+    return f"{d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}], {'excludes' if d.excludes_zero else 'includes'} 0"
+
+
+def _paired_section(paired: dict[str, dict[str, PairedDifference]], reference: str) -> list[str]:
+    """Markdown: per method and metric, n, seeds, mean, std and interval of the paired differences, every one."""
+    lines = [f"## Paired differences vs `{reference}`", "",
+             f"Per seed s where both runs finished: top-1(method, s) − top-1({reference}, s), in percentage points; "
+             "mean, sample std of the differences and a 95 % Student-t interval on their mean (n − 1 degrees of "
+             "freedom). The same seed gives both runs the same initializer seed, global seed and data order, so the "
+             "differences carry only the init's effect and the noise that does not cancel within a pair.", "",
+             "| method | metric | n | mean Δ | std of Δ | 95 % CI | excludes 0 | per seed Δ |",
+             "|---|---|---|---|---|---|---|---|"]
+    for m, per_metric in paired.items():
+        for k, d in per_metric.items():
+            ci = "no interval" if d.low is None else f"[{d.low:+.2f}, {d.high:+.2f}]"
+            excl = {None: "–", True: "yes", False: "no"}[d.excludes_zero]
+            per_seed = ", ".join(f"s{s} {x:+.2f}" for s, x in zip(d.seeds, d.diffs)) or "–"
+            lines.append(f"| {m} | {PAIRED_METRICS[k]} | {d.n} | {'–' if d.mean is None else f'{d.mean:+.2f}'} | "
+                         f"{'–' if d.std is None else f'{d.std:.2f}'} | {ci} | {excl} | {per_seed} |")
+    return lines
+
+
+def paired_summary(results: list[RunResult], reference: str | None = None) -> list[str]:
+    """One line per method: its paired difference from ``reference`` (default
+    :func:`impulsevit.study.plan.reference_method`; final and best val top-1, percentage points), for the end of the
+    study's console output."""
+    ref = reference_method(list(dict.fromkeys(r.method for r in results)), reference)
+    return [f"{m} − {ref} (paired, 95 % CI, points): final val {_ci_cell(p['final'])}; best val "
+            f"{_ci_cell(p['best'])}; n={p['final'].n}" for m, p in paired_differences(results, ref).items()]
+
+
+def report_data(study_name: str, plan: dict, results: list[RunResult], paper: dict[str, float],
+                reference: str | None = None) -> dict:
+    """What ``report.json`` holds: the study (name, recipe, seeds, overrides, reference), per method the finished
+    runs' count and final / best / test top-1 in % (mean, sample std, values by seed), the paper's number, and the
+    paired difference from the reference (:meth:`PairedDifference.to_dict`, percentage points); every run with its
+    state and numbers (fractions in [0, 1], as logged)."""
     methods = list(dict.fromkeys(r.method for r in results))
+    ref = reference_method(methods, reference)
+    paired = paired_differences(results, ref)
+    per_method = {}
+    for m in methods:
+        done = [r for r in results if r.method == m and r.state == "done"]
+        entry: dict = {"n": len(done), "paper": paper.get(m)}
+        for k in ("final", "best", "test"):
+            vals = {r.seed: 100 * getattr(r, k) for r in done if _finite(getattr(r, k))}
+            xs = list(vals.values())
+            entry[k] = {"mean": statistics.fmean(xs) if xs else None,
+                        "std": statistics.stdev(xs) if len(xs) > 1 else None, "by_seed": vals}
+        entry["paired"] = {k: d.to_dict() for k, d in paired[m].items()} if m in paired else None
+        per_method[m] = entry
+    return {"study": study_name, "recipe": plan.get("recipe"), "seeds": plan.get("seeds"),
+            "overrides": plan.get("overrides", []), "reference": ref, "unit": "top-1 %, differences in points",
+            "methods": per_method,
+            "runs": [{"name": r.name, "method": r.method, "seed": r.seed, "state": r.state,
+                      **{k: getattr(r, k) if _finite(getattr(r, k)) else None for k in ("final", "best", "test")},
+                      "detail": r.detail} for r in results]}
+
+
+def _finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)
+
+
+def render_report(study_name: str, plan: dict, results: list[RunResult], paper: dict[str, float],
+                  reference: str | None = None) -> str:
+    """The markdown of ``report.md``: per-method table (top-1 in %, paired difference from ``reference``, default
+    :func:`impulsevit.study.plan.reference_method`), the paired differences in full, per-run table, unfinished /
+    failed runs."""
+    methods = list(dict.fromkeys(r.method for r in results))
+    ref = reference_method(methods, reference)
+    paired = paired_differences(results, ref)
     lines = [
         f"# Study `{study_name}`",
         "",
         f"Recipe `{plan['recipe']}`, methods {', '.join(methods)}, seeds {plan['seeds']}, "
         f"overrides `{' '.join(plan.get('overrides', [])) or '(none)'}`.",
         "",
-        "Top-1 accuracy in %, mean ± sample std over the finished seeds (n).",
+        f"Top-1 accuracy in %, mean ± sample std over the finished seeds (n). Δ vs {ref} (paired): per seed, "
+        f"method − {ref} in points; mean [95 % CI] and whether the interval excludes 0 (below).",
         "",
-        "| method | n | final val | best val | test | paper |",
-        "|---|---|---|---|---|---|",
+        f"| method | n | final val | best val | test | paper | Δ final val vs {ref} (paired) | "
+        f"Δ best val vs {ref} (paired) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     pct = lambda xs: _mean_std([100 * x for x in xs if x is not None])  # noqa: E731
     for m in methods:
         done = [r for r in results if r.method == m and r.state == "done"]
+        deltas = (["reference", "reference"] if m == ref else [_ci_cell(paired[m][k]) for k in PAIRED_METRICS])
         lines.append(f"| {m} | {len(done)} | {pct([r.final for r in done])} | {pct([r.best for r in done])} | "
-                     f"{pct([r.test for r in done])} | {paper.get(m, '–')} |")
+                     f"{pct([r.test for r in done])} | {paper.get(m, '–')} | {' | '.join(deltas)} |")
+    if paired:
+        lines += [""] + _paired_section(paired, ref)
     lines += ["", "## Runs", "", "| run | state | final val | best val | test | note |", "|---|---|---|---|---|---|"]
     for r in results:
         cells = ["–" if v is None else f"{100 * v:.2f}" for v in (r.final, r.best, r.test)]
@@ -220,8 +344,21 @@ def _attention_table(results: list[RunResult], methods: list[str]) -> list[str]:
     return lines
 
 
+def accuracy_by_epoch(curves: list[list[float]]) -> dict[int, list[float]]:
+    """Per validation index (1-based: the epoch when each epoch validates once), the values of the ``curves`` (one
+    val/acc1 list per run) that reach it, nan left out: a method's figure runs to its longest run, and its last point
+    is the mean over the runs that got that far (a run with fewer validations no longer cuts every curve short)."""
+    out: dict[int, list[float]] = {}
+    for curve in curves:
+        for i, v in enumerate(curve, start=1):
+            if v == v:
+                out.setdefault(i, []).append(float(v))
+    return out
+
+
 def render_plot(results: list[RunResult]) -> bytes:
-    """PNG of val top-1 (%) per epoch: per method the mean over its finished runs ± one sample std (shaded)."""
+    """PNG of val top-1 (%) per epoch: per method, at every validation any of its finished runs reached, the mean over
+    the runs that reached it ± one sample std (shaded; 0 for one run) — :func:`accuracy_by_epoch`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -231,12 +368,12 @@ def render_plot(results: list[RunResult]) -> bytes:
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for m in dict.fromkeys(r.method for r in results):
         curves = [r.curve for r in results if r.method == m and r.state == "done" and r.curve]
-        if not curves:
+        by_epoch = accuracy_by_epoch(curves)
+        if not by_epoch:
             continue
-        n = min(len(c) for c in curves)
-        arr = 100 * np.array([c[:n] for c in curves])
-        x = np.arange(1, n + 1)
-        mean, sd = arr.mean(0), arr.std(0, ddof=1) if len(arr) > 1 else np.zeros(n)
+        x = np.array(list(by_epoch), dtype=float)
+        mean = np.array([100 * np.mean(v) for v in by_epoch.values()])
+        sd = np.array([100 * np.std(v, ddof=1) if len(v) > 1 else 0.0 for v in by_epoch.values()])
         ax.plot(x, mean, label=f"{m} (n={len(curves)})")
         ax.fill_between(x, mean - sd, mean + sd, alpha=0.2)
     ax.set_xlabel("epoch")
@@ -294,13 +431,16 @@ def render_attention_plot(results: list[RunResult]) -> bytes | None:
     return buf.getvalue()
 
 
-def write_report(study_dir: str | os.PathLike, results: list[RunResult], paper: dict[str, float] | None = None) -> Path:
-    """Write ``report.md`` (mean ± std of final/best/test top-1 in %, per method) and ``report.png``; returns the
-    md path."""
+def write_report(study_dir: str | os.PathLike, results: list[RunResult], paper: dict[str, float] | None = None,
+                 reference: str | None = None) -> Path:
+    """Write ``report.md`` (:func:`render_report`), ``report.json`` (:func:`report_data`), ``report.png`` and, when
+    runs recorded attention, ``report_attention.png``; returns the md path."""
     study_dir = Path(study_dir)
     plan = read_json(study_dir / "study.json")
     md = study_dir / "report.md"
-    atomic_write_text(md, render_report(study_dir.name, plan, results, paper or {}))
+    atomic_write_text(md, render_report(study_dir.name, plan, results, paper or {}, reference))
+    atomic_write_json(study_dir / "report.json", report_data(study_dir.name, plan, results, paper or {}, reference),
+                      indent=2)
     atomic_write_bytes(study_dir / "report.png", render_plot(results))
     attention = render_attention_plot(results)
     if attention is not None:

@@ -64,7 +64,7 @@ def load_predictor(path: str | os.PathLike, ema: bool = False,
         if path.is_dir() and not (path / ".metadata").is_file():
             raise ConfigError(f"{path} is not an exported model folder (no config.json) nor a checkpoint (a .ckpt "
                               f"file, or a distributed checkpoint folder holding .metadata)")
-        from impulsevit.tools.export import build_model, data_config, load_checkpoint_file, run_record
+        from impulsevit.tools.checkpoint_model import build_model, data_config, load_checkpoint_file, run_record
 
         ckpt = load_checkpoint_file(path, trust=trust)
         model = build_model(ckpt, ema=ema, source=f"checkpoint {path}")

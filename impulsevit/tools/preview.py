@@ -1,13 +1,8 @@
-"""``impulsevit data preview``: the images a recipe feeds the model, as a PNG grid and a tensor file.
+"""The images a datamodule feeds the model, as a PNG grid and a tensor file: what ``impulsevit data preview``
+(:mod:`impulsevit.cli.data_preview`, which builds the datamodule ``impulsevit fit`` would build) writes.
 
-Usage::
-
-    impulsevit data preview --recipe R [fit overrides …] --split train|val [--num N] [--out DIR] [--overwrite]
-
-The command line is parsed exactly as ``impulsevit fit`` parses it (LightningCLI / jsonargparse: the recipe, every
-``--dotted.key=value`` override, key-typo suggestions); only the ``data`` section is instantiated — trainer and model
-keys are validated and otherwise ignored, and everything runs on the CPU in this process. The datamodule then does
-what training does, without a trainer: ``prepare_data`` (FFCV: converts the split to its cached ``.beton`` when
+Given a datamodule, everything runs on the CPU in this process, and the datamodule does what training does, without a
+trainer: ``prepare_data`` (FFCV: converts the split to its cached ``.beton`` when
 needed), its real loader for the split at an explicit position (epoch 0, rank 0 of 1:
 :meth:`~impulsevit.data.loading.base.BaseImageDataModule.loader`; the recipe's backend, crop, flip, interpolation and
 worker count; batches of ``N``), and its ``model_input`` for training (``train``, keyed by the batch's position in
@@ -35,43 +30,14 @@ and a ``DIR`` that is a file is refused — checked before any work (:func:`impu
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from impulsevit.argparser import ArgumentParser, did_you_mean
-
-__all__ = ["build_datamodule", "claim_preview", "class_names", "collect", "main", "preview_paths", "render_grid",
-           "write_preview"]
-
-
-def build_datamodule(cli_args: list[str]):  # noqa: ANN201 - any BaseImageDataModule
-    """The datamodule of ``impulsevit fit <cli_args>``: the whole command line is parsed by the fit parser, only
-    ``data`` is instantiated. Raises ``SystemExit(2)`` with the parser's message on bad keys or values."""
-    from lightning.pytorch.cli import instantiate_class
-
-    from impulsevit.cli.argv import prepare_argv
-    from impulsevit.cli.trainer_cli import ImpulseCLI
-
-    class _DataOnlyCLI(ImpulseCLI):
-        def instantiate_classes(self) -> None:  # the data section only: no model, no trainer, no accelerator
-            self.datamodule = instantiate_class((), self._value(self.config, "data").as_dict())
-
-        def after_instantiate_classes(self) -> None:
-            pass
-
-    argv = prepare_argv(["fit", *cli_args])[1:]  # recipe names resolved as for fit
-    saved = sys.argv
-    sys.argv = sys.argv[:1]  # LightningCLI warns when it sees the outer command's own arguments next to ``args``
-    try:
-        return _DataOnlyCLI(args=argv, run=False).datamodule
-    finally:
-        sys.argv = saved
+__all__ = ["claim_preview", "class_names", "collect", "preview_paths", "render_grid", "write_preview"]
 
 
 def _epoch_order(loader: Any, n: int) -> np.ndarray:
@@ -286,47 +252,3 @@ def class_names(dm: Any, split: str) -> list[str] | None:
         return list(manifest["classes"]) if manifest.get("classes") else None
     names = getattr(dm, "class_names", None)
     return list(names) if names else None
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="impulsevit data preview", allow_abbrev=False,
-                                description="Write the images a recipe feeds the model (PNG grid + tensors).",
-                                epilog="Every other argument is parsed as by `impulsevit fit` (--recipe R, "
-                                       "--data.init_args.root=..., ...).")
-    p.add_argument("--split", choices=["train", "val"], required=True)
-    p.add_argument("--num", type=int, default=16, help="number of images (default 16)")
-    p.add_argument("--out", default="preview", help="output folder (default ./preview)")
-    p.add_argument("--overwrite", action="store_true", help="replace the split's files of an earlier preview in --out")
-    return p
-
-
-USAGE = ("usage: impulsevit data preview --recipe R [fit overrides ...] --split train|val [--num N] [--out DIR] "
-         "[--overwrite]")
-
-
-def main(argv: list[str]) -> int:
-    """Entry point of ``impulsevit data``; returns the exit status (2: bad arguments)."""
-    if not argv or argv[0] in ("-h", "--help"):
-        print(f"{USAGE}\n\n{__doc__.split(chr(10) * 2)[0]}")
-        return 0 if argv else 2
-    if argv[0] != "preview":
-        hint = "; did you mean 'preview'?" if did_you_mean(argv[0], ["preview"]) else ""
-        print(f"impulsevit data: error: unknown command {argv[0]!r} (choose from preview){hint}", file=sys.stderr)
-        return 2
-    args, rest = _parser().parse_known_args(argv[1:])
-    if not any(a.split("=", 1)[0] in ("--recipe", "--config", "-c") for a in rest):
-        print("impulsevit data preview: error: --recipe is required (impulsevit data --help lists the options)",
-              file=sys.stderr)
-        return 2
-    try:
-        claim_preview(args.out, args.split, args.overwrite)
-        dm = build_datamodule(rest)
-        with torch.no_grad():  # scoped: a process that called main() in-process keeps its autograd state
-            result = collect(dm, args.split, args.num)
-    except (ValueError, FileNotFoundError, KeyError) as exc:
-        print(f"impulsevit data preview: error: {exc}", file=sys.stderr)
-        return 2
-    pt, png = write_preview(result, args.out, class_names(dm, args.split))
-    print(f"wrote {png} and {pt}: {len(result['labels'])} {args.split} images of {tuple(result['images'].shape[2:])} "
-          f"px ({result['backend'] or type(dm).__name__})")
-    return 0

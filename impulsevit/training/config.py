@@ -32,9 +32,9 @@ class InitConfig:
     """Which initializer runs at the start of fitting (see ``impulsevit.init.methods()``).
 
     Attributes:
-        method: registered method name: ``impulse``, ``mimetic``, ``timm``, ``torch``, ``weight_selection``, ...; an
-            installed plugin (entry-point group ``impulsevit.initializers``); or an import path ``module:function``
-            to ``fn(model, generator, **options)`` (``impulsevit init list`` shows them all).
+        method: registered method name: ``impulse``, ``mimetic``, ``timm``, ``torch``, ``weight_selection``, ... or
+            one a plugin module registers (``impulsevit --plugins MODULE``; ``impulsevit init list`` shows them all;
+            an import path ``module:function`` is deprecated, removed in 0.3.0).
         seed: seed of the one ``torch.Generator`` every rank uses (independent of the data / dropout seed).
         options: method options, passed as keyword arguments; unknown ones are rejected by the method.
     """

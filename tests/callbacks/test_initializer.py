@@ -16,7 +16,7 @@ from impulsevit.callbacks import Initializer
 from impulsevit.callbacks.initializer import generator_digest, tensor_digests
 from impulsevit.data.loading.synthetic import SyntheticDataModule
 from impulsevit.init.api import InitResult
-from impulsevit.init.vit import is_vit
+from impulsevit.init.vit_layout import is_vit
 
 pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
 

@@ -275,7 +275,7 @@ def test_null_on_the_command_line_is_none_for_every_optional_key(capsys, class_p
     """Every ``X | None`` key of the recipes' data classes (their ``augment`` / ``storage`` blocks included) and of the
     model, given as ``--key=null`` or ``--key null``, parses to None (jsonargparse passed a nested one on as the text
     ``'None'``, or failed on ``float | None``)."""
-    from impulsevit.tools.preview import build_datamodule
+    from impulsevit.cli.fit_datamodule import build_datamodule
     from impulsevit.training.module import ImageClassifier
 
     recipe = _recipe_per_data_class()[class_path]

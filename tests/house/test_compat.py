@@ -161,6 +161,7 @@ ENTRY_TESTS = {
     "torch.foreach_norm": "house/test_compat.py::test_foreach_norm",
     "torch.is_compiled": "house/test_compat.py::test_is_compiled",
     "torch.tensors_replaced": "house/test_compat.py::test_tensors_replaced",
+    "timm.fix_timm_posterize": "house/test_compat.py::test_fix_timm_posterize",
     "timm.module_init_fn": "house/test_compat.py::test_module_init_fn",
     "timm.swin_relative_position_bias": "house/test_compat.py::test_swin_relative_position_bias",
     "timm.model_card_readme": "house/test_compat.py::test_model_card_readme",
@@ -622,6 +623,29 @@ def expected_setup_cfg_block() -> str:
                                 break_on_hyphens=False)
         lines += [f"#   {w}" for w in wrapped]
     return "\n".join(lines)
+
+
+def test_fix_timm_posterize():
+    """timm's RandAugment asks Pillow for 0 bits at magnitude 10 (Pillow >= 11 refuses); after the fix the op keeps 1
+    bit, on the given transform only."""
+    import numpy as np
+    from PIL import Image
+    from timm.data.auto_augment import posterize, rand_augment_transform
+    from torchvision.transforms import Compose
+
+    def posterize_op(ra):  # noqa: ANN001, ANN202
+        op = next(o for o in ra.ops if o.name == "PosterizeIncreasing")
+        op.prob = 1.0
+        return op
+
+    fixed, other = (rand_augment_transform("rand-m10-n1-mstd0-inc1", {}) for _ in range(2))
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (8, 8, 3), dtype=np.uint8))
+    with pytest.raises(ValueError, match="bits"):
+        posterize_op(fixed)(image)
+    compat_timm.fix_timm_posterize(Compose([fixed]))  # as the torchvision backend calls it: on its whole transform
+    assert np.array_equal(np.asarray(posterize_op(fixed)(image)), np.asarray(posterize(image, 1)))
+    with pytest.raises(ValueError, match="bits"):  # another transform is untouched
+        posterize_op(other)(image)
 
 
 def test_setup_cfg_lists_the_compat_entries():

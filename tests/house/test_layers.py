@@ -139,7 +139,6 @@ def test_the_rules_see_real_edges():
     assert "impulsevit.run.recipes" in internal("impulsevit.cli.submit")
     assert layer("impulsevit.study.launch") == 6 and layer("impulsevit.callbacks.initializer") == 2
     assert "impulsevit.cli.argv" in internal("impulsevit.cli.entry")  # the CLI package's own modules
-    assert "impulsevit.cli.trainer_cli" in internal("impulsevit.tools.preview")
     assert layer("impulsevit.tools.preview") == 6
     assert "impulsevit.data.locking" in internal("impulsevit.data.sources.download")  # inside a function
     assert "impulsevit.training.module" in internal(ROOT) and layer(ROOT) == FACE  # the lazy public face
@@ -262,3 +261,44 @@ def test_every_callback_lives_in_callbacks():
                if pattern.search(p.read_text()) and p.relative_to(PKG).parts[0] != "callbacks"]
     assert not outside, f"callbacks outside impulsevit/callbacks/: {outside}"
     assert pattern.search((PKG / "callbacks" / "config_saver.py").read_text())  # the pattern finds a real one
+
+
+def test_every_registering_module_is_a_listed_builtin_family():
+    """docs/design.md: the registry imports nothing at run time — the built-in families are imported by name by
+    ``impulsevit/init/__init__.py`` (``BUILTIN_FAMILIES``), so those imports are edges the cycle test sees. Every module
+    of ``init/`` that calls ``@register(`` is listed (a family file that is not would silently never register), the
+    list is what the package imports, and no module of ``init/`` imports by string (``importlib`` / ``pkgutil``)."""
+    import impulsevit.init as ii
+
+    init = PKG / "init"
+    registering = sorted(p.stem for p in init.glob("*.py")
+                         if re.search(r"^@register\(", p.read_text(), re.M))
+    assert registering == sorted(ii.BUILTIN_FAMILIES), (registering, ii.BUILTIN_FAMILIES)
+    assert {f"impulsevit.init.{m}" for m in ii.BUILTIN_FAMILIES} <= internal("impulsevit.init")
+    dynamic = sorted(str(p.relative_to(PKG)) for p in init.rglob("*.py")
+                     if {"importlib", "pkgutil"} & {m.split(".")[0] for m in imports(p)})
+    assert dynamic == ["init/plugins.py"], dynamic  # the deprecated entry-point / import-path routes (until 0.3.0)
+    assert not internal("impulsevit.init.registry"), internal("impulsevit.init.registry")  # below every family
+
+
+def test_tools_take_built_objects_not_the_command_line():
+    """docs/design.md: ``tools/`` takes what it works on built (a datamodule, a checkpoint path) and never imports the
+    command line (``cli/``), which imports the tools: no arrow runs back from a tool to ``cli/`` or ``study/``."""
+    bad = sorted(f"{src} imports {dst}" for src in MODULES if _in(src, "impulsevit.tools")
+                 for dst in internal(src) if _in(dst, "impulsevit.cli") or _in(dst, "impulsevit.study"))
+    assert not bad, "\n".join(bad)
+    assert "impulsevit.tools.preview" in internal("impulsevit.cli.data_preview")  # the edge runs the other way
+
+
+def test_design_says_where_every_subcommand_lives():
+    """Every subcommand's ``main`` (``cli/entry.py``'s ``PROVIDERS``) is in an entry-point folder or is named, by its
+    file, in docs/design.md's layer table (the five that keep their ``main`` beside the lower layer they front)."""
+    text = DESIGN.read_text()
+    section = text[text.index("## Layers"):text.index("## Where a change goes")]
+    unplaced = []
+    for sub, module in sorted(provider_modules().items()):
+        path = str(MODULES[module].relative_to(PKG))
+        if layer(module) != 6 and f"`{path}`" not in section:
+            unplaced.append(f"{sub}: {module} ({path}, layer {layer(module)})")
+    assert not unplaced, "subcommands whose main docs/design.md does not place:\n" + "\n".join(unplaced)
+    assert layer(provider_modules()["runs"]) == 5  # the check sees a real one outside the entry points

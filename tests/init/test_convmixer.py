@@ -71,7 +71,7 @@ def test_box_filters_equal():
     model = make(kernel_size=3)
     report = ii.initialize(model, "box", generator=0)
     scale = math.sqrt(1.0 / 27)
-    assert report.options == {"trainable": None, "taps": 9, "scale": pytest.approx(scale)}
+    assert report.options == {"base": "torch", "trainable": None, "taps": 9, "scale": pytest.approx(scale)}
     for _, conv, _, _ in spatial_convs(model):
         assert torch.allclose(conv.weight, torch.full_like(conv.weight, scale))
     summary = convmixer_filter_summary(convmixer_filter_taps(model))

@@ -11,9 +11,9 @@ from _vit_helpers import state_digest, vit
 from torch import nn
 
 import impulsevit.init as ii
-from impulsevit.init import vit as vit_mod
 from impulsevit.init.baselines import torch_default_fills, torch_defaults, write_values
 from impulsevit.init.rng import RandomFill, seed_from, truncated_normal
+from impulsevit.init.solver_pool import run_parallel
 
 
 def test_truncated_normal_bounds_moments_and_determinism():
@@ -102,8 +102,8 @@ def test_parallel_section_restores_threads_on_error():
             raise RuntimeError("solve failed")
 
         with pytest.raises(RuntimeError, match="solve failed"):
-            vit_mod._run_parallel([lambda: 1, boom])
+            run_parallel([lambda: 1, boom])
         assert torch.get_num_threads() == 2
-        assert vit_mod._run_parallel([lambda: 1, lambda: 2, lambda: 3]) == [1, 2, 3]  # results in task order
+        assert run_parallel([lambda: 1, lambda: 2, lambda: 3]) == [1, 2, 3]  # results in task order
     finally:
         torch.set_num_threads(saved)

@@ -111,16 +111,20 @@ def test_zero_qk_attention_peaks_on_target(name):
     assert total > 1000
 
 
+@pytest.mark.parametrize("base", ["keep", "torch"])
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_default_qk_attention_peaks_on_target(name):
-    """timm's own Q/K init (trunc-normal 0.02) plus real images: argmax still the target everywhere."""
+def test_default_qk_attention_peaks_on_target(name, base):
+    """timm's own Q/K init (trunc-normal 0.02, ``base='keep'``) or PyTorch's constructor init (``base='torch'``, larger
+    Q/K: content logits of order 1) plus random images: argmax still the target for every query that has one; the
+    worst query keeps most of the designed 0.75 on timm's Q/K and over a third on PyTorch's."""
     model = make(name)
-    report = ii.initialize(model, "impulse", generator=0)
+    report = ii.initialize(model, "impulse", generator=0, base=base)
     size = model.patch_embed.img_size
     records = swin_window_attention(model, torch.randn(2, 3, size[0], size[1]))
-    worst = min(check_block(rec, offs, share=0.75, mass_tol=0.03)["min_mass"]
+    tol = 0.03 if base == "keep" else 0.45
+    worst = min(check_block(rec, offs, share=0.75, mass_tol=tol)["min_mass"]
                 for rec, offs in zip(records, report.offsets))
-    assert worst > 0.72
+    assert worst > (0.72 if base == "keep" else 0.3)
 
 
 def test_bias_table_values_and_7x7_share():
@@ -155,7 +159,7 @@ def test_fixed_bias_option_and_validation_leaves_model_unchanged():
 
 def test_mimetic_swin_factors_exact():
     model = make("small_w4")
-    report = ii.initialize(model, "mimetic", generator=5)
+    report = ii.initialize(model, "mimetic", generator=5, base="keep")
     assert report.family == "swin"
     g = torch.Generator().manual_seed(5)
     for _, blk in swin_blocks(model):

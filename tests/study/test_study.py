@@ -155,16 +155,18 @@ def test_recipe_headers(tmp_path: Path) -> None:
     r.write_text(TINY_RECIPE)
     assert study.paper_numbers(r) == {"impulse": 55.5}
     assert study.study_header(r) == {"methods": ["impulse", "torch"],
-                                     "overrides": {"torch": ["--trainer.max_epochs=3"]}}
+                                     "overrides": {"torch": ["--trainer.max_epochs=3"]}, "reference": None}
     assert study.run_args("torch", 2, study.study_header(r)["overrides"]) == [
         "--model.init.method=torch", "--model.init.seed=2", "--seed_everything=2", "--trainer.max_epochs=3"]
     assert study.run_args("impulse", 0, {}) == ["--model.init.method=impulse", "--model.init.seed=0",
                                                 "--seed_everything=0"]
     # a header comment after the YAML starts is not a header
     r.write_text("seed_everything: 0\n# paper: {impulse: 1.0}\n")
-    assert study.paper_numbers(r) == {} and study.study_header(r) == {"methods": None, "overrides": {}}
+    assert study.paper_numbers(r) == {} and study.study_header(r) == {"methods": None, "overrides": {},
+                                                                     "reference": None}
     for bad in ("# study: [impulse]", "# study: {method: [impulse]}", "# study: {overrides: {random: x}}",
-                "# study: {overrides: {random: [spatial_trainable=true]}}", "# study: {methods: impulse}"):
+                "# study: {overrides: {random: [spatial_trainable=true]}}", "# study: {methods: impulse}",
+                "# study: {reference: [torch]}"):
         r.write_text(bad + "\nseed_everything: 0\n")
         with pytest.raises(ValueError, match=str(r)):
             study.study_header(r)

@@ -7,7 +7,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from impulsevit.tools.preview import MIN_TILE, main, render_grid
+from impulsevit.cli.data_preview import main
+from impulsevit.tools.preview import MIN_TILE, render_grid
 
 
 def test_small_images_are_enlarged_with_square_pixels_and_labelled():

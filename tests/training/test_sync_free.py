@@ -114,12 +114,12 @@ DEIT_B_ON_CPU = [
 def test_deit_b_recipe_steady_state_step_has_at_most_one_host_sync(tmp_path, monkeypatch, caplog, resample_on):
     monkeypatch.setenv("IMPULSEVIT_CACHE", str(tmp_path / "cache"))
     # the augmentation strategy an accelerator gets (on the CPU each op runs on the images that drew it, indexed on
-    # the host: a synchronisation on CUDA, free on the CPU); its pixels equal
-    # the CPU strategy's (data/augment/test_augment.py)
-    from impulsevit.data.augment import device as augment_device
+    # the host: a synchronisation on CUDA, free on the CPU); its pixels equal the CPU strategy's
+    # (data/augment/test_augment.py)
+    from impulsevit.data.augment import strategy
     from impulsevit.data.loading import datamodule
 
-    for module in (augment_device, datamodule):
+    for module in (strategy, datamodule):
         monkeypatch.setattr(module, "selects_on_host", lambda device: False)
     caplog.set_level(logging.INFO)
     cli = run_cli("fit", "--recipe", str(REPO / "recipes" / "deit_base_in1k.yaml"), f"--runs_dir={tmp_path}",

@@ -55,7 +55,9 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from impulsevit.blocks import as_config
-from impulsevit.data.augment.device import DeviceAugment, normalize, selects_on_host
+from impulsevit.data.augment.device import DeviceAugment
+from impulsevit.data.augment.ops import normalize
+from impulsevit.data.augment.strategy import selects_on_host
 from impulsevit.data.loading import ffcv_backend
 from impulsevit.data.loading.backends import (
     Backend,

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from impulsevit.data.augment.device import fix_timm_posterize
+from impulsevit._compat.timm import fix_timm_posterize
 from impulsevit.data.loading.backends import Backend, DataSpec, check_train_split
 from impulsevit.data.loading.base import worker_init_fn
 from impulsevit.data.loading.position import LoaderPosition

@@ -14,14 +14,10 @@ from PIL import Image
 from scipy.stats import ks_2samp
 from timm.data.auto_augment import _HPARAMS_DEFAULT, LEVEL_TO_ARG, NAME_TO_OP
 
-from impulsevit.data.augment.device import (
-    _GEOMETRIC,
-    BatchColorJitter,
-    BatchRandAugment,
-    DeviceAugment,
-    _affine,
-    normalize,
-)
+from impulsevit.data.augment.color_jitter import BatchColorJitter
+from impulsevit.data.augment.device import DeviceAugment
+from impulsevit.data.augment.ops import affine, normalize
+from impulsevit.data.augment.rand_augment import _GEOMETRIC, BatchRandAugment
 
 MEAN = (0.485, 0.456, 0.406)
 FILL = tuple(round(255 * m) for m in MEAN)
@@ -95,7 +91,7 @@ def test_every_op_matches_timms_pil_op_on_photos(name, interpolation, photos):
             level = torch.full((len(x),), magnitude / 10, dtype=torch.float64)  # as timm: Python floats
             signs = torch.full((len(x),), sign, dtype=torch.float64)
             if name in _GEOMETRIC:
-                got = _affine(x, ra._matrix(name, level, signs, *x.shape[-2:]), torch.tensor(FILL).float(),
+                got = affine(x, ra._matrix(name, level, signs, *x.shape[-2:]), torch.tensor(FILL).float(),
                               interpolation)
             else:
                 got = ra._pointwise(name, x, level, signs)
@@ -110,7 +106,7 @@ def test_geometric_fill_and_edges_follow_pil():
     x = torch.full((1, 3, 8, 8), 200.0)
     mats = torch.eye(3).unsqueeze(0).clone()
     mats[0, 0, 2] = 2.5  # output column j samples input x = j + 0.5 + 2.5
-    out = _affine(x, mats, torch.tensor(FILL).float(), "bicubic")[0]
+    out = affine(x, mats, torch.tensor(FILL).float(), "bicubic")[0]
     assert torch.equal(out[:, :, :5], torch.full((3, 8, 5), 200.0))
     assert torch.equal(out[:, :, 5:], torch.tensor(FILL).float().view(3, 1, 1).expand(3, 8, 3))
 
@@ -182,7 +178,7 @@ def test_unsupported_policies_are_rejected():
 def test_random_erasing_matches_timm_in_distribution(count):
     from timm.data.random_erasing import RandomErasing
 
-    from impulsevit.data.augment.device import BatchRandomErasing
+    from impulsevit.data.augment.random_erasing import BatchRandomErasing
 
     n, size = 600, 24
     x = torch.full((n, 3, size, size), 7.0)
@@ -256,7 +252,7 @@ def test_cpu_strategy_equals_the_whole_batch_strategy_bit_for_bit(config, interp
 
 
 def test_pillow_affine_and_equalize_equal_the_batched_ops_and_a_wrong_matrix_is_caught():
-    from impulsevit.data.augment.device import _pil_affine
+    from impulsevit.data.augment.ops import pil_affine
 
     x = to_batch(BENCH.photos(40))
     ra = BatchRandAugment("rand-m9-mstd0.5-inc1")
@@ -266,15 +262,15 @@ def test_pillow_affine_and_equalize_equal_the_batched_ops_and_a_wrong_matrix_is_
     for name in _GEOMETRIC:
         mats = ra._matrix(name, level, sign, 40, 40)
         for interpolation in ("bicubic", "bilinear"):
-            torch.testing.assert_close(_pil_affine(x, mats, fill, interpolation), _affine(x, mats, fill, interpolation),
+            torch.testing.assert_close(pil_affine(x, mats, fill, interpolation), affine(x, mats, fill, interpolation),
                                        rtol=0, atol=0)
-    from impulsevit.data.augment.device import _equalize, _pil_equalize
+    from impulsevit.data.augment.ops import equalize, pil_equalize
 
-    torch.testing.assert_close(_pil_equalize(x), _equalize(x), rtol=0, atol=0)
+    torch.testing.assert_close(pil_equalize(x), equalize(x), rtol=0, atol=0)
     mats = ra._matrix("Rotate", level, sign, 40, 40)
     nudged = mats.clone()
     nudged[:, 0, 2] += 0.25  # a quarter-pixel shift: the comparison above would notice it
-    assert not torch.equal(_pil_affine(x, nudged, fill), _affine(x, mats, fill))
+    assert not torch.equal(pil_affine(x, nudged, fill), affine(x, mats, fill))
 
 
 def test_datamodule_says_once_how_the_augmentation_runs(caplog):

@@ -108,7 +108,7 @@ def test_recipe_data_keys_are_where_the_datamodule_takes_them(recipe):
 
 
 def test_dotted_override_reaches_the_block_and_a_misspelled_one_is_named(capsys):
-    from impulsevit.tools.preview import build_datamodule
+    from impulsevit.cli.fit_datamodule import build_datamodule
 
     base = ["--recipe", "deit_tiny_in1k", "--data.init_args.dataset=digits", "--data.init_args.root=null",
             "--data.init_args.backend=torchvision"]

@@ -24,8 +24,8 @@ import torch
 import torchvision.datasets
 from PIL import Image
 
+from impulsevit.cli.data_preview import main as preview_main
 from impulsevit.data.sources import download as dl
-from impulsevit.tools.preview import main as preview_main
 
 pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
 
@@ -176,7 +176,7 @@ def test_recipe_with_download_true_previews_what_the_model_sees(tmp_path, local_
 def test_preview_synthetic_data_reports_the_generated_images(tmp_path, split):
     """tiny_synthetic has no source files: the in-memory samples are the source (their (h, w), labels following the
     reported indices into the split) and the grid is labelled with the datamodule's class names."""
-    from impulsevit.tools.preview import build_datamodule
+    from impulsevit.cli.fit_datamodule import build_datamodule
 
     result = _preview(tmp_path / "out", split, 5, "--recipe", "tiny_synthetic")
     assert result["backend"] is None and result["paths"] == [None] * 5
