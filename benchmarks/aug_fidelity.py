@@ -25,7 +25,7 @@ line is ``ratio: X``, the worst distance / limit (``<= 1``: equal in distributio
 Usage: ``python benchmarks/aug_fidelity.py [--n 400] [--size 224] [--break fill0|p1|bilinear|mstd0]``
 (``--break`` deliberately damages the ffcv pipeline, to show that the benchmark catches it: ``fill0``, ``p1`` and
 ``mstd0`` exceed the limit; ``bilinear`` for bicubic changes too few pixels to show in these statistics, which is what
-``tests/data/test_augment.py``'s per-op comparison with PIL is for).
+``tests/data/augment/test_augment.py``'s per-op comparison with PIL is for).
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """impulsevit: study how initialization shapes vision transformers, with Lightning + timm.
 
-The package's public face: ``impulsevit.ImageClassifier`` (imported lazily), ``__version__``, and the module paths
-of before the regroup into layer folders (``impulsevit.module``, ``impulsevit.config``, ...), which resolve to the
-modules at their new paths (:mod:`impulsevit._aliases`)."""
+The package's public face: ``impulsevit.ImageClassifier`` (imported lazily) and ``__version__``. (The module paths of
+before the regroup into layer folders are read only where stored names are: :mod:`impulsevit._aliases`.)"""
 
-from impulsevit import _aliases
 from impulsevit._version import __version__
 
 __all__ = ["ImageClassifier", "__version__"]
-
-_aliases.install()
 
 
 def __getattr__(name: str):

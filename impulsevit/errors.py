@@ -5,8 +5,10 @@ them as one line and exits with :attr:`UserError.exit_status`, without a traceba
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
-__all__ = ["ConfigError", "DataError", "RunDirError", "TrainingDiverged", "UserError", "state_dict_mismatch"]
+__all__ = ["ConfigError", "DataError", "RunDirError", "TrainingDiverged", "UserError", "mismatch_text",
+           "state_dict_mismatch"]
 
 
 class UserError(Exception):
@@ -37,6 +39,29 @@ class DataError(UserError):
     holds no images, the files do not match the dataset); the message names the dataset and path. Exit status 1."""
 
 
+def _first(keys: Sequence[str], shown: int = 3) -> str:
+    return ", ".join(keys[:shown]) + (", ..." if len(keys) > shown else "")
+
+
+def mismatch_text(missing: Sequence[str], unexpected: Sequence[str],
+                  shapes: Sequence[tuple[str, Sequence[int], Sequence[int]]] = ()) -> str:
+    """How a state dict differs from a model, in one phrase: ``N tensor(s) differ in shape (first: NAME: [theirs] in
+    the weights, [ours] in the model); N tensor(s) missing from the weights (first: a, b, c, ...); N tensor(s)
+    unexpected (first: ...)`` (the parts that apply, in that order; up to three names each, in the order given).
+    ``shapes`` holds ``(name, shape in the weights, shape in the model)``. The one wording of every state-dict
+    mismatch impulsevit reports (export, predict, resume, a pretrained source)."""
+    parts = []
+    if shapes:
+        name, theirs, ours = shapes[0]
+        parts.append(f"{len(shapes)} tensor(s) differ in shape (first: {name}: {list(theirs)} in the weights, "
+                     f"{list(ours)} in the model)")
+    if missing:
+        parts.append(f"{len(missing)} tensor(s) missing from the weights (first: {_first(missing)})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} tensor(s) unexpected (first: {_first(unexpected)})")
+    return "; ".join(parts)
+
+
 _MISSING = re.compile(r"Missing key\(s\) in state_dict: (.*?)\.\s*$", re.M)
 _UNEXPECTED = re.compile(r"Unexpected key\(s\) in state_dict: (.*?)\.\s*$", re.M)
 _SHAPE = re.compile(r"size mismatch for ([^:]+): copying a param with shape torch\.Size\(\[([^\]]*)\]\) from "
@@ -51,18 +76,16 @@ def state_dict_mismatch(exc: BaseException) -> str | None:
     if not isinstance(exc, RuntimeError) or not text.startswith("Error(s) in loading state_dict for "):
         return None
     model = text.split("Error(s) in loading state_dict for ", 1)[1].split(":", 1)[0].strip()
-    parts = []
-    shapes = _SHAPE.findall(text)
-    if shapes:
-        name, theirs, ours = shapes[0]
-        parts.append(f"{len(shapes)} tensor(s) differ in shape (first: {name}: [{theirs}] in the weights, "
-                     f"[{ours}] in the model)")
-    for what, pattern in (("missing from the weights", _MISSING), ("unexpected", _UNEXPECTED)):
+    shapes = [(name, _dims(theirs), _dims(ours)) for name, theirs, ours in _SHAPE.findall(text)]
+    keys = {}
+    for what, pattern in (("missing", _MISSING), ("unexpected", _UNEXPECTED)):
         found = pattern.search(text)
-        keys = re.findall(r'"([^"]+)"', found.group(1)) if found else []
-        if keys:
-            shown = ", ".join(keys[:3]) + (", ..." if len(keys) > 3 else "")
-            parts.append(f"{len(keys)} tensor(s) {what} (first: {shown})")
-    detail = "; ".join(parts) or " ".join(text.split())[:300]
+        keys[what] = re.findall(r'"([^"]+)"', found.group(1)) if found else []
+    detail = mismatch_text(keys["missing"], keys["unexpected"], shapes) or " ".join(text.split())[:300]
     return (f"the weights do not fit the model {model}: {detail} — build the model with the settings the weights "
             f"were trained with")
+
+
+def _dims(text: str) -> list[int]:
+    """``"3, 16"`` (inside torch's ``torch.Size([...])``) -> ``[3, 16]``."""
+    return [int(d) for d in text.split(",") if d.strip()]

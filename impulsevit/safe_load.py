@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from impulsevit._aliases import old_module_paths
 from impulsevit._compat.checkpoint import distributed_meta_file
 from impulsevit.errors import ConfigError
 
@@ -161,7 +162,8 @@ def load_checkpoint(path: str | os.PathLike | IO[bytes], *, mmap: bool = False, 
     if trust_requested(trust):
         import torch
 
-        return torch.load(path, map_location=map_location, mmap=mmap, weights_only=False)
+        with old_module_paths():  # a trusted checkpoint of before the regroup pickles its classes by old paths
+            return torch.load(path, map_location=map_location, mmap=mmap, weights_only=False)
     try:
         return _load_weights_only(path, map_location, mmap)
     except _WeightsOnlyRefused as exc:

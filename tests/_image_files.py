@@ -1,8 +1,10 @@
 """Image files on disk for the data, conversion and fault tests: ``save_jpeg`` writes one JPEG, ``make_tree`` an
-ImageFolder tree with the bad files a converter must skip (no FFCV needed, so tests of any folder can import it)."""
+ImageFolder tree with the bad files a converter must skip, ``make_cifar`` CIFAR's pickled batches (no FFCV needed, so
+tests of any folder can import it)."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -32,3 +34,30 @@ def make_tree(root: Path, per_class: int = 3, size: tuple[int, int] = (40, 48)) 
     (root / "train" / "dog" / "readme.txt").write_text("not an image")
     (root / "train" / "dog" / "fake.jpg").write_text("text pretending to be a jpeg")
     (root / "train" / "dog" / "dangling.jpg").symlink_to(root / "missing.jpg")
+
+
+def make_cifar(root: Path, num_classes: int, n_train: int = 12, n_test: int = 6) -> dict[str, np.ndarray]:
+    """Pickled batches as the python release has them; returns the HWC images written per split."""
+    if num_classes == 10:
+        base = root / "cifar-10-batches-py"
+        files = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
+        label_key, meta_name, meta = "labels", "batches.meta", {b"label_names": [f"c{i}".encode() for i in range(10)]}
+    else:
+        base = root / "cifar-100-python"
+        files = {"train": ["train"], "test": ["test"]}
+        label_key, meta_name, meta = "fine_labels", "meta", {b"fine_label_names": [f"f{i}".encode() for i in
+                                                                                      range(100)]}
+    base.mkdir(parents=True)
+    written = {}
+    for split, n in (("train", n_train), ("test", n_test)):
+        imgs = np.random.default_rng(len(split)).integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+        labels = np.arange(n) % num_classes
+        written[split] = (imgs, labels)
+        per = np.array_split(np.arange(n), len(files[split]))
+        for name, idx in zip(files[split], per):
+            data = imgs[idx].transpose(0, 3, 1, 2).reshape(len(idx), 3072)
+            with open(base / name, "wb") as fh:
+                pickle.dump({b"data": data, label_key.encode(): labels[idx].tolist(), b"batch_label": b"x"}, fh)
+    with open(base / meta_name, "wb") as fh:
+        pickle.dump(meta, fh)
+    return written

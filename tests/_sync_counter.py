@@ -1,6 +1,6 @@
 """``SyncCounter``: a ``TorchDispatchMode`` that counts the ops that would synchronise the host with a CUDA device
 (scalar reads, data-shaped outputs, host tensors lifted per call, linalg error checks; the full list and why is in
-tests/training/test_sync_free.py's docstring). Shared by that file and tests/data/test_device_resample.py."""
+tests/training/test_sync_free.py's docstring). Shared by that file and tests/data/loading/test_device_resample.py."""
 
 from __future__ import annotations
 

@@ -5,7 +5,6 @@ import os
 
 import pytest
 import torch
-from _lanes import SLOW_FILES
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -13,7 +12,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 # Files (relative to tests/) whose tests start the loopback SLURM cluster (tests/slurm_cluster.py: one slurmctld /
 # slurmd / munged per machine), so they must not run at the same time on two workers.
-SLURM_FILES = {"cluster/test_slurm.py", "cluster/test_submit_convert.py", "study/test_study.py"}
+SLURM_FILES = {"cluster/test_slurm.py", "cli/test_submit_convert.py", "study/test_study.py"}
 
 
 def xdist_group(path) -> str:  # noqa: ANN001 - a pathlib.Path
@@ -31,8 +30,6 @@ def pytest_collection_modifyitems(config, items):
             if "gpu" in item.keywords:
                 item.add_marker(skip)
     for item in items:
-        if os.path.relpath(item.path, TESTS) in SLOW_FILES:  # the fast lane: pytest -m "not slow" (tests/_lanes.py)
-            item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(xdist_group(item.path)))
 

@@ -11,6 +11,8 @@ import pytest
 
 from impulsevit.memory import reuse_large_allocations
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 # glibc's allocator statistics in a fresh interpreter (``libc.mallinfo2().hblkhd``: bytes served by mmap)

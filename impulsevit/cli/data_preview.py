@@ -17,6 +17,7 @@ import sys
 
 import torch
 
+from impulsevit.argparser import ArgumentParser, did_you_mean
 from impulsevit.cli.fit_datamodule import build_datamodule
 from impulsevit.tools.preview import claim_preview, class_names, collect, write_preview
 
@@ -24,10 +25,10 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="impulsevit data preview", allow_abbrev=False,
-                                description="Write the images a recipe feeds the model (PNG grid + tensors).",
-                                epilog="Every other argument is parsed as by `impulsevit fit` (--recipe R, "
-                                       "--data.init_args.root=..., ...).")
+    p = ArgumentParser(prog="impulsevit data preview", allow_abbrev=False,
+                       description="Write the images a recipe feeds the model (PNG grid + tensors).",
+                       epilog="Every other argument is parsed as by `impulsevit fit` (--recipe R, "
+                              "--data.init_args.root=..., ...).")
     p.add_argument("--split", choices=["train", "val"], required=True)
     p.add_argument("--num", type=int, default=16, help="number of images (default 16)")
     p.add_argument("--out", default="preview", help="output folder (default ./preview)")
@@ -45,11 +46,13 @@ def main(argv: list[str]) -> int:
         print(f"{USAGE}\n\n{__doc__.split(chr(10) * 2)[0]}")
         return 0 if argv else 2
     if argv[0] != "preview":
-        print(f"impulsevit data: error: unknown command {argv[0]!r} (known: preview)\n{USAGE}", file=sys.stderr)
+        hint = "; did you mean 'preview'?" if did_you_mean(argv[0], ["preview"]) else ""
+        print(f"impulsevit data: error: unknown command {argv[0]!r} (choose from preview){hint}", file=sys.stderr)
         return 2
     args, rest = _parser().parse_known_args(argv[1:])
     if not any(a.split("=", 1)[0] in ("--recipe", "--config", "-c") for a in rest):
-        print(f"impulsevit data preview: error: --recipe is required\n{USAGE}", file=sys.stderr)
+        print("impulsevit data preview: error: --recipe is required (impulsevit data --help lists the options)",
+              file=sys.stderr)
         return 2
     try:
         claim_preview(args.out, args.split, args.overwrite)

@@ -200,8 +200,9 @@ def _dispatch(argv: list[str], debug: bool, where: list[str]) -> int:
         return run_external(sub, rest, debug)
     if sub not in TRAINER_SUBCOMMANDS:
         close = difflib.get_close_matches(sub, ALL_SUBCOMMANDS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        print(f"impulsevit: error: unknown subcommand {sub!r}{hint}\n\n{USAGE}", file=sys.stderr)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        print(f"impulsevit: error: unknown subcommand {sub!r} (choose from {', '.join(ALL_SUBCOMMANDS)}){hint} "
+              f"(impulsevit --help lists them)", file=sys.stderr)
         return 2
     reuse_large_allocations()  # per-step batches above 32 MiB are not page-faulted in again every step
     return run_trainer_command(argv, sub, debug)

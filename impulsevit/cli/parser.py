@@ -211,6 +211,7 @@ class ImpulseArgumentParser(LightningArgumentParser):
     # model arguments for the "did you mean" hints
     full_errors: bool = False  # True under ``--debug``: jsonargparse's whole report and the usage
     error_prog: str | None = None  # ``impulsevit fit``: how the one-line error names the command
+    keys_prog: str | None = None  # the command whose ``--help`` lists the keys, when not ``error_prog`` (``submit``)
 
     def _valid_keys(self) -> set[str]:
         keys: set[str] = set()
@@ -260,5 +261,5 @@ class ImpulseArgumentParser(LightningArgumentParser):
             line = " ".join(message.split())
         parser = getattr(ex, "subcommand_parser", None) or self
         prog = self.error_prog or parser.prog.replace(" [options]", "")
-        sys.stderr.write(f"{prog}: error: {line} (valid keys: {prog} --help)\n")
+        sys.stderr.write(f"{prog}: error: {line} (valid keys: {self.keys_prog or prog} --help)\n")
         self.exit(2)

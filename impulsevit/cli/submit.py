@@ -27,6 +27,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from impulsevit.argparser import ArgumentParser
 from impulsevit.cli.convert_job import conversion_commands, convert_script_path, render_convert_sbatch
 from impulsevit.cluster.events import events_path, job_state
 from impulsevit.cluster.sbatch import FitJob, SlurmOptions, fit_command, recipe_data_workers, render_sbatch, task_cpus
@@ -42,7 +43,7 @@ _FIXED_KEYS = {"--trainer.devices": "from --gpus-per-node / --tasks-per-node", "
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="impulsevit submit", allow_abbrev=False,
+    p = ArgumentParser(prog="impulsevit submit", allow_abbrev=False,
                                 description="Write an sbatch script for `impulsevit fit` and submit it.",
                                 epilog="Unrecognised arguments are passed to `impulsevit fit`.")
     p.add_argument("--recipe", required=True, help="recipe file or name in recipes/ (as for `impulsevit fit`)")
@@ -130,6 +131,8 @@ def check_fit_config(job: FitJob, opts: SlurmOptions) -> None:
         pass
 
     class _ParseOnly(ImpulseCLI):
+        error_prog = "impulsevit submit"  # its one-line error names submit, and `impulsevit fit --help` for the keys
+
         def before_instantiate_classes(self) -> None:
             super().before_instantiate_classes()
             raise _Parsed
@@ -160,11 +163,9 @@ def main(argv: list[str]) -> int:
         check_fit_config(job, opts)
         convert_cmds = [] if args.no_convert_job else conversion_commands(job)
         convert_script = render_convert_sbatch(job, opts, convert_cmds) if convert_cmds else None
-    except SystemExit as e:  # the fit parser's error (printed by it, with the same suggestions `fit` gives)
-        if e.code in (0, None):
+    except SystemExit as e:  # submit's or the fit parser's error, already printed as one line (the fit parser's with
+        if e.code in (0, None):  # the suggestions `fit` gives); nothing was submitted
             raise
-        print("impulsevit submit: error: the fit configuration above does not parse; nothing was submitted",
-              file=sys.stderr)
         return 2
     except (ValueError, FileNotFoundError, KeyError) as e:
         print(f"impulsevit submit: error: {e}", file=sys.stderr)

@@ -19,6 +19,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from impulsevit._aliases import old_module_paths
 from impulsevit._compat.cli import SubcommandRunHookCLI, subcommand_parsers
 from impulsevit._version import __version__
 from impulsevit.callbacks.config_saver import RunConfigSaver
@@ -68,6 +69,8 @@ class ImpulseCLI(SubcommandRunHookCLI):
     ``--trust-checkpoint`` (taken out before parsing, so it is never part of ``config.yaml``) or
     ``IMPULSEVIT_TRUST_CHECKPOINT=1`` is set; then Lightning loads it with ``weights_only=False``.
     """
+
+    error_prog: str | None = None  # how a parse error names the command, when not `impulsevit SUBCOMMAND`
 
     def __init__(self, args: list[str] | None = None, run: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("seed_everything_default", 0)
@@ -191,10 +194,15 @@ class ImpulseCLI(SubcommandRunHookCLI):
         if isinstance(parser, ImpulseArgumentParser) and isinstance(args, list | tuple) and args and \
                 args[0] in subcommands:
             parser.error_prog = f"{parser.prog} {args[0]}"  # the one-line error names the subcommand
-        if isinstance(args, dict):
-            self.config = parser.parse_object(args)
-        else:
-            self.config = parser.parse_args(args)
+            if self.error_prog is not None:  # ... or the command that parses a fit configuration (submit)
+                for p in (parser, subcommands[args[0]]):
+                    if isinstance(p, ImpulseArgumentParser):
+                        p.error_prog, p.keys_prog = self.error_prog, f"{parser.prog} {args[0]}"
+        with old_module_paths():  # class_path strings of recipes and old runs' config.yaml may name old paths
+            if isinstance(args, dict):
+                self.config = parser.parse_object(args)
+            else:
+                self.config = parser.parse_args(args)
         self._check_ckpt_path_file()
 
     def _check_ckpt_path_file(self) -> None:
@@ -328,7 +336,8 @@ class ImpulseCLI(SubcommandRunHookCLI):
     def instantiate_classes(self) -> None:
         """LightningCLI's instantiation; an invalid model or data setting becomes a one-line :class:`ConfigError`."""
         try:
-            super().instantiate_classes()
+            with old_module_paths():
+                super().instantiate_classes()
         except UserError:
             raise
         except (ValueError, TypeError, FileNotFoundError, KeyError) as e:

@@ -9,12 +9,12 @@ Run: ``python -m impulsevit.init.demo [--layers 3] [--seed 0]``.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 
 import timm
 import torch
 
+from impulsevit.argparser import ArgumentParser
 from impulsevit.errors import ConfigError
 from impulsevit.init.api import initialize
 from impulsevit.init.diagnostics import attention_maps, summarize
@@ -22,7 +22,8 @@ from impulsevit.init.impulse import impulse_offsets
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="impulse vs mimetic init of ViT-Ti/16: reports and attention summary")
+    parser = ArgumentParser(prog="impulsevit demo",
+                            description="impulse vs mimetic init of ViT-Ti/16: reports and attention summary")
     parser.add_argument("--layers", type=int, default=3, help="layers shown in the summary tables")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--images", type=int, default=4, help="random-noise images for the real-forward summary")

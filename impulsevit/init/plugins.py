@@ -22,7 +22,6 @@ method string and what was expected. ``impulsevit init list`` (:func:`main`) pri
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib
 import importlib.metadata
@@ -31,6 +30,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from impulsevit.argparser import ArgumentParser
 from impulsevit.init.options import as_dict, known_keys, parse_options, schema_from_signature, unknown_keys_message
 from impulsevit.init.registry import REMOVAL_VERSION, InitResult, add_function, methods, origins, schemas
 
@@ -303,10 +303,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``impulsevit init list [module:function ...]``: list the init methods and where each comes from.
 
     Exit status 1 when one of the given import paths does not resolve (the reason is printed), else 0."""
-    parser = argparse.ArgumentParser(prog="impulsevit init", description="initializers: built-in and registered by "
-                                     "plugin modules (impulsevit --plugins MODULE, IMPULSEVIT_PLUGINS, entry-point "
-                                     f"group {ENTRY_POINT_GROUP}); deprecated until {REMOVAL_VERSION}: function entry "
-                                     "points and import paths")
+    parser = ArgumentParser(prog="impulsevit init", description="initializers: built-in and registered by "
+                            "plugin modules (impulsevit --plugins MODULE, IMPULSEVIT_PLUGINS, entry-point "
+                            f"group {ENTRY_POINT_GROUP}); deprecated until {REMOVAL_VERSION}: function entry "
+                            "points and import paths")
     sub = parser.add_subparsers(dest="command", required=True)
     lst = sub.add_parser("list", help="list the init methods with their source")
     lst.add_argument("methods", nargs="*", metavar="module:function", help="import paths to resolve and show too")

@@ -27,6 +27,7 @@ from torch import nn
 from impulsevit._compat.checkpoint import epochs_done
 from impulsevit.errors import ConfigError
 from impulsevit.safe_load import UntrustedFileError, check_distributed_checkpoint, load_checkpoint
+from impulsevit.training.checkpointing import shapes_mismatch
 
 __all__ = ["META_DRY_RUN_PARAMS", "check_classes", "check_epochs", "check_init", "check_resume", "config_diff"]
 
@@ -204,10 +205,9 @@ def check_resume(path: str | os.PathLike, model: nn.Module, hparams: dict[str, A
         raise ConfigError(f"--resume {path}: not a Lightning checkpoint (no state_dict)")
     theirs = {k: tuple(v.shape) for k, v in ckpt["state_dict"].items() if hasattr(v, "shape")}
     ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    missing, unexpected = sorted(set(ours) - set(theirs)), sorted(set(theirs) - set(ours))
-    shapes = sorted(k for k in set(ours) & set(theirs) if ours[k] != theirs[k])
+    mismatch = shapes_mismatch(ours, theirs)
     saved = ckpt.get("hyper_parameters")
-    if not (missing or unexpected or shapes):
+    if mismatch is None:
         if isinstance(saved, dict) and hparams is not None and all(k in saved for k in _FUNCTION_KEYS):
             diff = config_diff(_function_settings(saved), _function_settings(hparams))
             if diff:
@@ -216,20 +216,11 @@ def check_resume(path: str | os.PathLike, model: nn.Module, hparams: dict[str, A
                                   _settings_text(diff) + " — resume with the checkpoint's settings, "
                                   "or start a new run (another --name)")
         return
-    parts = []
-    if shapes:
-        k = shapes[0]
-        parts.append(f"{len(shapes)} tensor(s) differ in shape (e.g. {k}: {list(theirs[k])} in the checkpoint, "
-                     f"{list(ours[k])} now)")
-    if missing:
-        parts.append(f"{len(missing)} tensor(s) missing from it (e.g. {missing[0]})")
-    if unexpected:
-        parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]})")
     diff: list[str] = []
     if isinstance(saved, dict) and hparams is not None:
         diff = config_diff(_model_settings(saved), _model_settings(hparams))
     where = ("; the model settings differ: " + _settings_text(diff)) if diff else ""
-    raise ConfigError(f"--resume {path} does not fit the model: {', '.join(parts)}{where} — resume with the "
+    raise ConfigError(f"--resume {path} does not fit the model: {mismatch}{where} — resume with the "
                       f"checkpoint's settings, or start a new run (another --name)")
 
 

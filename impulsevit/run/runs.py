@@ -37,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from impulsevit.argparser import ArgumentParser
 from impulsevit.callbacks.run_record import SUMMARY_NAME
 from impulsevit.cluster.events import read_events
 from impulsevit.errors import ConfigError
@@ -269,7 +270,7 @@ def format_table(rows: list[RunRow]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="impulsevit runs", description="One table of every run under a runs directory "
+    p = ArgumentParser(prog="impulsevit runs", description="One table of every run under a runs directory "
                                 "or a study (read from the runs' own files).")
     p.add_argument("directory", nargs="?", default="runs", help="runs directory, study or run (default: runs)")
     p.add_argument("--json", action="store_true", help="print the rows as a JSON list")

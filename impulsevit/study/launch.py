@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from impulsevit.argparser import ArgumentParser
 from impulsevit.errors import ConfigError
 from impulsevit.io import atomic_write_json, child_path, claim_output, read_json
 from impulsevit.procs import forward_signals, popen
@@ -122,7 +123,7 @@ def _array_task(study_dir: Path, fit_argv: list[str]) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="impulsevit study",
         description="Run a recipe with several init methods × seeds and report mean ± std (see impulsevit/study/).",
         epilog="Other arguments are `impulsevit fit` overrides for every run (with --submit also `impulsevit "
@@ -200,8 +201,9 @@ def _run_plan(study_dir: Path, plan: dict[str, Any], run_index: int | None) -> t
             print(f"[study] {run['name']}: fit {plan['recipe']} {' '.join(plan_entry_args(run))}", flush=True)
             rc, state, received = _run_one(study_dir, plan["recipe"], run, plan["overrides"])
             stops = [sig for sig in (*received, *between) if sig in _STOPS]
-            if stops:
-                print(f"[study] {run['name']}: {state} (exit {rc})", flush=True)
+            if stops:  # an interrupted run is named by main's one line; a run that ended anyway is said here
+                if state != "interrupted":
+                    print(f"[study] {run['name']}: {state} (exit {rc})", flush=True)
                 return stops[0], run["name"] if state == "interrupted" else ""
             print(f"[study] {run['name']}: {'done' if rc == 0 else f'FAILED (exit {rc})'}", flush=True)
     return None
@@ -271,7 +273,7 @@ def _submit(args: argparse.Namespace, recipe: Path, study_name: str, n_runs: int
     from impulsevit.cli.submit import main as submit_main
     from impulsevit.cluster.slurm_config import load_defaults
 
-    sp = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    sp = ArgumentParser(add_help=False, allow_abbrev=False)
     for flag in ("--launcher", "--slurm-config", "--container-image"):
         sp.add_argument(flag)
     known, rest = sp.parse_known_args(overrides)

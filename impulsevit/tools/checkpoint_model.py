@@ -16,6 +16,7 @@ from torch import nn
 
 from impulsevit._compat.checkpoint import callback_state
 from impulsevit.safe_load import UntrustedFileError, load_checkpoint, load_distributed_checkpoint
+from impulsevit.training.checkpointing import load_weights
 
 __all__ = ["backbone_state_dict", "build_model", "data_config", "init_state", "load_checkpoint_file", "run_record",
            "timm_create_kwargs"]
@@ -114,13 +115,15 @@ def timm_create_kwargs(hp: dict[str, Any]) -> dict[str, Any]:
     return timm_kwargs(hp["backbone"], hp.get("backbone_kwargs"), img_size=hp.get("img_size"))
 
 
-def build_model(ckpt: dict[str, Any], ema: bool = False) -> nn.Module:
+def build_model(ckpt: dict[str, Any], ema: bool = False, source: str = "the checkpoint") -> nn.Module:
     """The timm backbone the run built (``timm.create_model(backbone, num_classes=..., **backbone_kwargs)``) with the
-    checkpoint's (or EMA) weights loaded strictly, in eval mode, on CPU.
+    checkpoint's (or EMA) weights loaded strictly (:func:`impulsevit.training.checkpointing.load_weights`), in eval
+    mode, on CPU. ``source`` names the checkpoint in the error messages.
 
     Raises:
         KeyError: see :func:`backbone_state_dict`. ValueError: the checkpoint has no ``hyper_parameters`` or timm
-            cannot build the model (names it).
+            cannot build the model (names it). ConfigError: the weights do not fit the model timm built (one line
+            naming ``source`` and the first tensors that differ).
     """
     import timm
 
@@ -137,9 +140,9 @@ def build_model(ckpt: dict[str, Any], ema: bool = False) -> nn.Module:
         kwargs["num_classes"] = int(num_classes)
     try:
         model = timm.create_model(hp["backbone"], **kwargs)
-        model.load_state_dict(state, strict=True)
     except (RuntimeError, TypeError, ValueError, AssertionError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"cannot rebuild timm model {hp['backbone']!r} with kwargs {kwargs} from the checkpoint: "
+        raise ValueError(f"cannot rebuild timm model {hp['backbone']!r} with kwargs {kwargs} from {source}: "
                          f"{first}") from e
+    load_weights(model, state, source=f"{source} ({'EMA' if ema else 'backbone'} weights)")
     return model.eval()

@@ -35,7 +35,6 @@ data config from the datamodule's saved hyperparameters and a card without metri
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -46,6 +45,7 @@ from typing import Any
 from torch import nn
 
 from impulsevit._compat.timm import model_card_readme
+from impulsevit.argparser import ArgumentParser
 from impulsevit.errors import ConfigError, UserError
 from impulsevit.io import claim_output, commit, disk_errors, remove, temp_path
 from impulsevit.safe_load import TRUST_FLAG, TRUST_HELP
@@ -248,7 +248,7 @@ def export_folder(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike, ema:
     out = Path(out_dir)
     claim_output(out, overwrite, "folder", what="OUT", replaceable=is_export_folder, ours="export")
     ckpt = load_checkpoint_file(ckpt_path, trust=trust)
-    model = build_model(ckpt, ema=ema)
+    model = build_model(ckpt, ema=ema, source=f"checkpoint {ckpt_path}")
     dc = data_config(ckpt)
     model_config = _timm_model_config(ckpt, ckpt_path, ema)
     card = model_card(ckpt, model, ckpt_path, ema=ema, name=out.name)
@@ -279,13 +279,16 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out_path: str | os.PathLike,
 
     Raises:
         ConfigError: ``out_path`` is a folder (it is never replaced by a file), or an existing file without
-            ``overwrite``.
+            ``overwrite``; the tensors do not fit the model the hyperparameters name (:func:`build_model`, checked
+            before anything is written).
     """
     claim_output(out_path, overwrite, "file", what="OUT")
     ckpt = load_checkpoint_file(ckpt_path, trust=trust)
     state = backbone_state_dict(ckpt, ema=ema)
-    atomic_torch_save(state, out_path)
     hp = ckpt.get("hyper_parameters") or {}
+    if hp.get("backbone"):  # the printed `timm.create_model(..., checkpoint_path=OUT)` line must work: check the fit
+        build_model(ckpt, ema=ema, source=f"checkpoint {ckpt_path}")
+    atomic_torch_save(state, out_path)
     head = state.get("head.weight")
     return {
         "backbone": hp.get("backbone"),
@@ -346,7 +349,7 @@ def push_to_hub(info: dict[str, Any], repo_id: str, private: bool = False) -> st
 def main(argv: list[str] | None = None) -> int:
     """``impulsevit export CKPT OUT [--ema] [--format folder|state-dict] [--overwrite] [--push-to-hub ORG/NAME]``;
     returns the exit status (0 done, 2 bad input, 1 disk or hub failure)."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="impulsevit export",
         description="Write a timm model folder (config.json with the run's data config and class names, "
                     "model.safetensors, a model card) or a plain state dict from a checkpoint; load the folder with "

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from impulsevit.argparser import ArgumentParser
 from impulsevit.errors import ConfigError, state_dict_mismatch
 from impulsevit.safe_load import TRUST_FLAG, TRUST_HELP
 
@@ -66,7 +67,7 @@ def load_predictor(path: str | os.PathLike, ema: bool = False,
         from impulsevit.tools.checkpoint_model import build_model, data_config, load_checkpoint_file, run_record
 
         ckpt = load_checkpoint_file(path, trust=trust)
-        model = build_model(ckpt, ema=ema)
+        model = build_model(ckpt, ema=ema, source=f"checkpoint {path}")
         names = run_record(ckpt).get("class_names")
         model.pretrained_cfg = {**model.pretrained_cfg, **data_config(ckpt), "num_classes": model.num_classes,
                                 **({"label_names": list(names)} if names else {})}
@@ -164,7 +165,7 @@ def _at_least(low: int):  # noqa: ANN202 - an argparse type
 
 def main(argv: list[str] | None = None) -> int:
     """``impulsevit predict MODEL IMAGES [...]``; the exit status (0 done, 2 bad input, 1 no image readable)."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="impulsevit predict",
         description="Top-5 classes of every image in a folder as CSV, with the model's own data config "
                     "(`impulsevit predict --recipe ...` is LightningCLI's predict).")

@@ -9,6 +9,12 @@
 - :func:`save_checkpoint` is the one way the run's callbacks write a checkpoint: every rank takes part, it is
   written under a temp name and rank 0 renames it into place (atomic for files; a distributed checkpoint folder
   replaces the old one in three steps, see :func:`impulsevit.io.commit`).
+- :func:`load_weights` is the one way weights enter a model (``export``, ``predict``, a resumed fit through
+  ``ImageClassifier.load_state_dict``, a pretrained source): ``load_state_dict`` whose mismatch report (hundreds of
+  lines, or only its first line "Error(s) in loading state_dict for X:" where a caller kept one) becomes a one-line
+  :class:`~impulsevit.errors.ConfigError` naming where the weights came from and the first tensors that are missing,
+  unexpected or of another shape (:func:`weights_mismatch` is the same for code that calls ``load_state_dict``
+  itself).
 - :func:`checkpoint_dir` is where every writer of a run's checkpoints puts them; :func:`run_limits` (stored under
   :data:`RUN_KEY`) records how the saving run was limited, so discovery skips the checkpoints of smoke runs.
 
@@ -23,7 +29,9 @@ than every shard).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +40,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from impulsevit._compat.checkpoint import distributed_meta_file
+from impulsevit.errors import ConfigError, mismatch_text, state_dict_mismatch
 from impulsevit.io import TEMP_RE, atomic_write, atomic_write_text, commit, remove, temp_path
 from impulsevit.safe_load import UntrustedFileError, load_checkpoint, trust_requested
 
@@ -46,10 +55,13 @@ __all__ = [
     "is_complete_checkpoint",
     "is_distributed_checkpoint",
     "latest_checkpoint",
+    "load_weights",
     "resume_candidate",
     "run_limits",
     "save_checkpoint",
+    "shapes_mismatch",
     "smoke_reason",
+    "weights_mismatch",
 ]
 
 _TMP_RE = TEMP_RE
@@ -279,3 +291,46 @@ def save_checkpoint(trainer: Trainer, path: str | os.PathLike, tag: str, weights
         commit(tmp, path, replace_dir=is_distributed_checkpoint(path))
     trainer.strategy.barrier(f"save-checkpoint-{tag}-done")
     return path
+
+
+@contextlib.contextmanager
+def weights_mismatch(source: str) -> Iterator[None]:
+    """Around a ``load_state_dict`` call: its strict mismatch report (``RuntimeError("Error(s) in loading state_dict
+    for X: ...")``) is raised as one line, ``SOURCE: the weights do not fit the model X: N tensor(s) missing from the
+    weights (first: ...); M tensor(s) unexpected (first: ...) — ...`` (:func:`impulsevit.errors.state_dict_mismatch`),
+    a :class:`~impulsevit.errors.ConfigError` (exit status 2) raised from it. Any other exception passes unchanged.
+    ``source`` names where the weights came from (``checkpoint runs/a/last.ckpt``)."""
+    try:
+        yield
+    except RuntimeError as e:
+        why = state_dict_mismatch(e)
+        if why is None:
+            raise
+        raise ConfigError(f"{source}: {why}") from e
+
+
+def load_weights(model: torch.nn.Module, state: Mapping[str, torch.Tensor], *, source: str, strict: bool = True,
+                 assign: bool = False) -> tuple[list[str], list[str]]:
+    """Load ``state`` (parameter / buffer name -> tensor, the names of ``model.state_dict()``) into ``model`` in place
+    with ``model.load_state_dict(state, strict=strict, assign=assign)``; the one way impulsevit puts weights into a
+    model. Returns ``(missing keys, unexpected keys)`` (both empty when ``strict``).
+
+    Raises:
+        ConfigError: the tensors do not fit the model (names not in the model, model tensors the state lacks, or
+            another shape; with ``strict=False`` only a shape): one line naming ``source`` and the first tensors that
+            differ (:func:`weights_mismatch`). Nothing is guaranteed about the model's weights after this error.
+    """
+    with weights_mismatch(source):
+        result = model.load_state_dict(dict(state), strict=strict, assign=assign)
+    return list(result.missing_keys), list(result.unexpected_keys)
+
+
+def shapes_mismatch(model: Mapping[str, tuple[int, ...]], weights: Mapping[str, tuple[int, ...]]) -> str | None:
+    """How tensors named and shaped ``weights`` (name -> shape) differ from a model's (``model``, name -> shape), in
+    :func:`impulsevit.errors.mismatch_text`'s words (missing and differing names in the model's order, unexpected
+    ones in the weights'); None when every name and shape agrees. For checks that have only the shapes (a
+    checkpoint read memory-mapped, before a resume)."""
+    missing = [k for k in model if k not in weights]
+    unexpected = [k for k in weights if k not in model]
+    shapes = [(k, weights[k], model[k]) for k in model if k in weights and tuple(weights[k]) != tuple(model[k])]
+    return mismatch_text(missing, unexpected, shapes) or None

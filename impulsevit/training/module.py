@@ -64,6 +64,7 @@ from impulsevit.init import check_init_method
 from impulsevit.training import optim
 from impulsevit.training import strategies as _strategies  # noqa: F401  (registers the `fsdp2` strategy name)
 from impulsevit.training.backbone import check_image_size, create_backbone, timm_kwargs
+from impulsevit.training.checkpointing import weights_mismatch
 from impulsevit.training.config import (
     InitConfig,
     MixupConfig,
@@ -326,6 +327,17 @@ class ImageClassifier(L.LightningModule):
         # "name": the tag Lightning's LearningRateMonitor logs the lr under (lr/pg<i> with several param groups)
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1, "name": "lr"}}
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """``nn.Module.load_state_dict`` (a resume, ``load_from_checkpoint``), with weights that do not fit raised as
+        one line naming the checkpoint and the first tensors that differ
+        (:func:`impulsevit.training.checkpointing.weights_mismatch`)."""
+        try:
+            path = self.trainer.ckpt_path
+        except RuntimeError:  # not attached to a trainer (load_from_checkpoint)
+            path = None
+        with weights_mismatch(f"checkpoint {path}" if path else "the checkpoint"):
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.resolved:

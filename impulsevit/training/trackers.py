@@ -9,8 +9,11 @@ run's files in the run directory.
 
 Extra trackers (``--tracker wandb,mlflow,csv`` or ``--trainer.logger+=WandbLogger|MLFlowLogger|CSVLogger``):
 
+* :func:`check_trackers` refuses, before any work, a tracker that is not installed or cannot start (W&B online
+  without an API key, an MLflow tracking server that does not answer: :func:`check_tracker_ready`);
 * :func:`place_logger_config` defaults their save location to the run directory (a ``save_dir`` left at the class's
-  default: W&B's ``.``, MLflow's ``./mlruns``); :func:`tracker_loggers` builds the ``--tracker`` ones there;
+  default: W&B's ``.``; MLflow without a tracking URI gets the SQLite store ``<run>/mlflow.db``,
+  :func:`mlflow_store`); :func:`tracker_loggers` builds the ``--tracker`` ones there;
 * :func:`record_trackers` keeps each W&B run id / MLflow run id in ``<run>/trackers.json`` (atomic, rank 0), and a
   resumed ``fit`` (``--resume``, a requeued SLURM job) passes them back (:func:`resume_ids`: ``WandbLogger(id=...)``,
   whose ``resume`` is ``"allow"``; ``MLFlowLogger(run_id=...)``), so a preempted and resumed run is one W&B / MLflow
@@ -47,11 +50,13 @@ __all__ = [
     "cli_run_directory",
     "TRACKERS",
     "TRACKERS_FILE",
+    "check_tracker_ready",
     "check_trackers",
     "describe",
     "log_hyperparams",
     "log_image",
     "log_text",
+    "mlflow_store",
     "place_logger_config",
     "record_trackers",
     "resume_ids",
@@ -125,7 +130,91 @@ def check_trackers(spec: str | Sequence[str] | None) -> list[str]:
                               f"pip install 'impulsevit[{name}]'")
     if len(set(names)) != len(names):
         raise ConfigError(f"--tracker {','.join(names)}: a tracker named twice")
+    for name in names:
+        check_tracker_ready(name)
     return names
+
+
+_WANDB_NO_LOGIN = frozenset({"offline", "disabled", "dryrun"})
+
+
+def _wandb_credentials(environ: Mapping[str, str]) -> str | None:
+    """Where W&B would find an API key without prompting, as wandb reads them (its environment variables, the
+    ``machine`` of its server in ``~/.netrc`` / ``$NETRC``, which ``wandb login`` writes, or ``api_key`` in its
+    settings file); None when nowhere. Read here, not through wandb, whose credential lookup is internal."""
+    import configparser
+    import netrc
+    from urllib.parse import urlparse
+
+    for var in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
+        if environ.get(var):
+            return var
+    host = urlparse(environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    path = Path(environ.get("NETRC") or Path.home() / ".netrc").expanduser()
+    try:
+        if path.is_file() and netrc.netrc(str(path)).authenticators(host):
+            return str(path)
+    except (OSError, netrc.NetrcParseError):
+        pass
+    settings = Path(environ.get("WANDB_CONFIG_DIR") or Path.home() / ".config" / "wandb") / "settings"
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(settings)
+    except (OSError, configparser.Error):
+        return None
+    return str(settings) if parser.get("default", "api_key", fallback=None) else None
+
+
+def _unreachable(uri: str, timeout: float = 5.0) -> str | None:
+    """Why an ``http(s)://`` tracking server does not answer (connection refused, unknown host, a timeout), else
+    None: any HTTP answer, even an error status, means a server is there. Other schemes are not probed."""
+    import urllib.error
+    import urllib.request
+
+    if not uri.lower().startswith(("http://", "https://")):
+        return None
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        return str(reason) or type(reason).__name__
+
+
+def check_tracker_ready(name: str, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse, before any work, a ``--tracker`` that is installed but cannot start: W&B online with no API key (no
+    ``WANDB_API_KEY``, never ``wandb login``), MLflow at an ``MLFLOW_TRACKING_URI`` whose server does not answer
+    (probed with one ``GET /health``, 5 s). ``environ``: the environment (default ``os.environ``). An MLflow without
+    a tracking URI needs nothing: it writes to ``<run>/mlflow.db`` (:func:`mlflow_store`).
+
+    Raises:
+        ConfigError: one line saying what to set.
+    """
+    environ = os.environ if environ is None else environ
+    if name == "wandb":
+        if environ.get("WANDB_MODE", "").lower() in _WANDB_NO_LOGIN or _wandb_credentials(environ):
+            return
+        raise ConfigError("--tracker wandb: W&B has no API key here (never logged in); run `wandb login`, or set "
+                          "WANDB_API_KEY, or WANDB_MODE=offline to write the run locally (sync it later with "
+                          "`wandb sync`)")
+    if name == "mlflow":
+        uri = environ.get("MLFLOW_TRACKING_URI")
+        why = _unreachable(uri) if uri else None
+        if why is not None:
+            raise ConfigError(f"--tracker mlflow: the MLflow tracking server MLFLOW_TRACKING_URI={uri} does not "
+                              f"answer ({why}); start it, set MLFLOW_TRACKING_URI to one that runs, or unset it to "
+                              f"write to <run>/mlflow.db")
+
+
+def mlflow_store(run_dir: Path) -> tuple[str, str]:
+    """``(tracking URI, artifact location)`` of an MLflow logger given no tracking URI: a SQLite database
+    ``<run>/mlflow.db`` (MLflow 3 refuses its file store ``mlruns/`` unless ``MLFLOW_ALLOW_FILE_STORE`` is set) and
+    the artifacts in ``<run>/mlartifacts/`` (MLflow's default for a database store is ``./mlruns`` of the working
+    directory). Browse with ``mlflow ui --backend-store-uri sqlite:///<run>/mlflow.db``."""
+    run_dir = Path(run_dir).absolute()
+    return f"sqlite:///{run_dir / 'mlflow.db'}", str(run_dir / "mlartifacts")
 
 
 def _default_of(class_path: str, arg: str) -> Any:
@@ -152,9 +241,14 @@ def place_logger_config(logger_cfg: Any, run_dir: Path, ids: Mapping[str, list[s
         init = getattr(entry, "init_args", None)
         if not isinstance(class_path, str) or init is None:
             continue
-        if "save_dir" in init and init.get("save_dir") == _default_of(class_path, "save_dir"):
-            init["save_dir"] = str(run_dir / "mlruns") if kind_of(class_path) == "mlflow" else str(run_dir)
         kind = kind_of(class_path)
+        if kind == "mlflow" and not init.get("tracking_uri") and not os.environ.get("MLFLOW_TRACKING_URI") and \
+                init.get("save_dir") == _default_of(class_path, "save_dir"):
+            init["tracking_uri"], artifacts = mlflow_store(run_dir)
+            if "artifact_location" in init and init.get("artifact_location") is None:
+                init["artifact_location"] = artifacts
+        elif "save_dir" in init and init.get("save_dir") == _default_of(class_path, "save_dir"):
+            init["save_dir"] = str(run_dir)
         stored = (ids or {}).get(kind) or []
         index = used.get(kind, 0)
         used[kind] = index + 1
@@ -171,8 +265,8 @@ def tracker_loggers(names: Iterable[str], run_dir: Path, run_name: str,
     """The ``--tracker`` loggers, saving in ``run_dir``: ``csv`` -> ``<run>/csv/metrics.csv``; ``wandb`` -> W&B run
     ``run_name`` in project ``$WANDB_PROJECT`` (default ``impulsevit``), files in ``<run>/wandb/`` (offline with
     ``WANDB_MODE=offline``); ``mlflow`` -> run ``run_name`` in experiment ``$MLFLOW_EXPERIMENT_NAME`` (default
-    ``impulsevit``) at ``$MLFLOW_TRACKING_URI`` (default a file store ``<run>/mlruns``). With ``ids`` (a resumed run)
-    the W&B / MLflow logger continues the stored run."""
+    ``impulsevit``) at ``$MLFLOW_TRACKING_URI`` (default ``<run>/mlflow.db``, :func:`mlflow_store`). With ``ids``
+    (a resumed run) the W&B / MLflow logger continues the stored run."""
     out: list[Logger] = []
     for name in names:
         stored = ((ids or {}).get(name) or [None])[0]
@@ -186,9 +280,12 @@ def tracker_loggers(names: Iterable[str], run_dir: Path, run_name: str,
         elif name == "mlflow":
             from lightning.pytorch.loggers import MLFlowLogger
 
+            uri, artifacts = mlflow_store(run_dir)
+            if os.environ.get("MLFLOW_TRACKING_URI"):
+                uri, artifacts = os.environ["MLFLOW_TRACKING_URI"], None
             out.append(MLFlowLogger(experiment_name=os.environ.get("MLFLOW_EXPERIMENT_NAME", "impulsevit"),
-                                    run_name=run_name, tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or None,
-                                    save_dir=str(run_dir / "mlruns"), run_id=stored))
+                                    run_name=run_name, tracking_uri=uri, artifact_location=artifacts,
+                                    run_id=stored))
     return out
 
 

@@ -15,6 +15,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from impulsevit.init.locality import locality, offset_masses, offsets_within
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 H, W = 5, 6
 
 

@@ -7,12 +7,15 @@ from __future__ import annotations
 import logging
 
 import lightning as L
+import pytest
 import timm
 import torch
 from _cli_helpers import TINY, run_cli
 from lightning.fabric.utilities.throughput import measure_flops
 
 from impulsevit.callbacks.console import FlopsModelSummary, ResumeProgressBar
+
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
 
 
 class BarProbe(L.Callback):

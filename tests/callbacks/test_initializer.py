@@ -18,6 +18,8 @@ from impulsevit.data.loading.synthetic import SyntheticDataModule
 from impulsevit.init.api import InitResult
 from impulsevit.init.vit_layout import is_vit
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 VIT = dict(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=2, weight_init="skip")
 CALLS: list[int] = []
 

@@ -15,9 +15,12 @@ import sys
 import termios
 from pathlib import Path
 
+import pytest
 from _cli_helpers import TINY, run_cli, subprocess_env
 
 from impulsevit.callbacks.console import LineProgressBar, format_duration
+
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
 
 FIT = [sys.executable, "-m", "impulsevit.cli", "fit", "--recipe", str(TINY), "--trainer.enable_progress_bar=true",
        "--trainer.log_every_n_steps=2"]
@@ -90,7 +93,7 @@ def test_format_duration():
 def test_submit_job_script_gets_the_lines():
     """``submit``'s job script writes the fit's stdout to ``slurm/%j.out`` through ``srun`` without a pseudo-terminal
     and leaves the progress bar on: the fit sees a file and prints lines (the golden scripts are what
-    ``render_sbatch`` writes, tests/cluster/test_submit.py)."""
+    ``render_sbatch`` writes, tests/cli/test_submit.py)."""
     golden = sorted((Path(__file__).resolve().parents[1] / "golden").glob("submit_*.sbatch"))
     assert golden
     for path in golden:

@@ -19,6 +19,8 @@ from impulsevit.callbacks.run_checkpoint import RunCheckpoint
 from impulsevit.data import SyntheticDataModule
 from impulsevit.training.module import ImageClassifier
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 BACKBONE = dict(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, weight_init="skip")
 
 

@@ -14,6 +14,8 @@ from impulsevit import ImageClassifier
 from impulsevit.callbacks import AttentionMapLogger, ThroughputLogger
 from impulsevit.data.loading.synthetic import SyntheticDataModule
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 
 @pytest.fixture(scope="module")
 def events(tmp_path_factory: pytest.TempPathFactory) -> dict:

@@ -15,6 +15,8 @@ from _cli_helpers import REPO, TINY, run_cli, scalars, state_dict, tiny
 from impulsevit.cli import main, prepare_argv
 from impulsevit.run.recipes import RecipeNotFoundError, available_recipes, describe, resolve_recipe
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 
 # backbone name prefix -> backbone_kwargs of a tiny member of the same family (img 32 unless given). A recipe whose

@@ -2,7 +2,7 @@
 status before any work, nothing half-made, one owner per run directory, smoke runs that ``--resume auto`` skips.
 
 Each test reproduces a case of the "when things go wrong" report (full disks and damaged ``.beton`` files:
-``data/test_disk_and_beton_failures.py``; ``submit --dry-run``: ``cluster/test_submit.py``).
+``data/storage/test_disk_and_beton_failures.py``; ``submit --dry-run``: ``cli/test_submit.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from _cli_helpers import TINY, scalars, tiny
 
 from impulsevit.cli import main
 from impulsevit.run.rundir import LOCK_NAME
+
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
 
 SHORT = ("--trainer.max_epochs=1", "--data.init_args.num_train=32", "--data.init_args.num_val=16")
 

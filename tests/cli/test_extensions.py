@@ -20,6 +20,8 @@ from _cli_helpers import REPO, TINY, subprocess_env
 
 from impulsevit.cli import main
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 PLUGIN = textwrap.dedent('''
     """A user's extension: three classes of random 32 px images, and an init method for ViTs of its own family."""
     import dataclasses

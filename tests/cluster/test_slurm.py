@@ -27,7 +27,7 @@ from impulsevit.data.loading.synthetic import SyntheticDataModule
 from impulsevit.training.module import ImageClassifier
 
 # in-process runs happen on a machine with SLURM installed but outside a job: Lightning's hint about srun is noise
-pytestmark = pytest.mark.filterwarnings("ignore:The `srun` command is available")
+pytestmark = [pytest.mark.filterwarnings("ignore:The `srun` command is available"), pytest.mark.slow]
 
 TINY = {"img_size": 16, "patch_size": 8, "depth": 1, "embed_dim": 32, "num_heads": 2}
 

@@ -30,6 +30,8 @@ import pytest
 import torch
 from _cli_helpers import LR_TAG, run_cli, scalars, subprocess_env
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 SUBSET = ["--data.init_args.train_subset=256", "--data.init_args.val_subset=64", "--data.init_args.batch_size=32",
           "--trainer.max_epochs=2", "--trainer.limit_val_batches=1", "--trainer.log_every_n_steps=1",
           "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--model.log_attention=false",

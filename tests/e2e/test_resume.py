@@ -36,6 +36,8 @@ from impulsevit.training.checkpointing import (
     latest_checkpoint,
 )
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 STOP_AFTER_EPOCH_0 = '--trainer.callbacks=[{"class_path": "_cli_helpers.StopAfterEpoch", "init_args": {"epoch": 0}}]'
 
 

@@ -21,7 +21,8 @@ from filelock import FileLock
 
 from tests.faults.harness import REPO, TINY, assert_no_survivors, finish, run, session_members, start, wait_for
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signals are Linux-only")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signals are Linux-only"),
+              pytest.mark.slow]
 
 # the convert test's slow writer: a plugin module (imported by the command before the subcommand, so the forked
 # writer processes inherit it) that makes each written image take 50 ms; each writer marks itself (MARKER.<pid>)
@@ -186,6 +187,7 @@ def test_study_signal_stops_after_the_running_fit(tmp_path: Path, sig: int) -> N
     assert res.err_lines == [f"impulsevit study: stopped by {name}: run impulse-s0 checkpointed and marked "
                              f"interrupted; no further run started; rerun the same command to continue "
                              f"(exit {128 + sig})"], res.err
+    assert "interrupted" not in res.out, res.out  # said once, in that line
     assert_no_survivors(res.sid)
     study_dir = runs / "s"
     status = json.loads((study_dir / "impulse-s0" / "status.json").read_text())

@@ -38,6 +38,8 @@ from faults.harness import (
 )
 from impulsevit.safe_load import load_checkpoint, trust_requested
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 STEP = ("--trainer.max_steps=1", "--trainer.limit_val_batches=1")
 REFUSED = ("refused to load", "--trust-checkpoint")
 

@@ -23,6 +23,8 @@ from impulsevit.errors import ConfigError
 
 from .harness import TINY, assert_one_line_error, run, snapshot
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 SHORT = ("--trainer.max_epochs=1", "--trainer.num_sanity_val_steps=0")
 
 

@@ -24,6 +24,8 @@ from impulsevit.errors import ConfigError
 from impulsevit.io import check_child_name, child_path, claim_output
 from tests.faults.harness import TINY, assert_one_line_error, run, snapshot
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 HOSTILE = ["../x", "/abs", "a/b"]
 
 

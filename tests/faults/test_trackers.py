@@ -5,6 +5,10 @@ tests/training/test_trackers.py, whose preempted runs go through this harness.)"
 
 from __future__ import annotations
 
+import socket
+
+import pytest
+
 from faults.harness import (
     TINY,
     assert_no_survivors,
@@ -13,10 +17,46 @@ from faults.harness import (
     snapshot,
 )
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 
 def test_unknown_tracker_is_one_line_and_writes_nothing(tmp_path):
     before = snapshot(tmp_path)
     res = run("fit", "--recipe", TINY, "--runs_dir=runs", "--name=t", "--tracker=wandb,tensorbored", cwd=tmp_path)
     assert_one_line_error(res, 2, "--tracker 'tensorbored'", "unknown tracker")
+    assert_no_survivors(res.sid)
+    assert snapshot(tmp_path) == before
+
+
+def _new_user(tmp_path) -> dict[str, str]:  # noqa: ANN001
+    """The environment of a user who never logged in to W&B: a home without ``.netrc`` or W&B settings, no
+    ``WANDB_*`` key or mode."""
+    home = tmp_path / "home"
+    home.mkdir()
+    return {"HOME": str(home), "NETRC": str(home / ".netrc"), "WANDB_CONFIG_DIR": str(home / ".config" / "wandb"),
+            "WANDB_API_KEY": "", "WANDB_MODE": "", "WANDB_IDENTITY_TOKEN_FILE": ""}
+
+
+def test_wandb_without_a_login_is_refused_before_work_saying_what_to_set(tmp_path):
+    env = _new_user(tmp_path)
+    before = snapshot(tmp_path)
+    res = run("fit", "--recipe", TINY, "--runs_dir=runs", "--name=t", "--tracker=wandb", cwd=tmp_path, extra_env=env)
+    assert [ln for ln in res.err_lines if ln != "Seed set to 0"] == res.err_lines[-1:], res.err
+    assert_one_line_error(res, 2, "impulsevit fit: error: --tracker wandb: W&B has no API key here",
+                          "`wandb login`", "WANDB_API_KEY", "WANDB_MODE=offline")
+    assert_no_survivors(res.sid)
+    assert snapshot(tmp_path) == before  # no run folder, no wandb/ folder
+
+
+def test_mlflow_at_a_server_that_does_not_answer_is_refused_before_work_naming_the_uri(tmp_path):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+    before = snapshot(tmp_path)
+    res = run("fit", "--recipe", TINY, "--runs_dir=runs", "--name=t", "--tracker=mlflow", cwd=tmp_path,
+              extra_env={"MLFLOW_TRACKING_URI": uri})
+    assert [ln for ln in res.err_lines if ln != "Seed set to 0"] == res.err_lines[-1:], res.err
+    assert_one_line_error(res, 2, f"--tracker mlflow: the MLflow tracking server MLFLOW_TRACKING_URI={uri} does not "
+                                  "answer", "refused")
     assert_no_survivors(res.sid)
     assert snapshot(tmp_path) == before

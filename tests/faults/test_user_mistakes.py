@@ -24,6 +24,8 @@ from impulsevit.run.preflight import check_epochs
 from impulsevit.training.config import MixupConfig, OptimizerConfig, SchedulerConfig
 from tests.faults.harness import TINY, assert_one_line_error, run, small_tmpfs, snapshot
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 SHORT = ("--trainer.max_epochs=1", "--data.init_args.num_train=32", "--data.init_args.num_val=16")
 
 
@@ -86,6 +88,11 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> Ctx:
     assert cfg["model_args"]["depth"] == 2, cfg["model_args"]
     cfg["model_args"]["depth"] = 3
     (mismatch / "config.json").write_text(json.dumps(cfg))
+    # a checkpoint whose state-dict keys were renamed (its hyperparameters still name the model they came from)
+    saved = torch.load(ckpt, map_location="cpu", weights_only=True)
+    saved["state_dict"] = {k.replace(".blocks.1.attn.", ".blocks.1.attention."): v
+                           for k, v in saved["state_dict"].items()}
+    torch.save(saved, tmp / "renamed.ckpt")
     return Ctx(tmp, ckpt, tmp / "exported")
 
 
@@ -134,7 +141,21 @@ CASES: list[tuple[str, Callable[[Ctx], list[str]], list[str], int, tuple[str, ..
                                                f"--out={c.tmp / 'p.csv'}"], [], 2,
      ("the weights do not fit the model VisionTransformer", "tensor(s) missing from the weights (first: "
       "blocks.2.norm1.weight")),
+    ("predict-renamed-keys", lambda c: ["predict", str(c.tmp / "renamed.ckpt"), str(c.tmp / "imgs"),
+                                        f"--out={c.tmp / 'p.csv'}"], [], 2,
+     ("impulsevit predict: error: checkpoint {tmp}/renamed.ckpt (backbone weights): the weights do not fit "
+      "the model VisionTransformer: 4 tensor(s) missing from the weights (first: blocks.1.attn.qkv.weight, ",
+      "4 tensor(s) unexpected (first: blocks.1.attention.qkv.weight")),
     # ---- export
+    *[(f"export-renamed-keys-{fmt}", lambda c, out=out: ["export", str(c.tmp / "renamed.ckpt"), str(c.tmp / out)],
+       [], 2, ("impulsevit export: error: checkpoint {tmp}/renamed.ckpt (backbone weights): the weights do "
+               "not fit the model VisionTransformer: 4 tensor(s) missing from the weights (first: "
+               "blocks.1.attn.qkv.weight, ", "4 tensor(s) unexpected (first: blocks.1.attention.qkv.weight"))
+      for fmt, out in (("folder", "renamed-out"), ("state-dict", "renamed.pth"))],
+    ("fit-resume-renamed-keys", _fit(), ["--resume={tmp}/renamed.ckpt"], 2,
+     ("impulsevit fit: error: --resume {tmp}/renamed.ckpt does not fit the model: 8 tensor(s) missing from the "
+      "weights (first: backbone.blocks.1.attn.qkv.weight, ", "8 tensor(s) unexpected (first: "
+      "backbone.blocks.1.attention.qkv.weight")),
     ("export-missing-checkpoint", lambda c: ["export", str(c.tmp / "missing.ckpt"), str(c.tmp / "out")], [], 2,
      ("impulsevit export: error:", "missing.ckpt")),
     ("export-a-folder-that-is-no-checkpoint", lambda c: ["export", str(c.tmp / "adir"), str(c.tmp / "out")], [], 2,
@@ -173,8 +194,9 @@ def test_a_mistake_is_one_line_and_its_exit_status(ctx: Ctx, argv, extra, rc, ne
     args = [*argv(ctx), *(a.format(tmp=ctx.tmp) for a in extra)]
     before = snapshot(ctx.tmp / "runs")
     res = run(*args, cwd=ctx.tmp, extra_env={"PYTHONPATH": _pythonpath(ctx)})
-    assert_one_line_error(res, rc, *needles)
+    assert_one_line_error(res, rc, *(n.format(tmp=ctx.tmp) for n in needles))
     assert snapshot(ctx.tmp / "runs") == before
+    assert not (ctx.tmp / "renamed-out").exists() and not (ctx.tmp / "renamed.pth").exists()
 
 
 def _pythonpath(ctx: Ctx) -> str:
@@ -256,3 +278,29 @@ def test_corrupt_images_on_the_torchvision_backend_are_named_and_skipped(tmp_pat
     res = run("fit", "--recipe", TINY, f"--runs_dir={tmp_path / 'runs'}", "--name=d", "--trainer.max_epochs=1",
               _folder_data(only_bad), cwd=tmp_path)
     assert_one_line_error(res, 1, "none of the 2 images of this split can be read", "x.jpg")
+
+
+@pytest.mark.parametrize(("argv", "needles"), [
+    (["convert", "--preset", "res265", "a", "b"], ("impulsevit convert: error: argument --preset: invalid choice: "
+                                                   "'res265' (choose from ", "'res256'", "did you mean 'res256'?")),
+    (["convert", "--preset", "unknown", "a", "b"], ("invalid choice: 'unknown' (choose from ", "'short384')")),
+    (["export", "a.ckpt", "out", "--format", "fodler"], ("impulsevit export: error:", "did you mean 'folder'?")),
+    (["init", "lst"], ("impulsevit init: error:", "invalid choice: 'lst'", "did you mean 'list'?")),
+    (["data", "previw"], ("impulsevit data: error: unknown command 'previw' (choose from preview); did you mean "
+                          "'preview'?",)),
+    (["data", "preview", "--recipe", "tiny_synthetic", "--split", "trian"], ("did you mean 'train'?",)),
+    (["runs", "--sort", "top"], ("impulsevit runs: error: argument --sort: invalid choice: 'top'",)),
+    (["study", "--recipe", "tiny_synthetic", "--methods"], ("impulsevit study: error: argument --methods: expected",)),
+    (["submit", "--dry-run"], ("impulsevit submit: error: the following arguments are required: --recipe",)),
+    (["predict", "m", "i", "--batch-size", "0"], ("impulsevit predict: error: argument --batch-size: must be >= 1",)),
+    (["download", "cifar10"], ("impulsevit download: error: the following arguments are required: root",)),
+    (["demo", "--layers", "x"], ("impulsevit demo: error: argument --layers: invalid int value: 'x'",)),
+    (["fitt"], ("impulsevit: error: unknown subcommand 'fitt' (choose from ", "did you mean 'fit'?")),
+], ids=lambda v: "-".join(v) if isinstance(v, list) else None)
+def test_argument_errors_of_every_subcommand_are_one_line(tmp_path, argv, needles):  # noqa: ANN001
+    """argparse prints its usage before the error; impulsevit's parser (impulsevit.argparser) prints the error alone,
+    with the choices and the closest one."""
+    res = run(*argv, cwd=tmp_path)
+    assert len(res.err_lines) == 1, res.err
+    assert_one_line_error(res, 2, *needles)
+    assert list(tmp_path.iterdir()) == []

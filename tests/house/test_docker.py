@@ -15,8 +15,11 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
+
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"

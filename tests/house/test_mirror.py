@@ -1,15 +1,15 @@
 """``tests/`` mirrors the package (tests/README.md): every test file lives in a folder named after a folder of
-``impulsevit/`` or in one of the declared cross-cutting folders, a test file at the top of ``tests/`` is named after a
-leaf module of the package's root, every test folder is a row of tests/README.md's table, test modules have unique
-names (pytest's ``prepend`` import mode imports them by file name), and the slow lane names only files that exist."""
+``impulsevit/`` (a sub-folder after the sub-package it tests: ``tests/data/loading/`` for ``impulsevit/data/loading/``,
+and a package with sub-packages, ``data/``, holds its tests there) or in one of the declared cross-cutting folders, a
+test file at the top of ``tests/`` is named after a leaf module of the package's root, every test folder is a row of
+tests/README.md's table, test modules have unique names (pytest's ``prepend`` import mode imports them by file name),
+and a file that runs the real command, a SLURM cluster or distributed ranks is in the slow lane as a whole."""
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
 from pathlib import Path
-
-from _lanes import SLOW_FILES
 
 TESTS = Path(__file__).resolve().parents[1]
 PKG = TESTS.parent / "impulsevit"
@@ -42,6 +42,15 @@ def test_every_test_file_is_in_a_package_folder_or_a_cross_cutting_one():
         elif rel.parts[0] not in allowed:
             misplaced.append(f"tests/{rel}: tests/{rel.parts[0]}/ is neither a folder of impulsevit/ nor one of the "
                              f"cross-cutting folders {sorted(CROSS_CUTTING)}")
+        elif rel.parts[0] not in CROSS_CUTTING:
+            folder = PKG.joinpath(*rel.parts[:-1])
+            subpackages = sorted(p.name for p in folder.iterdir() if (p / "__init__.py").is_file()) \
+                if folder.is_dir() else []
+            if not folder.is_dir():
+                misplaced.append(f"tests/{rel}: no impulsevit/{'/'.join(rel.parts[:-1])}/ to mirror")
+            elif subpackages:
+                misplaced.append(f"tests/{rel}: impulsevit/{'/'.join(rel.parts[:-1])}/ has sub-packages "
+                                 f"{subpackages}; its tests go into the mirrored sub-folders")
     assert not misplaced, "test files outside the mirror (tests/README.md):\n" + "\n".join(misplaced)
 
 
@@ -69,7 +78,21 @@ def test_test_module_names_are_unique():
     assert not clashes, f"test modules with the same name: {clashes}"
 
 
-def test_slow_files_exist():
-    """A renamed or moved file must not leave the slow lane silently (it would then run in the fast one)."""
-    missing = sorted(f for f in SLOW_FILES if not (TESTS / f).is_file())
-    assert not missing, f"tests/_lanes.py's SLOW_FILES names files that do not exist: {missing}"
+_PROCESS_HELPERS = re.compile(r"^(from faults(\.harness)? import|from \. import harness|from \.harness import|"
+                               r"from slurm_cluster import|import dist_worker)", re.MULTILINE)
+_FILE_SLOW = re.compile(r"^pytestmark = (\[[^\]]*\]|[^\n]*)", re.MULTILINE)  # a list over lines, or one line
+
+
+def _slow_file(text: str) -> bool:
+    found = _FILE_SLOW.search(text)
+    return found is not None and "pytest.mark.slow" in found.group(1)
+
+
+def test_files_that_start_the_command_or_a_cluster_are_slow_as_a_whole():
+    """``pytestmark = pytest.mark.slow`` (tests/README.md, "Lanes") in every file that uses the fault harness (the real
+    command in its own session), the loopback SLURM cluster or the distributed worker: the fast lane stays fast when
+    such a file gains a test. (Other slow files, which train in-process or convert data, carry the same mark; this
+    check cannot tell them from fast ones.)"""
+    unmarked = sorted(f"tests/{rel}" for rel in _test_files()
+                      if _PROCESS_HELPERS.search(text := (TESTS / rel).read_text()) and not _slow_file(text))
+    assert not unmarked, f"files that start processes without pytestmark = pytest.mark.slow: {unmarked}"

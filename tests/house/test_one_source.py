@@ -13,6 +13,8 @@ from _cli_helpers import tiny
 
 from impulsevit.cli import main
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 
 def _error_line(capsys) -> str:
     err = capsys.readouterr().err

@@ -7,6 +7,10 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "check_pins.py"
 

@@ -1,7 +1,9 @@
-"""The regroup of the package into layer folders (issue #34) changed no behaviour users rely on: every old module path
-is an alias of the very same module (``import``, ``from ... import``, jsonargparse ``class_path`` strings through the
-real CLI), and a run directory written by the code of before the move (``tests/fixtures/pre_regroup/``) resumes and
-exports with the code of today."""
+"""The regroup of the package into layer folders (issue #34) changed no stored name users rely on: where impulsevit
+reads names a file stored (``old_module_paths``: the CLI's parse of recipes / ``config.yaml`` ``class_path`` strings, a
+trusted checkpoint's unpickling) every old module path is an alias of the very same module, with a warning naming the
+removal version; elsewhere it is not importable and ``import impulsevit`` installs no import hook; a run directory
+written by the code of before the move (``tests/fixtures/pre_regroup/``) resumes and exports with the code of
+today."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pytest
 import torch
 from _cli_helpers import REPO, run_cli, subprocess_env
 
-from impulsevit._aliases import MOVED
+from impulsevit._aliases import MOVED, REMOVED_IN, old_module_paths
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "pre_regroup"
 
@@ -26,18 +28,39 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "pre_regroup"
 def test_every_old_module_path_is_the_new_module(old):
     new = importlib.import_module(MOVED[old])
     sys.modules.pop(old, None)  # a test before may have imported it already: see the warning once more
-    with warnings.catch_warnings(record=True) as caught:
+    with pytest.raises(ModuleNotFoundError):  # outside the places that read stored names: gone
+        importlib.import_module(old)
+    with warnings.catch_warnings(record=True) as caught, old_module_paths():
         warnings.simplefilter("always")
         module = importlib.import_module(old)
     assert module is new and sys.modules[old] is new and module.__name__ == MOVED[old]
     assert [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)] == [
-        f"{old} moved to {MOVED[old]}; import it from there (the old path is an alias)"]
+        f"{old} moved to {MOVED[old]}; write {MOVED[old]} (the old path is read from recipes, config.yaml class_path "
+        f"strings and checkpoints until impulsevit {REMOVED_IN}, which removes it)"]
+    sys.modules.pop(old, None)
     parent, _, leaf = old.rpartition(".")
     assert getattr(sys.modules[parent], leaf) is new
 
 
+def test_import_impulsevit_installs_no_import_hook():
+    code = ("import sys; import impulsevit, impulsevit.training.module; "
+            "assert not [f for f in sys.meta_path if 'impulsevit' in type(f).__module__], sys.meta_path; "
+            "import impulsevit.module")
+    proc = subprocess.run([sys.executable, "-c", code], env=subprocess_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 1 and "No module named 'impulsevit.module'" in proc.stderr, proc.stderr
+
+
+def test_the_aliases_end_with_the_outermost_block():
+    with old_module_paths():
+        with old_module_paths():
+            pass
+        assert any(type(f).__name__ == "_AliasFinder" for f in sys.meta_path)
+    assert not any(type(f).__name__ == "_AliasFinder" for f in sys.meta_path)
+
+
 def test_old_names_import_the_same_objects():
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), old_module_paths():
         warnings.simplefilter("ignore", DeprecationWarning)
         from impulsevit.config import OptimizerConfig
         from impulsevit.module import ImageClassifier
@@ -60,7 +83,7 @@ def test_an_old_class_path_resolves_in_jsonargparse():
 
     parser = ArgumentParser()
     parser.add_subclass_arguments(L.LightningModule, "model")
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), old_module_paths():
         warnings.simplefilter("ignore", DeprecationWarning)
         cfg = parser.parse_args(['--model={"class_path": "impulsevit.module.ImageClassifier", '
                                  '"init_args": {"backbone": "vit_tiny_patch16_224"}}'])

@@ -21,6 +21,8 @@ from _cli_helpers import REPO, run_cli, subprocess_env, tiny
 
 import impulsevit.init as ii
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 PLUGIN = textwrap.dedent('''
     """A user's initializer: every >= 2-D weight ~ N(0, scale² / last dim) from the generator, the rest kept."""
     import torch

@@ -9,6 +9,8 @@ from _vit_helpers import vit
 
 import impulsevit.init as ii
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 
 @pytest.fixture
 def gloo_group(tmp_path):

@@ -15,11 +15,14 @@ import time
 from pathlib import Path
 
 import lightning as L
+import pytest
 from _cli_helpers import TINY, subprocess_env
 
 from impulsevit.cluster.events import append_event, events_path
 from impulsevit.run.runs import format_table, scan, select
 from impulsevit.run.runs import main as runs_main
+
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
 
 
 class RaiseAtStep(L.Callback):

@@ -22,6 +22,8 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 from impulsevit import study
 from impulsevit.run.recipes import packaged_recipes_dir
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 TINY_RECIPE = """\
 # Tiny study recipe for tests: 1-block ViT on synthetic blobs, 2 epochs
 # paper: {impulse: 55.5}

@@ -29,6 +29,8 @@ from safetensors.torch import load_file
 from impulsevit.cli import main
 from impulsevit.training.module import ImageClassifier
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 KWARGS = {"img_size": 32, "patch_size": 4, "embed_dim": 64, "depth": 2, "num_heads": 2}  # tiny_synthetic's backbone
 FMNIST_MEAN, FMNIST_STD = 0.2860, 0.3530
 CLASSES = ["T-shirt-top", "Trouser", "Pullover", "Dress"]  # the first four Fashion-MNIST classes ('/' is a separator)

@@ -12,6 +12,8 @@ import pytest
 import torch
 from _cli_helpers import REPO, run_cli, state_dict
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 
 @pytest.mark.slow  # inductor compiles forward + backward: minutes on 2 shared cores (13 min at load 10)
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="inductor needs a C compiler")

@@ -24,6 +24,8 @@ from impulsevit.callbacks import Initializer
 from impulsevit.data.loading.synthetic import SyntheticDataModule
 from impulsevit.models.convmixer import depthwise_convs
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 VIT = ("vit_tiny_patch16_224", dict(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=2))
 SWIN = ("swin_tiny_patch4_window7_224",
         dict(img_size=32, patch_size=2, window_size=4, embed_dim=24, depths=(1, 1), num_heads=(2, 4)))

@@ -16,6 +16,8 @@ from impulsevit.callbacks import NonFiniteLossGuard
 from impulsevit.data.loading.synthetic import SyntheticDataModule
 from impulsevit.training.strategies import FSDP2Strategy, check_strategy, default_precision
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 VIT = dict(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=2, weight_init="skip")
 
 

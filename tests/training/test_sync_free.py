@@ -26,6 +26,8 @@ import torch
 from _cli_helpers import REPO, run_cli
 from _sync_counter import SyncCounter, aten
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 
 class CountSteps(L.Callback):
     """Counts per training batch, from the fetch through every hook of the step (callbacks, logging), in a
@@ -112,7 +114,8 @@ DEIT_B_ON_CPU = [
 def test_deit_b_recipe_steady_state_step_has_at_most_one_host_sync(tmp_path, monkeypatch, caplog, resample_on):
     monkeypatch.setenv("IMPULSEVIT_CACHE", str(tmp_path / "cache"))
     # the augmentation strategy an accelerator gets (on the CPU each op runs on the images that drew it, indexed on
-    # the host: a synchronisation on CUDA, free on the CPU); its pixels equal the CPU strategy's (data/test_augment.py)
+    # the host: a synchronisation on CUDA, free on the CPU); its pixels equal the CPU strategy's
+    # (data/augment/test_augment.py)
     from impulsevit.data.augment import strategy
     from impulsevit.data.loading import datamodule
 

@@ -25,7 +25,9 @@ from jsonargparse import Namespace
 
 from impulsevit.cli.trainer_cli import fit_summary
 from impulsevit.errors import ConfigError
-from impulsevit.training.trackers import TRACKERS_FILE, check_trackers, place_logger_config
+from impulsevit.training.trackers import TRACKERS_FILE, check_tracker_ready, check_trackers, place_logger_config
+
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
 
 PREEMPT = '--trainer.callbacks=[{"class_path": "_cli_helpers.SignalAtStep", "init_args": {"step": 5}}]'
 STEPS = 8  # tiny_synthetic: 2 epochs x 4 steps
@@ -54,12 +56,15 @@ def test_place_logger_config_defaults_save_dir_to_run_and_passes_ids_back(tmp_pa
     wandb_default = Namespace(class_path="lightning.pytorch.loggers.WandbLogger",
                               init_args=Namespace(save_dir=".", id=None, version=None))
     mlflow_default = Namespace(class_path="lightning.pytorch.loggers.MLFlowLogger",
-                               init_args=Namespace(save_dir="./mlruns", run_id=None))
+                               init_args=Namespace(save_dir="./mlruns", run_id=None, tracking_uri=None,
+                                                   artifact_location=None))
     csv_given = Namespace(class_path="lightning.pytorch.loggers.CSVLogger", init_args=Namespace(save_dir="mine"))
     place_logger_config([wandb_default, mlflow_default, csv_given], tmp_path,
                         {"wandb": ["w1"], "mlflow": ["m1"]})
     assert wandb_default.init_args.save_dir == str(tmp_path) and wandb_default.init_args.id == "w1"
-    assert mlflow_default.init_args.save_dir == str(tmp_path / "mlruns") and mlflow_default.init_args.run_id == "m1"
+    assert mlflow_default.init_args.run_id == "m1"
+    assert mlflow_default.init_args.tracking_uri == f"sqlite:///{tmp_path / 'mlflow.db'}"  # not MLflow 3's refused
+    assert mlflow_default.init_args.artifact_location == str(tmp_path / "mlartifacts")  # file store, not ./mlruns
     assert csv_given.init_args.save_dir == "mine"  # what the user gave stays
 
 
@@ -69,6 +74,27 @@ def test_tracker_names_are_checked():
         check_trackers("neptune")
     with pytest.raises(ConfigError, match="named twice"):
         check_trackers("csv,csv")
+
+
+def test_a_tracker_that_cannot_start_is_refused_saying_what_to_set(tmp_path):
+    """The defaults a new user has: no W&B login, no WANDB_* variable; an MLflow URI where nothing listens."""
+    home = {"NETRC": str(tmp_path / "netrc"), "WANDB_CONFIG_DIR": str(tmp_path / "wb")}
+    with pytest.raises(ConfigError, match=r"^--tracker wandb: W&B has no API key here .*`wandb login`.*WANDB_API_KEY"
+                                          r".*WANDB_MODE=offline"):
+        check_tracker_ready("wandb", home)
+    check_tracker_ready("wandb", {**home, "WANDB_MODE": "offline"})
+    check_tracker_ready("wandb", {**home, "WANDB_API_KEY": "x" * 40})
+    (tmp_path / "netrc").write_text("machine api.wandb.ai\n  login user\n  password abc\n")  # what `wandb login` writes
+    check_tracker_ready("wandb", home)
+    with pytest.raises(ConfigError, match="W&B has no API key"):  # a login to another server is not one to this one
+        check_tracker_ready("wandb", {**home, "WANDB_BASE_URL": "https://wandb.example.org"})
+    check_tracker_ready("mlflow", {})  # no URI: the run's own mlflow.db
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with pytest.raises(ConfigError, match=rf"^--tracker mlflow: the MLflow tracking server MLFLOW_TRACKING_URI={uri} "
+                                          r"does not answer \(.*refused.*\); start it"):
+        check_tracker_ready("mlflow", {"MLFLOW_TRACKING_URI": uri})
 
 
 # ------------------------------------------------------------------------------------------------ CSV, in-process
@@ -253,3 +279,23 @@ def test_mlflow_server_preempted_and_resumed_is_one_run_with_continuous_steps(tm
     assert "config/resume" not in params
     assert any("attention_evolution/images/distance/layer_00" == k for k in runs[0].data.metrics)
     assert f"MLFlowLogger:    run {rid}" in second and mlflow_server in second
+
+
+@pytest.mark.slow
+def test_mlflow_default_store_without_server_or_variable_resumes_into_the_same_run(tmp_path):
+    """What a user gets with no MLflow server and no MLFLOW_* variable: the installed MLflow (3.x refuses its old file
+    store) accepts the run's SQLite store ``<run>/mlflow.db``, nothing lands in the working directory, and a preempted
+    run resumes into the same MLflow run."""
+    from mlflow import MlflowClient
+
+    assert not os.environ.get("MLFLOW_TRACKING_URI") and not os.environ.get("MLFLOW_ALLOW_FILE_STORE")
+    _, second = _preempt_then_resume(tmp_path, "d", "mlflow", {})
+    run = tmp_path / "d"
+    uri = f"sqlite:///{run / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("impulsevit").experiment_id])
+    stored = json.loads((run / TRACKERS_FILE).read_text())["ids"]["mlflow"]
+    assert [r.info.run_id for r in runs] == stored and runs[0].info.status == "FINISHED"
+    assert sorted(m.step for m in client.get_metric_history(stored[0], "train/loss")) == list(range(STEPS))
+    assert (run / "mlartifacts").is_dir() and not (tmp_path / "mlruns").exists() and not (run / "mlruns").exists()
+    assert f"MLFlowLogger:    run {stored[0]}" in second and uri in second

@@ -32,6 +32,7 @@ import os
 import sys
 from pathlib import Path
 
+from impulsevit.argparser import ArgumentParser
 from impulsevit.data.sources.registry import DatasetInfo, Verify, downloadable, get_dataset
 from impulsevit.errors import ConfigError
 from impulsevit.io import claim_output
@@ -87,7 +88,7 @@ def ensure_dataset(info: DatasetInfo, root: str | os.PathLike, verify: Verify = 
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="impulsevit download", allow_abbrev=False,
+    p = ArgumentParser(prog="impulsevit download", allow_abbrev=False,
                                 description="Fetch a public dataset (torchvision.datasets' URLs and checksums) into "
                                             "the layout impulsevit reads.",
                                 epilog=f"downloadable: {', '.join(downloadable())}; imagenet and imagenet21k print "

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from impulsevit.argparser import ArgumentParser
 from impulsevit.data.sources.registry import DATASETS, DatasetInfo, detect_dataset, get_dataset, list_datasets
 from impulsevit.data.storage.convert import ConversionError, convert_split, subset_indices
 from impulsevit.data.storage.integrity import BetonError, verify_beton
@@ -111,7 +112,7 @@ def claim_outputs(dst: str, splits: list[str], overwrite: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``impulsevit convert SRC DST ...`` argument parser (``--check`` has its own, see :func:`check_main`)."""
-    p = argparse.ArgumentParser(prog="impulsevit convert", description=__doc__.split("\n\n")[0],
+    p = ArgumentParser(prog="impulsevit convert", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=f"datasets: {', '.join(list_datasets())}\npresets: {', '.join(PRESETS)}")
     p.add_argument("src", help="registry name (with --root), a dataset folder, or an ImageFolder tree")
@@ -162,7 +163,7 @@ def choose_preset(info: DatasetInfo, args: argparse.Namespace) -> Preset:
 def check_main(argv: list[str]) -> int:
     """``impulsevit convert --check X.beton [...] [--full]``: verify ``.beton`` files against their manifests (header
     and sizes, then sampled chunk checksums, or every chunk with ``--full``). Exit 0 all good, 1 a file is damaged."""
-    p = argparse.ArgumentParser(prog="impulsevit convert --check",
+    p = ArgumentParser(prog="impulsevit convert --check",
                                 description="Verify .beton files against the checksums in their manifests.")
     p.add_argument("betons", nargs="+", metavar="X.beton")
     p.add_argument("--full", action="store_true", help="hash every chunk (default: header, sizes, sampled chunks)")

@@ -12,17 +12,23 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from slurm_cluster import slurm_cluster  # noqa: F401  (the module-scoped pytest fixture)
-from test_slurm import _cli
 
 from impulsevit.cluster.events import job_state
 from impulsevit.data.storage.convert import read_manifest
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def _cli() -> list[str]:
+    """The ``impulsevit`` script of this environment (as an sbatch job would run it), else ``python -m``."""
+    exe = Path(sys.executable).parent / "impulsevit"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "impulsevit.cli"]
 
 RECIPE = """# Fashion-MNIST subset on the FFCV backend, tiny ViT, for the conversion-job tests
 seed_everything: 0

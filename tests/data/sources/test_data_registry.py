@@ -1,21 +1,20 @@
 """Dataset registry: tiny fake datasets written in each real on-disk format are read back exactly; count checks fire
 with a clear message; real Fashion-MNIST and sklearn digits match the registry's numbers and statistics.
 
-The ``make_*`` helpers are reused by tests/data/test_convert.py and tests/data/test_data_layouts.py (``save_jpeg`` is
-in tests/_image_files.py).
+``make_imagenet`` is reused by tests/data/sources/test_data_layouts.py (``make_cifar`` and ``save_jpeg`` are in
+tests/_image_files.py).
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import pickle
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
-from _image_files import save_jpeg
+from _image_files import make_cifar, save_jpeg
 
 from impulsevit.data.sources.formats import read_idx
 from impulsevit.data.sources.image_source import image_folder_source
@@ -24,33 +23,6 @@ from impulsevit.data.sources.registry import DatasetMismatchError, detect_datase
 
 def _rng(seed: int = 0) -> np.random.Generator:
     return np.random.default_rng(seed)
-
-
-def make_cifar(root: Path, num_classes: int, n_train: int = 12, n_test: int = 6) -> dict[str, np.ndarray]:
-    """Pickled batches as the python release has them; returns the HWC images written per split."""
-    if num_classes == 10:
-        base = root / "cifar-10-batches-py"
-        files = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
-        label_key, meta_name, meta = "labels", "batches.meta", {b"label_names": [f"c{i}".encode() for i in range(10)]}
-    else:
-        base = root / "cifar-100-python"
-        files = {"train": ["train"], "test": ["test"]}
-        label_key, meta_name, meta = "fine_labels", "meta", {b"fine_label_names": [f"f{i}".encode() for i in
-                                                                                      range(100)]}
-    base.mkdir(parents=True)
-    written = {}
-    for split, n in (("train", n_train), ("test", n_test)):
-        imgs = _rng(len(split)).integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
-        labels = np.arange(n) % num_classes
-        written[split] = (imgs, labels)
-        per = np.array_split(np.arange(n), len(files[split]))
-        for name, idx in zip(files[split], per):
-            data = imgs[idx].transpose(0, 3, 1, 2).reshape(len(idx), 3072)
-            with open(base / name, "wb") as fh:
-                pickle.dump({b"data": data, label_key.encode(): labels[idx].tolist(), b"batch_label": b"x"}, fh)
-    with open(base / meta_name, "wb") as fh:
-        pickle.dump(meta, fh)
-    return written
 
 
 def make_stl10(root: Path, n: int = 4) -> np.ndarray:

@@ -41,7 +41,7 @@ def _load_benchmark():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "aug_fidelity.py"
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "aug_fidelity.py"
     spec = importlib.util.spec_from_file_location("aug_fidelity", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

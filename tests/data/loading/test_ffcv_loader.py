@@ -21,7 +21,7 @@ from impulsevit.data.loading.ffcv_loader import build_ffcv_loader  # noqa: E402
 from impulsevit.data.sources.image_source import ArraySource  # noqa: E402
 from impulsevit.data.storage.convert import PRESETS, Preset, convert_split  # noqa: E402
 
-pytestmark = pytest.mark.ffcv
+pytestmark = [pytest.mark.ffcv, pytest.mark.slow]
 N, S = 96, 24
 
 

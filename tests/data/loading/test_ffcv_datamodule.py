@@ -25,7 +25,7 @@ from impulsevit.data.loading.ffcv_loader import build_ffcv_loader  # noqa: E402
 from impulsevit.data.sources.image_source import ArraySource  # noqa: E402
 from impulsevit.data.storage.convert import PRESETS, convert_split  # noqa: E402
 
-pytestmark = pytest.mark.ffcv
+pytestmark = [pytest.mark.ffcv, pytest.mark.slow]
 FASHION = Path("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz")
 needs_fashion = pytest.mark.skipif(not FASHION.exists(), reason="Debian package dataset-fashion-mnist not installed")
 

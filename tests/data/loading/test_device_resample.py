@@ -26,6 +26,8 @@ from impulsevit.data.loading.device_resample import (
     unpack_canvas,
 )
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 
 @pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])
 @pytest.mark.parametrize("size", [224, 64, 32])

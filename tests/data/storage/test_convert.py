@@ -13,13 +13,16 @@ import pytest
 
 pytest.importorskip("ffcv")
 
-from _image_files import make_tree, save_jpeg  # noqa: E402
-from test_data_registry import make_cifar  # noqa: E402
+from _image_files import (  # noqa: E402
+    make_cifar,  # noqa: E402
+    make_tree,
+    save_jpeg,
+)
 
 from impulsevit.data.storage.convert import PRESETS, manifest_path  # noqa: E402
 from impulsevit.data.storage.convert_cli import main  # noqa: E402
 
-pytestmark = pytest.mark.ffcv
+pytestmark = [pytest.mark.ffcv, pytest.mark.slow]
 
 
 def read_beton(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

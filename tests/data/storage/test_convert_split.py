@@ -13,11 +13,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from _cli_helpers import subprocess_env
 from _image_files import save_jpeg
 
 from impulsevit.data.sources.image_source import image_folder_source
 from impulsevit.data.storage import convert
+
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
 
 
 def test_the_library_imports_no_command_line_machinery():

@@ -27,6 +27,8 @@ from PIL import Image
 from impulsevit.cli.data_preview import main as preview_main
 from impulsevit.data.sources import download as dl
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 N_TRAIN, N_TEST = 10, 5
 
 

@@ -26,8 +26,8 @@ from impulsevit.data.loading.resample import BICUBIC, BILINEAR, resample_crop  #
 from impulsevit.data.sources.image_source import ArraySource  # noqa: E402
 from impulsevit.data.storage.convert import PRESETS, convert_split  # noqa: E402
 
-pytestmark = pytest.mark.ffcv
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.ffcv, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def photo(rng: np.random.Generator, h: int, w: int) -> np.ndarray:

@@ -1,7 +1,7 @@
 """`impulsevit submit`: sbatch script generation (golden files), options, defaults file, dry run, missing sbatch.
 
 No SLURM needed here; the real-cluster tests are in tests/cluster/test_slurm.py. Regenerate the golden files after an
-intended change with ``IMPULSEVIT_UPDATE_GOLDEN=1 pytest tests/cluster/test_submit.py``.
+intended change with ``IMPULSEVIT_UPDATE_GOLDEN=1 pytest tests/cli/test_submit.py``.
 """
 
 from __future__ import annotations

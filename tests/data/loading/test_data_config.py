@@ -18,7 +18,7 @@ from impulsevit.data.loading.config import AugmentConfig, StorageConfig
 from impulsevit.data.loading.datamodule import ImageDataModule
 from impulsevit.errors import ConfigError
 
-RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
+RECIPES = sorted((Path(__file__).resolve().parents[3] / "recipes").glob("*.yaml"))
 
 
 @pytest.mark.parametrize(("block", "kwargs", "message"), [

@@ -25,7 +25,7 @@ from impulsevit.data.storage.convert_cli import main  # noqa: E402
 from impulsevit.data.storage.integrity import BetonError, check_header, verify_beton  # noqa: E402
 from impulsevit.io import WriteError, atomic_write_text  # noqa: E402
 
-pytestmark = pytest.mark.ffcv
+pytestmark = [pytest.mark.ffcv, pytest.mark.slow]
 
 
 def _no_temps(folder: Path) -> list[Path]:

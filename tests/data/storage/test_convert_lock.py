@@ -15,6 +15,8 @@ from _image_files import make_tree
 from impulsevit.data.locking import file_lock
 from impulsevit.data.storage.convert import read_manifest
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 
 @pytest.mark.slow
 def test_two_converter_processes_of_one_file_convert_once(tmp_path):

@@ -10,6 +10,8 @@ import torch
 from impulsevit.data import ImageDataModule
 from impulsevit.data.loading.sampling import EpochSampler, LoaderState, epoch_sequence, resumed_shard, shard_order
 
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
 
 # ------------------------------------------------------------------------------------------------- pure functions
 def test_plain_order_is_torchs_distributed_sampler_order():

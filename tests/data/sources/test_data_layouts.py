@@ -20,7 +20,7 @@ from test_data_registry import make_imagenet
 
 from impulsevit.data.sources.registry import IMAGENET_MEAN, IMAGENET_STD, get_dataset
 
-RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+RECIPES = Path(__file__).resolve().parents[3] / "recipes"
 
 
 def make_devkit(root: Path, truth: list[int]) -> None:
