@@ -146,7 +146,8 @@ def test_the_wheel_installs_with_its_requirements_and_without_the_optional_ones(
             "    except Exception as e: bad.append(f'{m.name}: {e!r}')\n"
             "print('\\n'.join(bad))")
     assert _run([vpy, "-c", code], work, env).stdout.strip() == ""
-    _run([sys.executable, "-m", "pip", "--python", vpy, "check"], work, env)  # the installed set satisfies every requirement
+    # the installed set satisfies every requirement
+    _run([sys.executable, "-m", "pip", "--python", vpy, "check"], work, env)
     version = _run([vpy, "-c", "from importlib import metadata; print(metadata.version('impulsevit'))"], work, env)
     from impulsevit._version import __version__
 
