@@ -107,8 +107,8 @@ class ImageDataModule(BaseImageDataModule):
         backend: ``auto`` (the default and the recipes': ``ffcv`` where the ``ffcv`` extra is installed, else
             ``torchvision`` with one log line saying so), ``ffcv`` (refused in one line naming the extra where FFCV is
             not installed) or ``torchvision``; see
-            :func:`~impulsevit.data.loading.backends.resolve_backend`. The resolved name is :attr:`backend` and is
-            what the checkpoint's hyperparameters record.
+            :func:`~impulsevit.data.loading.backends.resolve_backend`. The resolved name is :attr:`backend` (and
+            ``hparams`` of a datamodule built in Python; LightningCLI records the arguments as given).
         image_size: output side S in pixels.
         batch_size: per device. num_workers: FFCV threads / DataLoader worker processes.
         crop_pct: evaluation centre crop as a fraction of the resized side, in ``(0, 1]`` (timm's meaning).
