@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-__all__ = ["ConfigError", "DataError", "RunDirError", "TrainingDiverged", "UserError", "mismatch_text",
-           "state_dict_mismatch"]
+__all__ = ["OPTIONAL_EXTRAS", "ConfigError", "DataError", "MissingExtraError", "RunDirError", "TrainingDiverged",
+           "UserError", "mismatch_text", "missing_extra", "state_dict_mismatch"]
 
 
 class UserError(Exception):
@@ -60,6 +60,29 @@ def mismatch_text(missing: Sequence[str], unexpected: Sequence[str],
     if unexpected:
         parts.append(f"{len(unexpected)} tensor(s) unexpected (first: {_first(unexpected)})")
     return "; ".join(parts)
+
+
+OPTIONAL_EXTRAS: dict[str, str] = {"ffcv": "ffcv", "numba": "ffcv", "llvmlite": "ffcv", "cv2": "ffcv",
+                                   "wandb": "wandb", "mlflow": "mlflow"}
+"""Top-level module of an optional dependency -> the extra of setup.cfg that installs it (``impulsevit[EXTRA]``).
+numba / llvmlite / OpenCV come with FFCV; the package imports without any of them."""
+
+
+class MissingExtraError(ConfigError):
+    """An optional dependency the command needs is not installed (:func:`missing_extra` words it: the package and
+    the extra to install); exit status 2, like any command that cannot work as given."""
+
+
+def missing_extra(module: str | None, needed_for: str = "") -> str | None:
+    """``the 'numba' package is not installed (...): pip install 'impulsevit[ffcv]'`` when ``module`` (a dotted name,
+    as ``ModuleNotFoundError.name`` gives it) belongs to an optional dependency of :data:`OPTIONAL_EXTRAS`; None for
+    any other module (a required dependency or the user's own module: not a missing extra)."""
+    top = (module or "").split(".", 1)[0]
+    extra = OPTIONAL_EXTRAS.get(top)
+    if extra is None:
+        return None
+    why = f", needed for {needed_for}" if needed_for else ""
+    return f"the {top!r} package is not installed (part of the {extra} extra{why}): pip install 'impulsevit[{extra}]'"
 
 
 _MISSING = re.compile(r"Missing key\(s\) in state_dict: (.*?)\.\s*$", re.M)

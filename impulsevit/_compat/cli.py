@@ -15,7 +15,7 @@ def parser_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     (jsonargparse's ``ArgumentParser`` is an argparse subclass).
 
     Reaches: ``argparse.ArgumentParser._actions``
-    Checked on: jsonargparse[signatures]>=4.27,<5
+    Checked on: jsonargparse>=4.27,<5
     Waits for: a public list of a parser's actions (argparse has none; jsonargparse's ``get_defaults`` lists values,
     not the keys a nested parser accepts).
     """
@@ -27,7 +27,7 @@ def subcommand_parsers(parser: argparse.ArgumentParser) -> dict[str, Any]:
     it has none.
 
     Reaches: ``jsonargparse.ArgumentParser._subcommands_action``
-    Checked on: jsonargparse[signatures]>=4.27,<5
+    Checked on: jsonargparse>=4.27,<5
     Waits for: a public accessor of a parser's subcommands (LightningCLI keeps them privately too).
     """
     return dict(getattr(getattr(parser, "_subcommands_action", None), "choices", None) or {})

@@ -17,7 +17,7 @@ def fan_in_and_fan_out(shape: torch.Size | tuple[int, ...]) -> tuple[int, int]:
     allocated (computed on a meta tensor). Raises ``ValueError`` for fewer than 2 dimensions (as PyTorch does).
 
     Reaches: ``torch.nn.init._calculate_fan_in_and_fan_out``
-    Checked on: torch>=2.4,<2.15
+    Checked on: torch>=2.4,<2.16
     Waits for: a public fan computation (none in torch: ``nn.init`` keeps it private, timm re-implements it).
     """
     return nn.init._calculate_fan_in_and_fan_out(torch.empty(tuple(shape), device="meta"))
@@ -29,7 +29,7 @@ def foreach_norm(tensors: list[torch.Tensor], dtype: torch.dtype = torch.float32
     back to the host.
 
     Reaches: ``torch._foreach_norm``
-    Checked on: torch>=2.4,<2.15
+    Checked on: torch>=2.4,<2.16
     Waits for: a public per-tensor fused norm (``torch.nn.utils.get_total_norm`` fuses but returns one total; a
     ``torch.linalg.vector_norm`` per tensor launches one kernel each).
     """
@@ -40,7 +40,7 @@ def is_compiled(module: nn.Module) -> bool:
     """Whether ``module.compile()`` (in-place ``torch.compile`` of the module's ``__call__``) was already applied.
 
     Reaches: ``torch.nn.Module._compiled_call_impl``
-    Checked on: torch>=2.4,<2.15
+    Checked on: torch>=2.4,<2.16
     Waits for: a public flag for ``nn.Module.compile`` (torch has none; ``torch.compile(module)`` would return a
     wrapper ``OptimizedModule`` instead, which changes the state-dict keys).
     """
@@ -56,7 +56,7 @@ def tensors_replaced(module: nn.Module, replace: Callable[[torch.Tensor], torch.
     state. Yields ``module``.
 
     Reaches: ``torch.nn.Module._parameters`` / ``_buffers`` (written)
-    Checked on: torch>=2.4,<2.15
+    Checked on: torch>=2.4,<2.16
     Waits for: a public temporary swap that in-place code can run under (``torch.func.functional_call`` swaps for a
     forward call only; ``torch.nn.utils.swap_tensors`` changes the original tensor objects).
     """

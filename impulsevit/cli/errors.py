@@ -5,7 +5,9 @@ every exception a subcommand or a plugin module raises. Exit status policy:
 
 - **2: the command cannot work as given** — found before any work starts, and the same command fails the same way
   until the command line, recipe or named inputs change: :class:`~impulsevit.errors.ConfigError` (bad or out-of-range
-  values, unknown names, a plugin module that fails to import), :class:`~impulsevit.errors.RunDirError`, Lightning's
+  values, unknown names, a plugin module that fails to import, an optional dependency the command needs that is not
+  installed: one line naming the extra to install, :func:`~impulsevit.errors.missing_extra`),
+  :class:`~impulsevit.errors.RunDirError`, Lightning's
   ``MisconfigurationException`` (e.g. ``--trainer.accelerator=gpu`` where no GPU is visible), weights that do not fit
   the model (``load_state_dict``'s report, reduced to the first tensors that differ), argument errors.
 - **1: the work failed for a reason outside the command line** — the environment or the data: a full / read-only /
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from impulsevit.errors import UserError, state_dict_mismatch
+from impulsevit.errors import UserError, missing_extra, state_dict_mismatch
 
 __all__ = ["one_line", "user_error"]
 
@@ -53,7 +55,9 @@ def user_error(exc: BaseException) -> tuple[str, int] | None:
     inputs were listed), a missing or unreadable file or a path of the wrong kind (``FileNotFoundError``,
     ``IsADirectoryError``, ``NotADirectoryError``, ``PermissionError`` that name their file; only the exception itself
     and the ones it was explicitly raised ``from``, not any it happened to be raised while handling), Lightning's
-    ``MisconfigurationException``, a ``load_state_dict`` mismatch. Else None: a bug, shown with its traceback."""
+    ``MisconfigurationException``, a ``load_state_dict`` mismatch, a ``ModuleNotFoundError`` of an optional
+    dependency (:data:`~impulsevit.errors.OPTIONAL_EXTRAS`: the extra to install). Else None: a bug, shown with its
+    traceback."""
     from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
     from impulsevit.data.storage.convert import ConversionError
@@ -67,6 +71,8 @@ def user_error(exc: BaseException) -> tuple[str, int] | None:
         seen.add(id(e))
         if isinstance(e, UserError):
             return one_line(e), e.exit_status
+        if isinstance(e, ModuleNotFoundError) and (extra := missing_extra(e.name)) is not None:
+            return extra, 2  # wherever the import happened (a subcommand, a plugin, a loader thread): the cause
         if isinstance(e, WriteError | BetonError | ConversionError):
             return one_line(e), 1
         if isinstance(e, OSError) and e.errno in _DISK_ERRNOS and e.filename:

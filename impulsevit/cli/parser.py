@@ -17,6 +17,7 @@ from typing import Any
 from lightning.pytorch.cli import LightningArgumentParser
 
 from impulsevit._compat.cli import parser_actions
+from impulsevit.errors import missing_extra
 
 
 def _unwrap_optional(hint: Any) -> Any:
@@ -191,9 +192,32 @@ def _owner_class(block: str) -> type | None:
         return None
 
 
+# a class_path jsonargparse could not import: 'Problem with given class_path 'X':\n  No module named 'Y''
+_IMPORT_FAILED = re.compile(r"class_path '([^']+)':\s*No module named '([^']+)'")
+
+
+def import_failure(message: str) -> str | None:
+    """The cause, when jsonargparse rejected a value because its ``class_path`` does not import (a module is
+    missing): the missing optional dependency and the extra to install (:func:`~impulsevit.errors.missing_extra`),
+    or the class path and the module not found; None when ``message`` is not about a failed import. Without this the
+    user sees only the symptom (``key 'data': value ... is not valid``)."""
+    m = _IMPORT_FAILED.search(message)
+    if m is None:
+        return None
+    class_path, module = m.groups()
+    keys = _PARSER_KEY.findall(message)
+    where = f"key '{keys[0]}': " if keys else ""
+    return missing_extra(module, needed_for=class_path) or \
+        f"{where}class_path {class_path!r} cannot be imported: no module named {module!r}"
+
+
 def one_line_error(message: str, hints: list[str]) -> str:
-    """jsonargparse's (multi-line) parse error as one line: the unknown keys with their suggestions, else the key whose
-    value is wrong with what was expected, else the message's first line."""
+    """jsonargparse's (multi-line) parse error as one line: a class path that does not import (its cause, see
+    :func:`import_failure`), else the unknown keys with their suggestions, else the key whose value is wrong with
+    what was expected, else the message's first line."""
+    failed = import_failure(message)
+    if failed is not None:
+        return failed
     if hints:
         return "; ".join(dict.fromkeys(hints))
     found = bad_value(message)
@@ -261,5 +285,6 @@ class ImpulseArgumentParser(LightningArgumentParser):
             line = " ".join(message.split())
         parser = getattr(ex, "subcommand_parser", None) or self
         prog = self.error_prog or parser.prog.replace(" [options]", "")
-        sys.stderr.write(f"{prog}: error: {line} (valid keys: {self.keys_prog or prog} --help)\n")
+        keys_hint = "" if import_failure(message) else f" (valid keys: {self.keys_prog or prog} --help)"
+        sys.stderr.write(f"{prog}: error: {line}{keys_hint}\n")
         self.exit(2)

@@ -44,6 +44,7 @@ from typing import Any
 
 from torch import nn
 
+from impulsevit._citation import AUTHORS, BIBTEX, LICENSE, TITLE, VENUE
 from impulsevit._compat.timm import model_card_readme
 from impulsevit.argparser import ArgumentParser
 from impulsevit.errors import ConfigError, UserError
@@ -66,15 +67,8 @@ __all__ = ["EXPORT_FILES", "backbone_state_dict", "build_model", "data_config", 
 
 EXPORT_FILES = frozenset({"config.json", "model.safetensors", "README.md"})  # what a folder export writes
 _MARKER = "impulsevit"  # top-level key of config.json naming the export (timm ignores unknown keys)
-PAPER = ("Structured Initialization for Vision Transformers", "Jianqiao Zheng, Xueqian Li, Hemanth Saratchandran, "
-         "Simon Lucey", "NeurIPS 2025")
-CITATION = """@inproceedings{zheng2025structured,
-  title     = {Structured Initialization for Vision Transformers},
-  author    = {Zheng, Jianqiao and Li, Xueqian and Saratchandran, Hemanth and Lucey, Simon},
-  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
-  year      = {2025}
-}"""
-
+PAPER = (TITLE, ", ".join(f"{given} {family}" for given, family in AUTHORS), VENUE)  # the model card's paper line
+CITATION = BIBTEX
 
 # ---------------------------------------------------------------------------------------------- the model card
 def _pct(v: float | None) -> str:
@@ -190,7 +184,7 @@ def model_card(ckpt: dict[str, Any], model: nn.Module, ckpt_path: str | os.PathL
         usage += ("\n<details><summary>Resolved recipe (<code>config.yaml</code> of the run)</summary>\n\n"
                   f"```yaml\n{cfg_text.rstrip()}\n```\n</details>\n")
     return {"description": description, "details": details, "usage": usage, "citation": CITATION,
-            "license": "apache-2.0", "tags": ["image-classification", "timm", "impulsevit"]}
+            "license": LICENSE.lower(), "tags": ["image-classification", "timm", "impulsevit"]}
 
 
 def _fmt_opt(hp: dict[str, Any]) -> str:
@@ -209,7 +203,7 @@ def _timm_model_config(ckpt: dict[str, Any], ckpt_path: str | os.PathLike, ema: 
     rec = run_record(ckpt)
     init = (init_state(ckpt) or {}).get("method") or (ckpt.get("hyper_parameters") or {}).get("init", {}).get(
         "method", "unknown")
-    out: dict[str, Any] = {"pretrained_cfg": {"tag": f"impulsevit_{init}", "license": "apache-2.0"},
+    out: dict[str, Any] = {"pretrained_cfg": {"tag": f"impulsevit_{init}", "license": LICENSE.lower()},
                            _MARKER: {"source_checkpoint": str(Path(ckpt_path).resolve()), "ema": bool(ema),
                                      "global_step": int(ckpt.get("global_step", 0)),
                                      "metrics": rec.get("metrics") or {}}}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import os
+import logging
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -32,22 +32,27 @@ from impulsevit.data.loading.config import AugmentConfig, StorageConfig
 from impulsevit.data.loading.ffcv_loader import ffcv_available
 from impulsevit.data.loading.position import LoaderPosition
 from impulsevit.data.sources.image_source import ImageSource
-from impulsevit.data.sources.registry import DatasetInfo, Verify, get_dataset
+from impulsevit.data.sources.registry import DatasetInfo, Verify, cache_home, get_dataset
 from impulsevit.data.storage.convert import subset_indices
 from impulsevit.data.storage.manifest import beton_num_classes
 from impulsevit.data.storage.presets import PRESETS, Preset, default_preset
-from impulsevit.errors import ConfigError, DataError, UserError
+from impulsevit.errors import ConfigError, DataError, MissingExtraError, UserError, missing_extra
 
-__all__ = ["Backend", "BackendName", "DataSpec", "ResampleOn", "check_train_split", "default_cache_dir",
-           "resolve_spec"]
+__all__ = ["Backend", "BackendChoice", "BackendName", "DataSpec", "ResampleOn", "check_train_split",
+           "default_cache_dir", "resolve_backend", "resolve_spec"]
+
+log = logging.getLogger("impulsevit")
 
 BackendName = Literal["ffcv", "torchvision"]
+BackendChoice = Literal["auto", "ffcv", "torchvision"]
+"""What a recipe may say: a backend, or ``auto`` (:func:`resolve_backend`)."""
 ResampleOn = Literal["workers", "device"]
 
 
 def default_cache_dir() -> Path:
-    """``$IMPULSEVIT_CACHE`` or ``~/.cache/impulsevit``; ``.beton`` files go to its ``ffcv/`` sub-folder."""
-    return Path(os.environ.get("IMPULSEVIT_CACHE", Path.home() / ".cache" / "impulsevit"))
+    """impulsevit's cache (:func:`~impulsevit.data.sources.registry.cache_home`: ``$IMPULSEVIT_CACHE``, else
+    ``$XDG_CACHE_HOME/impulsevit`` or ``~/.cache/impulsevit``); ``.beton`` files go to its ``ffcv/`` sub-folder."""
+    return cache_home()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +121,35 @@ class DataSpec:
         return min(n, k) if k else n
 
 
+def resolve_backend(backend: str, *, needs_ffcv: str = "") -> BackendName:
+    """The backend ``backend`` names, checked against what is installed.
+
+    ``auto`` (the datamodule's and the recipes' default) is ``ffcv`` when FFCV imports and ``torchvision`` otherwise,
+    with one log line saying so and naming the extra: a ``pip install impulsevit`` without the ``ffcv`` extra (FFCV
+    builds from source against OpenCV and libjpeg-turbo) trains every recipe on timm's transforms, as a timm user
+    expects, instead of stopping. ``needs_ffcv`` names a setting that only the FFCV backend has (``resample_on:
+    device``, a given ``.beton``): ``auto`` then requires FFCV. ``ffcv`` is an explicit request and is refused without
+    FFCV (bit-exact comparisons pin the backend).
+
+    Raises:
+        ConfigError: an unknown name.
+        MissingExtraError: ``ffcv`` (or ``auto`` with ``needs_ffcv``) where FFCV is not installed; one line naming
+            the extra to install.
+    """
+    if backend not in ("auto", "ffcv", "torchvision"):
+        raise ConfigError(f"data.backend must be 'auto', 'ffcv' or 'torchvision', got {backend!r}")
+    if backend == "torchvision":
+        return "torchvision"
+    if ffcv_available():
+        return "ffcv"
+    if backend == "auto" and not needs_ffcv:
+        log.info("[impulsevit] data.backend auto: FFCV is not installed, using the torchvision backend "
+                 "(pip install 'impulsevit[ffcv]' for .beton loading)")
+        return "torchvision"
+    why = f"data.backend={backend!r}" + (f" with {needs_ffcv}" if needs_ffcv else "")
+    raise MissingExtraError(missing_extra("ffcv", needed_for=why) + "; or pass --data.init_args.backend=torchvision")
+
+
 def resolve_spec(*, dataset: str, root: str | None, backend: str, image_size: int, num_workers: int,
                  crop_pct: float, interpolation: str, train_subset: int | None, val_subset: int | None,
                  train_split: str | None, val_split: str | None, cache_dir: str | None, seed: int, verify: Verify,
@@ -127,17 +161,16 @@ def resolve_spec(*, dataset: str, root: str | None, backend: str, image_size: in
 
     Raises:
         ConfigError: an argument is out of range or contradicts another (one line naming the key).
-        ImportError: ``backend='ffcv'`` without the ffcv package.
+        MissingExtraError: the ffcv backend is asked for without the ffcv package (:func:`resolve_backend`).
     """
     info = get_dataset(dataset)
-    if download and root is None and info.needs_root and info.default_root is None:
-        root = str(default_cache_dir() / "datasets" / info.name)
-    if backend not in ("ffcv", "torchvision"):
-        raise ConfigError(f"data.backend must be 'ffcv' or 'torchvision', got {backend!r}")
-    if backend == "ffcv" and not ffcv_available():
-        raise ImportError("backend='ffcv' needs the ffcv package (pip install 'impulsevit[ffcv]' after installing "
-                          "libopencv-dev libturbojpeg0-dev pkg-config); use backend='torchvision' where FFCV "
-                          "does not build")
+    given_root = root
+    if root is None and info.needs_root:  # the system copy, else the user's data home (DatasetInfo.default_location)
+        where = info.default_location()
+        root = str(where) if where is not None else None
+    only_ffcv = ("data.resample_on='device'" if resample_on == "device" else
+                 "data.storage.train_beton" if storage.train_beton is not None else "")
+    backend = resolve_backend(backend, needs_ffcv=only_ffcv)
     if backend == "ffcv" and interpolation not in ("bicubic", "bilinear"):
         raise ConfigError(f"interpolation {interpolation!r} is not supported on the ffcv backend (bicubic or "
                           f"bilinear); use backend='torchvision' for other filters")
@@ -151,6 +184,12 @@ def resolve_spec(*, dataset: str, root: str | None, backend: str, image_size: in
     if cache_dir and Path(cache_dir).exists() and not Path(cache_dir).is_dir():
         raise ConfigError(f"data.cache_dir {cache_dir} is a file, not a folder (expected a folder for the "
                           f"converted .beton files; give another path)")
+    if given_root is None and root is not None and not download and storage.train_beton is None and \
+            not Path(root).is_dir():
+        fetch = (f"pass --data.init_args.download=true to fetch it there (or `impulsevit download {info.name} DIR`), "
+                 if info.download is not None else "")
+        raise ConfigError(f"dataset {info.name!r} is not at {root} (the default, no data.root given): {fetch}or "
+                          f"give its folder with --data.init_args.root=DIR")
     if root is not None and not download and storage.train_beton is None and not Path(root).is_dir():
         what = "is a file, not a folder" if Path(root).exists() else "does not exist"
         raise ConfigError(f"data.root {root} {what} (dataset {info.name!r}"

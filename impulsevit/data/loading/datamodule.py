@@ -61,7 +61,7 @@ from impulsevit.data.augment.strategy import selects_on_host
 from impulsevit.data.loading import ffcv_backend
 from impulsevit.data.loading.backends import (
     Backend,
-    BackendName,
+    BackendChoice,
     DataSpec,
     ResampleOn,
     check_train_split,
@@ -106,7 +106,11 @@ class ImageDataModule(BaseImageDataModule):
             ``pets``, ``food101``, ``imagenet``, ``imagenet21k``, ``imagefolder``, or one a plugin module registered
             with :func:`~impulsevit.data.register_dataset`).
         root: the dataset's folder (None: the registry default, e.g. Debian's Fashion-MNIST).
-        backend: ``ffcv`` or ``torchvision``.
+        backend: ``auto`` (the default and the recipes': ``ffcv`` where the ``ffcv`` extra is installed, else
+            ``torchvision`` with one log line saying so), ``ffcv`` (refused in one line naming the extra where FFCV is
+            not installed) or ``torchvision``; see
+            :func:`~impulsevit.data.loading.backends.resolve_backend`. The resolved name is :attr:`backend` (and
+            ``hparams`` of a datamodule built in Python; LightningCLI records the arguments as given).
         image_size: output side S in pixels.
         batch_size: per device. num_workers: FFCV threads / DataLoader worker processes.
         crop_pct: evaluation centre crop as a fraction of the resized side, in ``(0, 1]`` (timm's meaning).
@@ -138,7 +142,7 @@ class ImageDataModule(BaseImageDataModule):
         self,
         dataset: str = "fashion_mnist",
         root: str | None = None,
-        backend: BackendName = "ffcv",
+        backend: BackendChoice = "auto",
         image_size: int = 224,
         batch_size: int = 64,
         num_workers: int = 2,
@@ -165,10 +169,11 @@ class ImageDataModule(BaseImageDataModule):
                             train_subset=train_subset, val_subset=val_subset, train_split=train_split,
                             val_split=val_split, cache_dir=cache_dir, seed=seed, verify=verify, mean=mean, std=std,
                             download=download, augment=aug, storage=store, resample_on=resample_on)
-        root = spec.root
+        root, backend = spec.root, spec.backend
         super().__init__(spec.num_classes, image_size, batch_size, mean=spec.mean, std=spec.std)
-        # save_hyperparameters() records the arguments as they are at this point (``root`` after download's default),
-        # the two blocks as plain dicts, as ImageClassifier does: checkpoints stay loadable with weights_only=True.
+        # save_hyperparameters() records the arguments as they are at this point (``root`` after download's default,
+        # ``backend`` resolved), the two blocks as plain dicts, as ImageClassifier does: checkpoints stay loadable
+        # with weights_only=True.
         augment, storage = dataclasses.asdict(aug), dataclasses.asdict(store)
         self.save_hyperparameters()
         self.spec: DataSpec = spec

@@ -34,11 +34,9 @@ import math
 import numpy as np
 import torch
 
-from impulsevit.data.loading.resample import BICUBIC, FILTERS, PRECISION_BITS
+from impulsevit.data.loading.filters import BICUBIC, FILTERS, PRECISION_BITS, SUPPORT
 
 __all__ = ["canvas_side", "coefficients", "pack_box", "resample_boxes", "resample_canvas", "unpack_canvas"]
-
-_SUPPORT = {0: 1.0, 1: 2.0}  # by filter kind: bilinear, bicubic
 
 
 def pack_box(row: np.ndarray, height: int, width: int, flip: bool) -> None:
@@ -81,7 +79,7 @@ def taps_for(max_in: int, out_size: int, kind: int) -> int:
     """Taps per output pixel that cover every line of ``1 .. max_in`` pixels resized to ``out_size`` (Pillow's
     ``ksize`` for the longest line)."""
     scale = max_in / out_size
-    return int(math.ceil(_SUPPORT[kind] * (scale if scale > 1.0 else 1.0))) * 2 + 1
+    return int(math.ceil(SUPPORT[kind] * (scale if scale > 1.0 else 1.0))) * 2 + 1
 
 
 def _filter(kind: int, x: torch.Tensor) -> torch.Tensor:
@@ -104,7 +102,7 @@ def coefficients(in_size: torch.Tensor, out_size: int, kind: int, taps: int) -> 
     size = in_size.to(f64)[:, None]
     scale = size / float(out_size)
     filterscale = torch.clamp(scale, min=1.0)
-    support = _SUPPORT[kind] * filterscale
+    support = SUPPORT[kind] * filterscale
     ss = 1.0 / filterscale
     center = (torch.arange(out_size, device=in_size.device, dtype=f64)[None] + 0.5) * scale
     first = torch.trunc(center - support + 0.5).clamp(min=0.0)

@@ -29,15 +29,12 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from impulsevit.data.loading.filters import BICUBIC, BILINEAR, FILTERS, PRECISION_BITS
+
 __all__ = [
     "BICUBIC", "BILINEAR", "FILTERS", "center_crop_geometry", "copy_window", "draw_uniform", "hflip",
     "random_resized_crop", "resample_crop", "resize_short_crop_center", "sample_key", "uniform",
 ]
-
-PRECISION_BITS = 32 - 8 - 2  # Pillow's fixed-point precision for 8-bit images
-BILINEAR, BICUBIC = 0, 1
-FILTERS = {"bilinear": BILINEAR, "bicubic": BICUBIC}
-_SUPPORT = (1.0, 2.0)
 
 
 @njit(cache=True)

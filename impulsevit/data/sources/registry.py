@@ -6,6 +6,13 @@ numbers.
 With ``verify="error"`` (the default) a mismatch raises :class:`DatasetMismatchError` naming the root, split, what was
 found and what was expected; ``"warn"`` downgrades it to a warning (a deliberately trimmed copy); ``"off"`` skips it.
 
+Where a dataset lives when no root is given (:meth:`DatasetInfo.default_location`): its registration's
+``default_root`` when that folder exists (a system copy: Debian's ``dataset-fashion-mnist`` in
+``/usr/share/datasets/fashion-mnist``), else, for a dataset with a ``download``, ``<data home>/<name>`` with the data
+home :func:`data_home` (``$IMPULSEVIT_DATA``, else ``<cache>/datasets`` with the cache of :func:`cache_home`:
+``$IMPULSEVIT_CACHE``, else ``$XDG_CACHE_HOME/impulsevit``, else ``~/.cache/impulsevit``), the user cache a
+``pip install`` user expects, filled by ``download: true`` or ``impulsevit download``.
+
 ``imagefolder`` is the entry for anything else: ``root/{train,val}/<class>/<image>``; it has no expected numbers and
 uses ImageNet's normalisation statistics unless told otherwise.
 
@@ -98,13 +105,26 @@ class DatasetInfo:
     download: Callable[[Path], None] | None = None
     manual_download: str = ""
 
+    def default_location(self) -> Path | None:
+        """The folder read when no root is given (module docstring): ``default_root`` if it is a folder, else
+        ``data_home() / name`` for a downloadable dataset, else ``default_root`` (may not exist: the reader says what
+        is missing) or None (a root is required, or none is needed: ``needs_root=False``)."""
+        if not self.needs_root:
+            return None
+        if self.default_root is not None and Path(self.default_root).is_dir():
+            return Path(self.default_root)
+        if self.download is not None:
+            return data_home() / self.name
+        return Path(self.default_root) if self.default_root is not None else None
+
     def resolve_root(self, root: str | os.PathLike | None) -> Path | None:
-        if root is None and self.needs_root and self.default_root is None:
+        if root is not None:
+            return Path(root)
+        where = self.default_location()
+        if where is None and self.needs_root:
             raise ValueError(f"dataset {self.name!r} needs a root folder (it cannot be downloaded here); expected "
                              f"a folder holding {' or '.join(self.markers) or 'the dataset'}")
-        if root is None:
-            return Path(self.default_root) if self.default_root else None
-        return Path(root)
+        return where
 
     def load(self, root: str | os.PathLike | None, split: str, verify: Verify = "error") -> ImageSource:
         """Read ``split`` from ``root``; check class and image counts per ``verify`` (see module docstring)."""
@@ -141,6 +161,21 @@ class DatasetInfo:
         published = "; ".join(f"{name}: {c:,} classes, {n:,} images" for name, (c, n) in self.releases.items())
         return (f"{self.name} at {root}: the tree holds {classes:,} classes and {images:,} images (both splits), "
                 f"which is no published release ({published})")
+
+
+def cache_home() -> Path:
+    """impulsevit's cache folder: ``$IMPULSEVIT_CACHE``, else ``$XDG_CACHE_HOME/impulsevit``, else
+    ``~/.cache/impulsevit`` (converted ``.beton`` files go to its ``ffcv/``, downloaded datasets to ``datasets/``)."""
+    if os.environ.get("IMPULSEVIT_CACHE"):
+        return Path(os.environ["IMPULSEVIT_CACHE"])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "impulsevit"
+
+
+def data_home() -> Path:
+    """Where downloadable datasets go when no root is given: ``$IMPULSEVIT_DATA``, else ``cache_home() / "datasets"``
+    (one folder per dataset name below it)."""
+    return Path(os.environ["IMPULSEVIT_DATA"]) if os.environ.get("IMPULSEVIT_DATA") else cache_home() / "datasets"
 
 
 DATASETS: dict[str, DatasetInfo] = {}
@@ -265,7 +300,8 @@ register_dataset(DatasetInfo(
 register_dataset(DatasetInfo(
     "fashion_mnist", 10, {"train": 60_000, "test": 10_000}, "train", "test",
     (0.2860,) * 3, (0.3530,) * 3, formats.read_fashion_mnist,
-    markers=("FashionMNIST/raw/train-images-idx3-ubyte", "FashionMNIST/raw/train-images-idx3-ubyte.gz"),
+    markers=("FashionMNIST/raw/train-images-idx3-ubyte", "FashionMNIST/raw/train-images-idx3-ubyte.gz",
+             "train-images-idx3-ubyte.gz"),  # the last: Debian's flat layout
     default_root=formats.FASHION_MNIST_SYSTEM_DIR, small=True, description="Fashion-MNIST",
     aliases=("fashion-mnist", "fashionmnist"), download=TorchvisionDownload("FashionMNIST", {"train": True})))
 register_dataset(DatasetInfo(

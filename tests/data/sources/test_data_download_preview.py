@@ -285,3 +285,93 @@ def test_preview_quickstart_on_every_backend_and_split(tmp_path, backend, split)
         assert indices.tolist() == list(range(8))  # the split's order
     else:
         assert indices.tolist() != list(range(8))  # the epoch's shuffled order
+
+
+# ------------------------------------------------------------------ Fashion-MNIST: the system copy, else the data home
+def _idx_gz(array: np.ndarray) -> bytes:
+    """``array`` (uint8, (N, H, W) or (N,)) as a gzipped idx file, the format Fashion-MNIST is published in."""
+    import gzip
+    import struct
+
+    head = struct.pack(">I", 0x0800 | array.ndim) + b"".join(struct.pack(">I", d) for d in array.shape)
+    return gzip.compress(head + np.ascontiguousarray(array, dtype=np.uint8).tobytes(), mtime=0)
+
+
+@pytest.fixture
+def local_fashion_mnist(tmp_path, monkeypatch):
+    """torchvision's FashionMNIST pointed at a real HTTP server on 127.0.0.1 that serves 12 train / 6 test images in
+    the published idx.gz format (checksums of these files); Debian's system folder made absent for the registry;
+    ``$IMPULSEVIT_DATA`` in ``tmp_path``. Yields (data home, test images, test labels)."""
+    import dataclasses
+
+    from impulsevit.data.sources import registry
+
+    served = tmp_path / "www"
+    served.mkdir()
+    rng = np.random.default_rng(1)
+    arrays = {"train": (rng.integers(0, 256, (12, 28, 28), dtype=np.uint8), np.arange(12) % 10),
+              "t10k": (rng.integers(0, 256, (6, 28, 28), dtype=np.uint8), np.arange(6)[::-1] % 10)}
+    resources = []
+    for prefix, (images, labels) in arrays.items():
+        for kind, arr in (("images-idx3-ubyte", images), ("labels-idx1-ubyte", labels.astype(np.uint8))):
+            data = _idx_gz(arr)
+            (served / f"{prefix}-{kind}.gz").write_bytes(data)
+            resources.append((f"{prefix}-{kind}.gz", _md5(data)))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
+    handler.log_message = lambda *a, **k: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setattr(torchvision.datasets.FashionMNIST, "mirrors", [f"http://127.0.0.1:{server.server_address[1]}/"])
+    monkeypatch.setattr(torchvision.datasets.FashionMNIST, "resources", resources)
+    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    info = registry.get_dataset("fashion_mnist")
+    absent = dataclasses.replace(info, default_root=str(tmp_path / "no-system-copy"))
+    for key in [k for k, v in registry.DATASETS.items() if v is info]:
+        monkeypatch.setitem(registry.DATASETS, key, absent)
+    home = tmp_path / "data-home"
+    monkeypatch.setenv("IMPULSEVIT_DATA", str(home))
+    yield home, arrays["t10k"][0], arrays["t10k"][1]
+    server.shutdown()
+    thread.join()
+
+
+def test_fashion_mnist_without_a_system_copy_downloads_into_the_data_home(local_fashion_mnist):
+    """No root and no system copy: the datamodule's root is ``$IMPULSEVIT_DATA/fashion_mnist``; ``download: true``
+    fetches the published files there (torchvision's download and checksum, from the local server) and the test split
+    reads back as served. Without ``download`` the same settings stop in one line saying how to get the data."""
+    from impulsevit.data import ImageDataModule
+    from impulsevit.errors import ConfigError
+
+    home, test_imgs, test_labels = local_fashion_mnist
+    kw = {"dataset": "fashion_mnist", "backend": "torchvision", "image_size": 28, "num_workers": 0, "verify": "warn"}
+    with pytest.raises(ConfigError, match=r"dataset 'fashion_mnist' is not at .*data-home/fashion_mnist .*"
+                                          r"--data.init_args.download=true"):
+        ImageDataModule(**kw)
+    dm = ImageDataModule(**kw, download=True)
+    assert dm.root == str(home / "fashion_mnist") and dm.hparams["root"] == dm.root
+    with pytest.warns(UserWarning, match="expected 60000"):
+        dm.prepare_data()
+    assert (home / "fashion_mnist" / "FashionMNIST" / "raw" / "t10k-images-idx3-ubyte.gz").is_file()
+    with pytest.warns(UserWarning, match="expected 10000"):
+        source = dm.load_source("test")
+    loaded = np.stack([source.load(i) for i in range(6)])  # (N, 28, 28, 3): grey repeated into RGB
+    assert np.array_equal(loaded, np.repeat(test_imgs[..., None], 3, axis=-1))
+    assert np.asarray(source.labels).tolist() == test_labels.tolist()
+    dm.prepare_data()  # there now: nothing is fetched again (the markers are found)
+
+
+@pytest.mark.skipif(not FASHION.exists(), reason="Debian package dataset-fashion-mnist not installed")
+def test_fashion_mnist_reads_the_system_copy_when_installed(tmp_path, monkeypatch):
+    """With Debian's copy installed, no root means that folder, and ``download: true`` finds it there: nothing is
+    written into the user's data home."""
+    from impulsevit.data import ImageDataModule
+    from impulsevit.data.sources.formats import FASHION_MNIST_SYSTEM_DIR
+
+    monkeypatch.setenv("IMPULSEVIT_DATA", str(tmp_path / "home"))
+    dm = ImageDataModule(dataset="fashion_mnist", backend="torchvision", image_size=28, num_workers=0, download=True,
+                         train_subset=8, val_subset=8)
+    assert dm.root == FASHION_MNIST_SYSTEM_DIR
+    dm.prepare_data()
+    assert len(dm.load_source("test")) == 8 and not (tmp_path / "home").exists()
