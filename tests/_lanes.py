@@ -1,7 +1,7 @@
-"""The fast local lane: ``pytest -m "not slow"`` (README, "Tests"). A test is ``slow`` when it carries the mark itself
-or lives in one of :data:`SLOW_FILES`: files whose tests train through the CLI, start processes (DDP ranks, SLURM
-jobs, converters), convert ``.beton`` files or build trained fixtures — seconds to minutes each on 2 CPU cores. What
-is left (initializers, layers and compat rules, config and data units, recipes, safe loading, the module-path
+"""The fast local lane: ``pytest -m "not slow"`` (tests/README.md, "Lanes"). A test is ``slow`` when it carries the mark
+itself or lives in one of :data:`SLOW_FILES`: files whose tests train through the CLI, start processes (DDP ranks,
+SLURM jobs, converters), convert ``.beton`` files or build trained fixtures — seconds to minutes each on 2 CPU cores.
+What is left (initializers, layers and compat rules, config and data units, recipes, safe loading, the module-path
 aliases) runs in under 5 minutes with ``-n 2``. The CI runs everything (``scripts/test.sh``)."""
 
 SLOW_FILES = frozenset({
@@ -16,7 +16,7 @@ SLOW_FILES = frozenset({
     "training/test_compile.py", "training/test_ddp.py", "training/test_fsdp.py", "init/test_sharded.py",
     "e2e/test_torchrun.py", "cluster/test_slurm.py", "study/test_study.py", "cluster/test_submit_convert.py",
     "house/test_gpu_check.py", "training/test_sync_free.py", "house/test_wheel.py", "house/test_docker.py",
-    "house/test_pins.py",
+    "house/test_pins.py", "house/test_tutorial.py",
     # FFCV conversion and loading
     "data/test_convert.py", "data/test_convert_lock.py", "data/test_convert_split.py",
     "data/test_disk_and_beton_failures.py", "data/test_ffcv_datamodule.py", "data/test_ffcv_loader.py",
