@@ -126,8 +126,7 @@ class ImageDataModule(BaseImageDataModule):
             (:mod:`impulsevit.data.sources.download`; CIFAR-10/100, STL-10, Flowers-102, Pets, Food-101, Fashion-MNIST);
             without ``root`` it goes to ``<cache>/datasets/<name>``.
         augment: train-time augmentation (:class:`~impulsevit.data.loading.config.AugmentConfig`: crop scale / ratio,
-        flip,
-            RandAugment, colour jitter, random erasing, repeated augmentation); a mapping or None (the defaults).
+            flip, RandAugment, colour jitter, random erasing, repeated augmentation); a mapping or None (the defaults).
         resample_on: where the ffcv backend's training crops are resized to S × S: ``workers`` (FFCV's threads,
             the default) or ``device`` (the threads decode and copy the crop box; ``on_after_batch_transfer``
             resamples the batch on the training device, to the same bytes — for GPU runs whose loader threads
