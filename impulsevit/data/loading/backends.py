@@ -221,6 +221,14 @@ class Backend(abc.ABC):
         """Open the splits ``stage`` needs (``fit``: train and val; others: val); returns the class names, index =
         label (``known_classes``, the datamodule's current ones, where the backend has nothing better)."""
 
+    def check_given(self) -> None:  # noqa: B027 - optional check, nothing by default
+        """Refuse stored data given to the run (ready-made files, a shard set) whose manifests contradict it, before
+        anything is written (the datamodule calls it at construction). Nothing by default.
+
+        Raises:
+            ConfigError: one line naming each file, the field, its value and the run's.
+        """
+
     def needs_setup(self, train: bool) -> bool:
         """Whether :meth:`setup` must run before a loader of that kind can be built (False by default)."""
         return False

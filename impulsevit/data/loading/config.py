@@ -125,7 +125,7 @@ class StorageConfig:
             statistics (``imagefolder``: ImageNet's) and the class count comes from the manifest. A file whose
             manifest names another dataset, class count, ``preset`` (when given), statistics or ``train_subset`` /
             ``val_subset`` than the run, or a train and val file with different class lists, is refused before any
-            work (:meth:`~impulsevit.data.loading.datamodule.ImageDataModule.check_betons`); a file without a
+            work (:func:`~impulsevit.data.loading.ffcv_backend.check_betons`); a file without a
             manifest (converted elsewhere) is used with one warning saying what cannot be checked.
         beton_check: at setup, check each ``.beton`` against its manifest's checksum
             (:mod:`impulsevit.data.storage.integrity`): ``sampled`` (header, size and sampled chunks; the first use of a

@@ -48,7 +48,6 @@ Not supported: AutoAugment/AugMix on the ffcv backend.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -56,7 +55,6 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from impulsevit.blocks import as_config
 from impulsevit.data.augment.device import DeviceAugment, normalize, selects_on_host
-from impulsevit.data.loading import ffcv_backend
 from impulsevit.data.loading.backends import (
     Backend,
     BackendName,
@@ -175,8 +173,7 @@ class ImageDataModule(BaseImageDataModule):
         self._device_augment: DeviceAugment | None = None
         self._augment_logged = False
         self._cpu_resample_warned = False
-        if spec.betons:
-            self.check_betons()
+        self.data_backend.check_given()  # given files / shard sets that contradict the run: refused before work
 
     info = _from_spec("info")
     root = _from_spec("root")
@@ -203,10 +200,6 @@ class ImageDataModule(BaseImageDataModule):
         <impulsevit.data.loading.backends.DataSpec.load_source>`)."""
         return self.spec.load_source(split)
 
-    def beton_path(self, split: str) -> Path:
-        """Cache path of the split's ``.beton`` (:func:`impulsevit.data.loading.ffcv_backend.beton_path`)."""
-        return ffcv_backend.beton_path(self.spec, split)
-
     def prepare_data(self) -> None:
         """``download``: fetch the dataset when missing; then the backend's preparation (FFCV: convert the train and
         val splits to ``.beton`` files unless they are up to date, :meth:`FFCVBackend.prepare
@@ -217,19 +210,9 @@ class ImageDataModule(BaseImageDataModule):
             ensure_dataset(self.info, self.root, verify=self.verify)
         self.data_backend.prepare(planned_world_size(getattr(self, "trainer", None)))
 
-    def convert_command(self, split: str, workers: int | str | None = None) -> list[str]:
-        """The ``impulsevit convert`` argv that writes exactly the ``.beton`` ``prepare_data`` would write for
-        ``split`` (:func:`impulsevit.data.loading.ffcv_backend.convert_command`)."""
-        return ffcv_backend.convert_command(self.spec, split, workers)
-
     def splits_to_convert(self) -> list[str]:
         """FFCV splits whose ``.beton`` is missing or incomplete (no valid manifest); empty for other backends."""
         return self.data_backend.splits_to_convert()
-
-    def check_betons(self) -> None:
-        """Refuse ``.beton`` files whose manifests contradict the run
-        (:func:`impulsevit.data.loading.ffcv_backend.check_betons`)."""
-        ffcv_backend.check_betons(self.spec)
 
     def train_samples(self) -> int | None:
         """Training images per epoch, before any conversion or write: a given ``.beton``'s manifest (else its
