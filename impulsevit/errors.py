@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["ConfigError", "DataError", "RunDirError", "TrainingDiverged", "UserError", "state_dict_mismatch"]
+__all__ = ["ConfigError", "DataError", "RunDirError", "StoreError", "TrainingDiverged", "UserError",
+           "state_dict_mismatch"]
 
 
 class UserError(Exception):
@@ -30,6 +31,15 @@ class RunDirError(UserError):
 class TrainingDiverged(UserError, FloatingPointError):
     """Training produced a non-finite loss, gradient or weight (:class:`~impulsevit.callbacks.NonFiniteLossGuard`);
     the message names the step and the last good checkpoint; exit status 1."""
+
+
+class StoreError(UserError):
+    """The object store holding the data cannot be used as configured (a missing bucket, missing or refused
+    credentials, an unreachable endpoint, a shard that is not the size its manifest records); the message names the
+    location and what to set. Exit status 2: found before training starts (a store that fails during training gives
+    the same one line)."""
+
+    exit_status = 2
 
 
 class DataError(UserError):

@@ -1,8 +1,10 @@
-"""``ImageDataModule``: any registry dataset through FFCV (default) or torchvision/timm, with DeiT augmentation.
+"""``ImageDataModule``: any registry dataset through FFCV (default), torchvision/timm or LitData shard sets (local or in
+an object store), with DeiT augmentation.
 
-A thin ``LightningDataModule`` over one of two backends, picked once at construction
+A thin ``LightningDataModule`` over one of three backends, picked once at construction
 (:mod:`impulsevit.data.loading.backends`: :class:`~impulsevit.data.loading.ffcv_backend.FFCVBackend`,
-:class:`~impulsevit.data.loading.torchvision_backend.TorchvisionBackend`). The backends never read the trainer: the
+:class:`~impulsevit.data.loading.torchvision_backend.TorchvisionBackend`,
+:class:`~impulsevit.data.loading.litdata_backend.LitDataBackend`). The backends never read the trainer: the
 Lightning hooks here compute the :class:`~impulsevit.data.loading.position.LoaderPosition` (epoch, batch of the
 epoch, rank, world size) from it in one place (:func:`~impulsevit.data.loading.position.loader_position`) and pass
 it in; a caller without a trainer uses :meth:`ImageDataModule.loader` and :meth:`ImageDataModule.model_input` with a
@@ -26,6 +28,8 @@ Backends:
 - ``torchvision``: timm's ``create_transform`` pipeline (RandomResizedCrop, flip, RandAugment or colour jitter,
   bicubic) in ``DataLoader`` workers, random erasing on the device (as timm's prefetcher does). Under DDP the
   backend builds a ``DistributedSampler`` itself.
+- ``litdata``: the torchvision backend's loaders over LitData shard sets read by index
+  (:mod:`impulsevit.data.loading.litdata_backend`): same orders, transforms and (``raw`` preset) pixels.
 
 Neither backend depends on Lightning's ``use_distributed_sampler``: the FFCV loader is not a ``DataLoader`` (Lightning
 leaves it alone) and the torchvision loader already carries a ``DistributedSampler``; the recipes set the flag to
@@ -83,6 +87,10 @@ __all__ = ["ImageDataModule", "SourceDataset", "default_cache_dir", "seeded_glob
 
 def make_backend(spec: DataSpec) -> Backend:
     """The backend ``spec.backend`` names, over ``spec``."""
+    if spec.backend == "litdata":
+        from impulsevit.data.loading.litdata_backend import LitDataBackend
+
+        return LitDataBackend(spec)
     return FFCVBackend(spec) if spec.backend == "ffcv" else TorchvisionBackend(spec)
 
 
@@ -101,8 +109,10 @@ class ImageDataModule(BaseImageDataModule):
         dataset: registry name (``fashion_mnist``, ``digits``, ``cifar10``, ``cifar100``, ``stl10``, ``flowers102``,
             ``pets``, ``food101``, ``imagenet``, ``imagenet21k``, ``imagefolder``, or one a plugin module registered
             with :func:`~impulsevit.data.register_dataset`).
-        root: the dataset's folder (None: the registry default, e.g. Debian's Fashion-MNIST).
-        backend: ``ffcv`` or ``torchvision``.
+        root: the dataset's folder (None: the registry default, e.g. Debian's Fashion-MNIST); for
+            ``backend='litdata'`` the shard sets' folder or ``s3://bucket/prefix`` (``<root>/<split>/``, written by
+            ``impulsevit convert ... --format litdata``).
+        backend: ``ffcv``, ``torchvision`` or ``litdata`` (:mod:`impulsevit.data.loading.litdata_backend`).
         image_size: output side S in pixels.
         batch_size: per device. num_workers: FFCV threads / DataLoader worker processes.
         crop_pct: evaluation centre crop as a fraction of the resized side, in ``(0, 1]`` (timm's meaning).
@@ -110,7 +120,9 @@ class ImageDataModule(BaseImageDataModule):
             the evaluation resize; the FFCV decoder supports no other).
         train_subset / val_subset: use a seeded random subset of this many images (fast CPU recipes).
         train_split / val_split: override the registry's default splits.
-        cache_dir: where converted ``.beton`` files live (default :func:`default_cache_dir` ``/ffcv``).
+        cache_dir: where converted ``.beton`` files live (default :func:`default_cache_dir` ``/ffcv``), or for
+            ``litdata`` where remote chunks are cached (default :func:`default_cache_dir` ``/litdata``; its size is
+            ``storage.cache_size``).
         seed: data-order and augmentation seed (epoch order is ``seed + epoch``).
         verify: registry count check on loading the source (``error`` | ``warn`` | ``off``).
         mean / std: override the registry's normalisation statistics (per channel, 0–1 scale).
