@@ -102,6 +102,11 @@ class ShardSource(ImageSource):
             if objstore.is_remote(self.location):
                 from botocore.config import Config
 
+                if objstore.endpoint().startswith("http://"):
+                    from impulsevit._compat.litdata import sdk_chunk_downloads
+
+                    sdk_chunk_downloads()
+
                 assert self.cache_dir is not None
                 self.cache_dir.mkdir(parents=True, exist_ok=True)
                 kwargs = dict(cache_dir=str(self.cache_dir), max_cache_size=self.cache_size,
@@ -118,7 +123,10 @@ class ShardSource(ImageSource):
             DataError: the store cannot be read (one line naming the location and the cause)."""
         j = int(self.indices[index])
         try:
-            item = self._open()[j]
+            # a slice, not dataset[j]: an int index reads the sample's bytes alone with a range request and caches
+            # nothing (LitData's ``on_demand_bytes``); a slice downloads the whole chunk into the cache, where the
+            # epoch's other samples of that chunk are then read from disk
+            item = self._open()[j:j + 1][0]
         except Exception as exc:  # noqa: BLE001 - LitData / botocore / obstore errors share no base class
             raise DataError(objstore.store_error(exc, self.location, "reading").args[0]
                             + " (the last checkpoint is kept: rerun with --resume auto once the store is back)") \

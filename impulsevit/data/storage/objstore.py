@@ -24,8 +24,8 @@ from typing import Any
 
 from impulsevit.errors import StoreError
 
-__all__ = ["CONNECT_TIMEOUT_S", "check_writable", "is_remote", "join", "list_sizes", "read_bytes", "s3_client",
-           "split_url", "store_error", "upload_file"]
+__all__ = ["CONNECT_TIMEOUT_S", "check_writable", "endpoint", "is_remote", "join", "list_sizes", "read_bytes",
+           "s3_client", "split_url", "store_error", "upload_file"]
 
 CONNECT_TIMEOUT_S = 5
 """Seconds before a connection attempt to the object store is abandoned (two attempts in all)."""
@@ -41,6 +41,11 @@ def join(location: str, *names: str) -> str:
     if is_remote(location):
         return "/".join([location.rstrip("/"), *names])
     return str(Path(location, *names))
+
+
+def endpoint() -> str:
+    """The S3 endpoint the environment names (``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``), or ``""`` (AWS)."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -64,7 +69,8 @@ def s3_client() -> Any:
     except ImportError as exc:  # pragma: no cover - litdata installs boto3
         raise StoreError("reading or writing s3:// locations needs boto3 (pip install 'impulsevit[litdata]')") \
             from exc
-    return boto3.client("s3", config=Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=30,
+    # a fresh session: boto3's default one caches the credentials it found first, hiding later environment changes
+    return boto3.session.Session().client("s3", config=Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=30,
                                             retries={"max_attempts": 2, "mode": "standard"}))
 
 
@@ -78,15 +84,15 @@ def store_error(exc: BaseException, location: str, action: str) -> StoreError:
         PartialCredentialsError,
     )
 
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "AWS S3 (default)"
+    where = endpoint() or "AWS S3 (default)"
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
         return StoreError(f"{action} {location}: no credentials for the object store (set AWS_ACCESS_KEY_ID and "
                           f"AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)")
     if isinstance(exc, ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))
         bucket = split_url(location)[0] if is_remote(location) else location
-        if code in ("NoSuchBucket", "404") and action != "reading":
-            return StoreError(f"{action} {location}: bucket {bucket!r} does not exist at {endpoint} (create it, or "
+        if code == "NoSuchBucket" or (code == "404" and action != "reading"):
+            return StoreError(f"{action} {location}: bucket {bucket!r} does not exist at {where} (create it, or "
                               f"fix the URL / AWS_ENDPOINT_URL)")
         if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403", "ExpiredToken"):
             return StoreError(f"{action} {location}: the object store refused the credentials ({code}; check "
@@ -96,7 +102,7 @@ def store_error(exc: BaseException, location: str, action: str) -> StoreError:
                           f"{exc.response.get('Error', {}).get('Message', exc)}")
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     if isinstance(exc, EndpointConnectionError) or "Connect" in type(exc).__name__ or isinstance(exc, OSError):
-        return StoreError(f"{action} {location}: cannot reach the object store at {endpoint} ({text}; is it up? "
+        return StoreError(f"{action} {location}: cannot reach the object store at {where} ({text}; is it up? "
                           f"check AWS_ENDPOINT_URL)")
     return StoreError(f"{action} {location}: {type(exc).__name__}: {text}")
 
