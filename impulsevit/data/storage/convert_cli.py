@@ -172,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jpeg-proportion", type=float, help="share of images stored as JPEG in proportion mode")
     p.add_argument("--subset", type=int, help="convert only this many images per split (seeded random choice)")
     p.add_argument("--workers", type=int, default=max(1, min(8, os.cpu_count() or 1)))
+    p.add_argument("--chunk-bytes", default="64MB",
+                   help="--format litdata: the size of one chunk, the unit a reader downloads and caches")
     p.add_argument("--on-error", choices=["skip", "fail"], default="skip", help="bad inputs: leave out or stop")
     p.add_argument("--verify", choices=["error", "warn", "off"], default="warn",
                    help="registry datasets: counts that differ from the published ones are an error, a warning, "
@@ -265,7 +267,8 @@ def _convert(args: argparse.Namespace) -> int:
                 from impulsevit.data.storage.shards import write_shards
 
                 write_shards(source, out, preset, on_error=args.on_error, progress=not args.no_progress,
-                             force=args.force, normalization=(info.mean, info.std), request=request)
+                             force=args.force, normalization=(info.mean, info.std), request=request,
+                             chunk_bytes=args.chunk_bytes)
                 continue
             convert_split(source, out, preset, workers=args.workers, on_error=args.on_error,
                           progress=not args.no_progress, force=args.force, normalization=(info.mean, info.std),
