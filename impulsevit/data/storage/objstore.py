@@ -101,6 +101,13 @@ def store_error(exc: BaseException, location: str, action: str) -> StoreError:
         return StoreError(f"{action} {location}: the object store answered {code or 'an error'}: "
                           f"{exc.response.get('Error', {}).get('Message', exc)}")
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    # LitData's chunk prefetch thread reports a dead connection as a RuntimeError naming botocore's error
+    unreachable = ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError", "ConnectionClosedError",
+                   "Could not connect to the endpoint URL")
+    if any(word in text for word in unreachable):
+        cause = next(word for word in unreachable if word in text)
+        return StoreError(f"{action} {location}: cannot reach the object store at {where} ({cause}; is it up? "
+                          f"check AWS_ENDPOINT_URL)")
     if isinstance(exc, EndpointConnectionError) or "Connect" in type(exc).__name__ or isinstance(exc, OSError):
         return StoreError(f"{action} {location}: cannot reach the object store at {where} ({text}; is it up? "
                           f"check AWS_ENDPOINT_URL)")
