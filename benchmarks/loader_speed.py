@@ -23,6 +23,12 @@ each crop box onto a fixed canvas, and the resample runs on the training device 
 else, as a GPU run's host (FFCV's ``ToDevice`` copy, made on GPU runs, is not timed); ``ffcv:short256+device /
 decode-limit`` is printed per size: the workers' side of that mode against the decode floor.
 
+``litdata:short256`` reads a LitData shard set of the same images (``impulsevit convert --format litdata --preset
+short256``, :mod:`impulsevit.data.storage.shards`) from a local folder, ``litdata:short256@s3`` the same set uploaded
+to an S3-compatible server on 127.0.0.1 (moto's server mode, a dev dependency) through the backend's chunk cache
+(emptied before the warm-up epoch): both with the torchvision contender's transform in ``num_workers`` processes,
+samples read by index as the litdata backend does; ``/ decode-limit`` is printed for them too.
+
 The process runs with the malloc setting ``impulsevit fit`` applies (:mod:`impulsevit.memory`: blocks above 32 MiB,
 such as a normalised 64 × 224² batch, are reused rather than page-faulted in again every batch) — for both
 contenders; ``--default-malloc`` leaves glibc's defaults.
@@ -41,6 +47,7 @@ which loses the eval resolution) is timed for comparison.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import statistics
 import tempfile
@@ -174,6 +181,53 @@ def decode_limit_loader(path: Path, workers: int, batch: int):  # noqa: ANN201 -
                                                  "label": [IntDecoder(), ToTensor()]})
 
 
+class _ShardImages(torch.utils.data.Dataset):
+    """``(transform(PIL image), label)`` of a LitData shard set, read by index (the litdata backend's reads)."""
+
+    def __init__(self, location: str, cache: Path | None, transform) -> None:  # noqa: ANN001 - a torchvision transform
+        from impulsevit.data.loading.litdata_backend import ShardSource, shards_manifest
+        from impulsevit.data.storage import objstore
+        from impulsevit.data.storage.shards import LABELS_NAME
+
+        manifest = shards_manifest(location)
+        labels = np.load(io.BytesIO(objstore.read_bytes(objstore.join(location, LABELS_NAME))), allow_pickle=False)
+        self.source = ShardSource(location, manifest["classes"], labels, np.arange(len(labels)), cache, "200GB")
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, i: int):  # noqa: ANN204
+        from PIL import Image
+
+        return self.transform(Image.fromarray(self.source.load(i))), int(self.source.labels[i])
+
+
+def litdata_loader(location: str, cache: Path | None, size: int, workers: int,
+                   batch: int) -> torch.utils.data.DataLoader:
+    from torchvision import transforms
+
+    tf = transforms.Compose([transforms.RandomResizedCrop(size, interpolation=transforms.InterpolationMode.BICUBIC),
+                             transforms.RandomHorizontalFlip(),
+                             transforms.PILToTensor()])
+    return torch.utils.data.DataLoader(_ShardImages(location, cache, tf), batch_size=batch, shuffle=True,
+                                       num_workers=workers, drop_last=True, persistent_workers=workers > 0)
+
+
+def start_loopback_s3() -> tuple[object, str]:
+    """moto's S3 server on 127.0.0.1 with a bucket ``bench``; its endpoint and keys set in ``os.environ``."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    os.environ.update(AWS_ENDPOINT_URL=f"http://{host}:{port}", AWS_ACCESS_KEY_ID="bench",
+                      AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
+    boto3.session.Session().client("s3").create_bucket(Bucket="bench")
+    return server, "s3://bench/set"
+
+
 def interleaved(loaders: dict[str, Iterable], rounds: int,
                 consumers: dict[str, Callable[[torch.Tensor], None]] | None = None) -> dict[str, float]:
     """Median images/s of each loader over ``rounds`` timed epochs, interleaved (after one warm-up epoch each);
@@ -217,6 +271,7 @@ def main(argv: list[str] | None = None) -> float:
                    help="converted presets whose FFCV loader is timed")
     p.add_argument("--no-capped", action="store_true", help="skip the torchvision@256 context row")
     p.add_argument("--no-device", action="store_true", help=f"skip the {DEVICE} row")
+    p.add_argument("--no-litdata", action="store_true", help="skip the litdata rows (local folder, loopback S3)")
     p.add_argument("--default-malloc", action="store_true",
                    help="leave glibc malloc at its defaults instead of the setting `impulsevit fit` applies")
     args = p.parse_args(argv)
@@ -242,6 +297,18 @@ def main(argv: list[str] | None = None) -> float:
         source = image_folder_source(tmp / "jpegs")
         to_convert = list(dict.fromkeys([*args.presets, *args.loader_presets, DEFAULT_PRESET]))
         mib = convert_table(source, tmp, to_convert, args.workers, args.num_images)
+        server = None
+        if not args.no_litdata:
+            from impulsevit.data.storage.shards import write_shards
+
+            shard_dirs = {"litdata:short256": str(tmp / "shards")}
+            m = write_shards(source, shard_dirs["litdata:short256"], PRESETS[DEFAULT_PRESET], progress=False,
+                             log=lambda _: None)
+            server, url = start_loopback_s3()
+            write_shards(source, url, PRESETS[DEFAULT_PRESET], progress=False, log=lambda _: None)
+            shard_dirs["litdata:short256@s3"] = url
+            mib["litdata"] = m["bytes"] / 2**20
+            log(f"litdata shard set ({DEFAULT_PRESET}): {mib['litdata']:.1f} MiB, local and on loopback S3 {url}")
 
         loader_presets = list(dict.fromkeys([DEFAULT_PRESET, *args.loader_presets]))
         ratios: dict[tuple[int, str], float] = {}
@@ -268,9 +335,18 @@ def main(argv: list[str] | None = None) -> float:
                 loaders[DEVICE] = build_ffcv_loader(tmp / f"{DEFAULT_PRESET}.beton", train=True, image_size=size,
                                                     batch_size=args.batch_size, num_workers=args.workers,
                                                     in_memory=True, resample_on="device")
+            if not args.no_litdata:
+                import shutil
+
+                shutil.rmtree(tmp / "chunk-cache", ignore_errors=True)
+                for name, where in shard_dirs.items():
+                    loaders[name] = litdata_loader(where, tmp / "chunk-cache" if where.startswith("s3://") else None,
+                                                   size, args.workers, args.batch_size)
             rates = interleaved(loaders, args.rounds, {DEVICE: take_canvas})
             data_mib = {"torchvision": src_bytes / 2**20, **{f"ffcv:{k}": v for k, v in mib.items()},
                         LIMIT: mib[DEFAULT_PRESET], DEVICE: mib[DEFAULT_PRESET]}
+            if not args.no_litdata:
+                data_mib |= {name: mib["litdata"] for name in shard_dirs}
             if not args.no_capped:
                 data_mib["torchvision@256"] = sum(f.stat().st_size for f in (tmp / "jpegs256").rglob("*")) / 2**20
             for name, rate in rates.items():
@@ -279,6 +355,8 @@ def main(argv: list[str] | None = None) -> float:
                     f"{data_mib[name]:>9.1f}")
             limits[size] = rates[f"ffcv:{DEFAULT_PRESET}"] / rates[LIMIT]
             log(f"{size:>5} ratio ffcv:{DEFAULT_PRESET} / {LIMIT}: {limits[size]:.2f} (img/s per worker core)")
+            for name in [n for n in rates if n.startswith("litdata:")]:
+                log(f"{size:>5} ratio {name} / {LIMIT}: {rates[name] / rates[LIMIT]:.2f} (img/s per worker core)")
             if DEVICE in rates:
                 device_limits[size] = rates[DEVICE] / rates[LIMIT]
                 log(f"{size:>5} ratio {DEVICE} / {LIMIT}: {device_limits[size]:.2f} (img/s per worker core; "
@@ -294,6 +372,8 @@ def main(argv: list[str] | None = None) -> float:
         if top in device_limits:
             log(f"target {DEVICE} >= {LIMIT_TARGET:g} of the {LIMIT} at {top} px (worker side only): "
                 + ("met" if device_limits[top] >= LIMIT_TARGET else "not met") + f" ({device_limits[top]:.2f})")
+        if server is not None:
+            server.stop()
     ratio = ratios.get((top, f"ffcv:{DEFAULT_PRESET}"), float("nan"))
     print(f"ratio: {ratio:.2f}")
     return ratio

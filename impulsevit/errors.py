@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-__all__ = ["OPTIONAL_EXTRAS", "ConfigError", "DataError", "MissingExtraError", "RunDirError", "TrainingDiverged",
-           "UserError", "mismatch_text", "missing_extra", "state_dict_mismatch"]
+__all__ = ["OPTIONAL_EXTRAS", "ConfigError", "DataError", "MissingExtraError", "RunDirError", "StoreError",
+           "TrainingDiverged", "UserError", "mismatch_text", "missing_extra", "state_dict_mismatch"]
 
 
 class UserError(Exception):
@@ -32,6 +32,15 @@ class RunDirError(UserError):
 class TrainingDiverged(UserError, FloatingPointError):
     """Training produced a non-finite loss, gradient or weight (:class:`~impulsevit.callbacks.NonFiniteLossGuard`);
     the message names the step and the last good checkpoint; exit status 1."""
+
+
+class StoreError(UserError):
+    """The object store holding the data cannot be used as configured (a missing bucket, missing or refused
+    credentials, an unreachable endpoint, a shard that is not the size its manifest records); the message names the
+    location and what to set. Exit status 2: found before training starts (a store that fails during training gives
+    the same one line)."""
+
+    exit_status = 2
 
 
 class DataError(UserError):
@@ -63,7 +72,8 @@ def mismatch_text(missing: Sequence[str], unexpected: Sequence[str],
 
 
 OPTIONAL_EXTRAS: dict[str, str] = {"ffcv": "ffcv", "numba": "ffcv", "llvmlite": "ffcv", "cv2": "ffcv",
-                                   "wandb": "wandb", "mlflow": "mlflow"}
+                                   "wandb": "wandb", "mlflow": "mlflow",
+                                   "litdata": "litdata"}
 """Top-level module of an optional dependency -> the extra of setup.cfg that installs it (``impulsevit[EXTRA]``).
 numba / llvmlite / OpenCV come with FFCV; the package imports without any of them."""
 

@@ -2,7 +2,7 @@
 
 :func:`conversion_commands` instantiates the recipe's datamodule exactly as ``impulsevit fit`` would (same parser,
 same overrides; :func:`impulsevit.cli.fit_datamodule.build_datamodule`) and asks it which splits have no complete
-``.beton`` and which ``impulsevit convert`` command writes each (the datamodule's ``convert_command``: same path,
+``.beton`` and which ``impulsevit convert`` command writes each (the ffcv backend's ``convert_command``: same path,
 preset, subset and request, so the training job's ``prepare_data`` finds them up to date). :func:`render_convert_sbatch`
 writes one job on one node with all its cores (``--exclusive``; ``--workers`` = ``$SLURM_CPUS_ON_NODE``) that runs
 them in order; the training job is then submitted with ``--dependency=afterok:<conversion job id>``, so it starts
@@ -45,7 +45,8 @@ def conversion_commands(job: FitJob) -> list[list[str]]:
               f"({type(exc).__name__}: {exc})", file=sys.stderr)
         return []
     todo = getattr(dm, "splits_to_convert", lambda: [])()
-    commands = [dm.convert_command(split, workers="${SLURM_CPUS_ON_NODE:-1}")[1:] for split in todo]
+    backend = getattr(dm, "data_backend", None)
+    commands = [backend.convert_command(split, workers="${SLURM_CPUS_ON_NODE:-1}")[1:] for split in todo]
     if commands and getattr(dm, "download", False):  # data.init_args.download: fetch before converting
         commands.insert(0, ["download", dm.info.name, str(dm.root), "--verify", dm.verify])
     return commands

@@ -111,6 +111,27 @@ def staging_seconds(size_bytes: float, gb_s: float) -> float:
     return size_bytes / (gb_s * 1e9)
 
 
+def stream_network_gb_s(images_per_s: float, bytes_per_image: float, *, cache_fraction: float = 1.0,
+                        chunk_bytes: float = 64e6) -> tuple[float, float]:
+    """Object-store traffic of one GPU reading a LitData shard set (the litdata backend) at ``images_per_s``:
+    ``(first epoch, every later epoch)`` in GB/s.
+
+    The first epoch (an empty cache) fetches every chunk once per node: ``images_per_s × bytes_per_image`` per GPU
+    (the set's bytes spread over the epoch; ``bytes_per_image`` = the manifest's ``bytes / num_samples``). Later epochs
+    read the cache; the order is a global shuffle (exact resume, the other backends' batches), so a sample whose chunk
+    was evicted costs a whole chunk: with a cache holding ``cache_fraction`` < 1 of the set, about
+    ``(1 − cache_fraction) × images_per_s × chunk_bytes`` — hundreds of times the first figure. Hence the rule the
+    docs give: a cache at least the size of the set (``data.storage.cache_size``) on each node. Not modelled: the
+    node's ranks sharing one cache (all ranks of a node read the same chunks, so the first epoch's traffic per node
+    is the set's bytes once, not once per GPU — the per-GPU figure is an upper bound), LitData's read-ahead."""
+    if images_per_s < 0 or bytes_per_image <= 0 or not 0 <= cache_fraction:
+        raise ValueError(f"need images_per_s >= 0, bytes_per_image > 0, cache_fraction >= 0; got {images_per_s}, "
+                         f"{bytes_per_image}, {cache_fraction}")
+    first = images_per_s * bytes_per_image / 1e9
+    later = max(0.0, 1.0 - cache_fraction) * images_per_s * chunk_bytes / 1e9
+    return first, later
+
+
 def num_params(backbone: str, num_classes: int) -> int | None:
     """Parameters of ``backbone`` with a ``num_classes`` head; ``None`` for a backbone not in :data:`BACKBONE_TRUNK`."""
     if backbone not in BACKBONE_TRUNK:

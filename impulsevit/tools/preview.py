@@ -106,7 +106,7 @@ def collect(dm: Any, split: str, num: int) -> dict[str, Any]:
     backend = getattr(dm, "backend", None)
     split_name = (dm.train_split if train else dm.val_split) if hasattr(dm, "train_split") else split
     if backend == "ffcv":
-        source, beton_to_source, stored = _beton_sources(dm, split_name, dm.beton_path(split_name))
+        source, beton_to_source, stored = _beton_sources(dm, split_name, dm.data_backend.beton_path(split_name))
         n_items = len(stored)
     else:
         # the torchvision backend's dataset holds its source; an in-memory dataset has none
@@ -248,7 +248,7 @@ def class_names(dm: Any, split: str) -> list[str] | None:
         from impulsevit.data.storage.manifest import read_manifest
 
         name = dm.train_split if split == "train" else dm.val_split
-        manifest = read_manifest(dm.beton_path(name), check_size=False) or {}
+        manifest = read_manifest(dm.data_backend.beton_path(name), check_size=False) or {}
         return list(manifest["classes"]) if manifest.get("classes") else None
     names = getattr(dm, "class_names", None)
     return list(names) if names else None

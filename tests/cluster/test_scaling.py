@@ -142,3 +142,13 @@ def test_resample_on_device_lowers_the_cpus_a_recipe_needs(tmp_path):
     warned = scaling.cpu_request_warning(scaling.read_recipe_layout(RECIPES / "deit_tiny_in1k.yaml"), "h100", 12)
     assert warned and "data.resample_on=device needs fewer" in warned
     assert scaling.cpu_request_warning(layout, "h100", 12) is None  # 12 >= need_device
+
+
+def test_stream_network_needs_the_first_epoch_bytes_and_whole_chunks_once_the_cache_is_short():
+    from impulsevit.cluster.scaling import stream_network_gb_s
+
+    assert stream_network_gb_s(1000, 100e3) == (0.1, 0.0)  # 1000 img/s x 100 kB; a cache holding the set: no network
+    first, later = stream_network_gb_s(1000, 100e3, cache_fraction=0.5, chunk_bytes=64e6)
+    assert first == 0.1 and later == 0.5 * 1000 * 64e6 / 1e9  # each miss costs a whole chunk
+    with pytest.raises(ValueError):
+        stream_network_gb_s(1000, 0)

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 from _cli_helpers import LR_TAG, run_cli, scalars, subprocess_env
+from _s3 import BUCKET, loopback_s3
 
 pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
 
@@ -41,6 +42,8 @@ BACKENDS = {
     "ffcv-geometry": ["--data.init_args.backend=ffcv", "--data.init_args.augment.scale=[1.0,1.0]",
                       "--data.init_args.augment.hflip=0.0"],
     "torchvision": ["--data.init_args.backend=torchvision"],
+    # shard sets in the loopback object store (the `s3_shards` fixture): the torchvision backend's batches
+    "litdata": ["--data.init_args.backend=litdata", f"--data.init_args.root=s3://{BUCKET}/fm"],
 }
 STEPS_PER_EPOCH = 8
 
@@ -312,3 +315,59 @@ def test_resume_on_another_world_size_reshards_the_remaining_samples(tmp_path, c
     logged = [s for s, _ in scalars(tmp_path / "w", "train/loss")]
     assert logged[:1] == [0] and resumed.trainer.current_epoch == 2
     assert resumed.trainer.global_step == 1 + 6 + STEPS_PER_EPOCH
+
+
+# ----------------------------------------------------------------------------------------- litdata, object store
+@pytest.fixture(scope="module")
+def s3_shards():
+    """The quickstart subsets converted by `impulsevit convert --format litdata` into moto's S3 server on 127.0.0.1,
+    in 32 KB chunks (~13 images each, 20 chunks for the training split) so that a read needs the store often."""
+    with loopback_s3() as store:
+        for split, k in (("train", 256), ("test", 64)):
+            run = subprocess.run([sys.executable, "-m", "impulsevit.cli", "convert", "fashion_mnist", f"s3://{BUCKET}/fm",
+                                  "--format", "litdata", "--split", split, "--subset", str(k), "--chunk-bytes", "32KB",
+                                  "--no-progress"], env=subprocess_env(), capture_output=True, text=True, timeout=600)
+            assert run.returncode == 0, run.stderr
+        yield store
+
+
+def test_litdata_from_the_object_store_trains_stops_and_resumes_as_torchvision_does(tmp_path, cache, straight,
+                                                                                     s3_shards):
+    """Stopped mid-epoch (step 5), resumed with --resume auto: bit-identical to the uninterrupted torchvision run (the
+    same order, pixels and augmentation draws, the loader position from the checkpoint, not LitData's state)."""
+    run_cli(*args(tmp_path, "lit", "litdata", cache, stop_after(5)))
+    state = final(tmp_path, "lit")["ImageDataModule"]["train_loader"]
+    assert (state["epoch"], state["batches"]) == (0, 5)
+    run_cli(*args(tmp_path, "lit", "litdata", cache, "--resume=auto"))
+    assert_same_training(final(tmp_path, "lit"), straight("torchvision"))
+
+
+def test_litdata_store_stopped_mid_epoch_is_one_line_and_resume_auto_continues(tmp_path, cache, straight, s3_shards):
+    """The store goes away after step 10 (epoch 1); the chunk cache holds 3 chunks, so the next batches need it: the
+    run stops with one line, the epoch-0 checkpoint stays, and --resume auto finishes once the store is back, the same
+    weights as the uninterrupted run."""
+    from impulsevit.cli.errors import user_error
+
+    small = ["--data.init_args.storage.cache_size=100KB", f"--data.init_args.cache_dir={tmp_path / 'chunks'}"]
+    stopper = ('--trainer.callbacks=[{"class_path": "_s3.StopStoreAfterStep", "init_args": {"step": 10}}]')
+    with pytest.raises(Exception) as failed:
+        run_cli(*args(tmp_path, "fault", "litdata", cache, stopper), *small)
+    message, status = user_error(failed.value)
+    assert "\n" not in message and "cannot reach the object store at " + s3_shards.endpoint in message, message
+    assert status == 1 and "--resume auto" in message
+    kept = final(tmp_path, "fault")
+    assert kept["global_step"] == STEPS_PER_EPOCH  # the last checkpoint before the outage
+    s3_shards.start()
+    run_cli(*args(tmp_path, "fault", "litdata", cache, "--resume=auto"), *small)
+    assert_same_training(final(tmp_path, "fault"), straight("torchvision"))
+
+
+@pytest.mark.slow
+def test_litdata_ddp_two_ranks_mid_epoch_resume_is_bit_identical(tmp_path, cache, s3_shards):
+    """2 gloo ranks read the object store, stop after step 2 of 4 in the epoch, resume: the same weights as the
+    2-rank torchvision run (each rank's share is the torchvision backend's)."""
+    _ddp(tmp_path, "tv", "torchvision", cache)
+    _ddp(tmp_path, "lit", "litdata", cache, stop_after(2))
+    assert final(tmp_path, "lit")["ImageDataModule"]["train_loader"]["world_size"] == 2
+    _ddp(tmp_path, "lit", "litdata", cache, "--resume=auto")
+    assert_same_training(final(tmp_path, "lit"), final(tmp_path, "tv"))

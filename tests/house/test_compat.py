@@ -169,6 +169,7 @@ ENTRY_TESTS = {
     "ffcv.replaced_os_cache_manager": "house/test_compat.py::test_replaced_os_cache_manager",
     "ffcv.replaced_writer_worker": "house/test_compat.py::test_replaced_writer_worker",
     "ffcv.resized_crop_decoder_base": "house/test_compat.py::test_resized_crop_decoder_base",
+    "litdata.sdk_chunk_downloads": "house/test_compat.py::test_sdk_chunk_downloads",
 }
 
 
@@ -620,6 +621,13 @@ def test_resized_crop_decoder_base():
                                                              shape=(), dtype=np.uint8))
     assert tuple(out.shape) == (8, 8, 3) and tuple(temp.shape) == (30 * 20 * 3,)
     assert set(IMAGE_MODES) == {"jpg", "raw"} and callable(Compiler.get_iterator)
+
+
+def test_sdk_chunk_downloads(monkeypatch):
+    downloader = pytest.importorskip("litdata.streaming.downloader")
+    monkeypatch.setattr(downloader, "_OBSTORE_AVAILABLE", downloader._OBSTORE_AVAILABLE)  # restored afterwards
+    importlib.import_module("impulsevit._compat.litdata").sdk_chunk_downloads()
+    assert not downloader.obstore_usable()  # LitData's own test of whether a chunk goes through obstore
 
 
 def compat_ffcv():  # noqa: ANN201

@@ -7,11 +7,13 @@
   splits (:meth:`Backend.setup`), and build a training or evaluation loader at an explicit
   :class:`~impulsevit.data.loading.position.LoaderPosition` (:meth:`Backend.train_loader`,
   :meth:`Backend.eval_loader`). A backend never reads a Lightning ``Trainer``.
-- The two implementations: :class:`~impulsevit.data.loading.torchvision_backend.TorchvisionBackend` (timm's
-  transforms in ``DataLoader`` workers) and :class:`~impulsevit.data.loading.ffcv_backend.FFCVBackend` (``.beton``
-  files read by FFCV). The datamodule picks one at construction.
+- The three implementations: :class:`~impulsevit.data.loading.torchvision_backend.TorchvisionBackend` (timm's
+  transforms in ``DataLoader`` workers), :class:`~impulsevit.data.loading.ffcv_backend.FFCVBackend` (``.beton``
+  files read by FFCV) and :class:`~impulsevit.data.loading.litdata_backend.LitDataBackend` (LitData shard sets,
+  local or in an object store, with the torchvision backend's transforms and orders). The datamodule picks one at
+  construction.
 
-Both backends' loaders yield ``(images uint8 (B, 3, S, S), labels int64 (B,))`` (with ``resample_on='device'`` the
+All backends' loaders yield ``(images uint8 (B, 3, S, S), labels int64 (B,))`` (with ``resample_on='device'`` the
 FFCV training loader yields canvas batches ``(B, 3, K + 1, K)``); training loaders are stateful
 (``state_dict`` / ``load_state_dict``, :mod:`impulsevit.data.loading.sampling`), drop the last partial batch and
 follow :func:`~impulsevit.data.loading.sampling.epoch_sequence` of (seed, epoch, rank, world size).
@@ -43,8 +45,8 @@ __all__ = ["Backend", "BackendChoice", "BackendName", "DataSpec", "ResampleOn", 
 
 log = logging.getLogger("impulsevit")
 
-BackendName = Literal["ffcv", "torchvision"]
-BackendChoice = Literal["auto", "ffcv", "torchvision"]
+BackendName = Literal["ffcv", "torchvision", "litdata"]
+BackendChoice = Literal["auto", "ffcv", "torchvision", "litdata"]
 """What a recipe may say: a backend, or ``auto`` (:func:`resolve_backend`)."""
 ResampleOn = Literal["workers", "device"]
 
@@ -57,13 +59,15 @@ def default_cache_dir() -> Path:
 
 @dataclasses.dataclass(frozen=True)
 class DataSpec:
-    """The resolved data settings both backends read (see
+    """The resolved data settings the backends read (see
     :class:`~impulsevit.data.loading.datamodule.ImageDataModule` for each argument). ``root`` is the dataset folder
-    after ``download``'s default, ``train_split`` / ``val_split`` the registry's defaults when not given, ``mean`` /
-    ``std`` the run's statistics (0–1 scale), ``num_classes`` the class count (from a given ``.beton``'s manifest or
-    the data tree when the registry has none), ``betons`` the given ``.beton`` files by split (empty: converted into
-    ``cache_dir``), ``explicit_norm`` whether ``mean`` / ``std`` were given. The batch size is not part of it: it is
-    passed to each loader (callers such as ``impulsevit data preview`` change it after construction)."""
+    after ``download``'s default (litdata: the shard sets' folder or URL), ``train_split`` / ``val_split`` the
+    registry's defaults when not given, ``mean`` / ``std`` the run's statistics (0–1 scale), ``num_classes`` the
+    class count (from a given ``.beton``'s or the training shard set's manifest, or the data tree when the registry
+    has none), ``betons`` the given ``.beton`` files by split (empty: converted into ``cache_dir``, which is also
+    where the litdata backend caches remote chunks), ``explicit_norm`` whether ``mean`` / ``std`` were given. The
+    batch size is not part of it: it is passed to each loader (callers such as ``impulsevit data preview`` change it
+    after construction)."""
 
     info: DatasetInfo
     root: str | None
@@ -136,10 +140,10 @@ def resolve_backend(backend: str, *, needs_ffcv: str = "") -> BackendName:
         MissingExtraError: ``ffcv`` (or ``auto`` with ``needs_ffcv``) where FFCV is not installed; one line naming
             the extra to install.
     """
-    if backend not in ("auto", "ffcv", "torchvision"):
-        raise ConfigError(f"data.backend must be 'auto', 'ffcv' or 'torchvision', got {backend!r}")
-    if backend == "torchvision":
-        return "torchvision"
+    if backend not in ("auto", "ffcv", "torchvision", "litdata"):
+        raise ConfigError(f"data.backend must be 'auto', 'ffcv', 'torchvision' or 'litdata', got {backend!r}")
+    if backend in ("torchvision", "litdata"):
+        return backend
     if ffcv_available():
         return "ffcv"
     if backend == "auto" and not needs_ffcv:
@@ -171,6 +175,14 @@ def resolve_spec(*, dataset: str, root: str | None, backend: str, image_size: in
     only_ffcv = ("data.resample_on='device'" if resample_on == "device" else
                  "data.storage.train_beton" if storage.train_beton is not None else "")
     backend = resolve_backend(backend, needs_ffcv=only_ffcv)
+    if backend == "litdata":
+        from impulsevit.data.storage.shards import litdata_available
+
+        if not litdata_available():
+            raise MissingExtraError(missing_extra("litdata", needed_for="data.backend='litdata'"))
+        if given_root is None or download:
+            raise ConfigError("backend='litdata' reads a shard set written by `impulsevit convert ... --format "
+                              "litdata`: set data.root to its folder or s3:// URL (data.download does not apply)")
     if backend == "ffcv" and interpolation not in ("bicubic", "bilinear"):
         raise ConfigError(f"interpolation {interpolation!r} is not supported on the ffcv backend (bicubic or "
                           f"bilinear); use backend='torchvision' for other filters")
@@ -185,12 +197,13 @@ def resolve_spec(*, dataset: str, root: str | None, backend: str, image_size: in
         raise ConfigError(f"data.cache_dir {cache_dir} is a file, not a folder (expected a folder for the "
                           f"converted .beton files; give another path)")
     if given_root is None and root is not None and not download and storage.train_beton is None and \
-            not Path(root).is_dir():
+            backend != "litdata" and not Path(root).is_dir():
         fetch = (f"pass --data.init_args.download=true to fetch it there (or `impulsevit download {info.name} DIR`), "
                  if info.download is not None else "")
         raise ConfigError(f"dataset {info.name!r} is not at {root} (the default, no data.root given): {fetch}or "
                           f"give its folder with --data.init_args.root=DIR")
-    if root is not None and not download and storage.train_beton is None and not Path(root).is_dir():
+    remote = backend == "litdata" and str(root).startswith("s3://")
+    if root is not None and not download and storage.train_beton is None and not remote and not Path(root).is_dir():
         what = "is a file, not a folder" if Path(root).exists() else "does not exist"
         raise ConfigError(f"data.root {root} {what} (dataset {info.name!r}"
                           + (f"; expected {info.layout.format(root=root)})" if info.layout else ")"))
@@ -199,6 +212,16 @@ def resolve_spec(*, dataset: str, root: str | None, backend: str, image_size: in
         if backend != "ffcv":
             raise ConfigError("data.storage.train_beton/val_beton need backend='ffcv'")
         num_classes = beton_num_classes(storage.train_beton)
+    elif backend == "litdata":  # the shard set's manifest (reading it finds a missing bucket / credentials first)
+        from impulsevit.data.storage.objstore import join
+        from impulsevit.data.storage.shards import read_shards_manifest
+
+        where = join(str(root), train_split or info.train_split)
+        manifest = read_shards_manifest(where)
+        if manifest is None:
+            raise ConfigError(f"data.root: no shard set at {where} (expected its impulsevit.manifest.json, written by "
+                              f"`impulsevit convert ... --format litdata`)")
+        num_classes = int(manifest["num_classes"])
     elif info.tree_classes is not None:  # the registration counts the classes of the tree (ImageFolder, IN-21K)
         if root is None and not num_classes:
             raise ConfigError(f"dataset={info.name!r} needs root"
@@ -211,7 +234,9 @@ def resolve_spec(*, dataset: str, root: str | None, backend: str, image_size: in
         info=info, root=root, backend=backend, image_size=int(image_size),  # type: ignore[arg-type]
         num_workers=check_num_workers(num_workers), crop_pct=float(crop_pct), interpolation=interpolation,
         train_subset=train_subset, val_subset=val_subset, train_split=train_split, val_split=val_split,
-        cache_dir=Path(cache_dir) if cache_dir else default_cache_dir() / "ffcv", seed=int(seed), verify=verify,
+        cache_dir=Path(cache_dir) if cache_dir else default_cache_dir() / ("litdata" if backend == "litdata"
+                                                                            else "ffcv"),
+        seed=int(seed), verify=verify,
         mean=tuple(float(m) for m in (mean or info.mean)), std=tuple(float(s) for s in (std or info.std)),
         num_classes=num_classes, augment=augment, storage=storage, resample_on=resample_on,  # type: ignore[arg-type]
         preset=PRESETS[storage.preset] if storage.preset else default_preset(info.small),
@@ -259,6 +284,14 @@ class Backend(abc.ABC):
     def setup(self, stage: str | None, known_classes: list[str] | None) -> list[str] | None:
         """Open the splits ``stage`` needs (``fit``: train and val; others: val); returns the class names, index =
         label (``known_classes``, the datamodule's current ones, where the backend has nothing better)."""
+
+    def check_given(self) -> None:  # noqa: B027 - optional check, nothing by default
+        """Refuse stored data given to the run (ready-made files, a shard set) whose manifests contradict it, before
+        anything is written (the datamodule calls it at construction). Nothing by default.
+
+        Raises:
+            ConfigError: one line naming each file, the field, its value and the run's.
+        """
 
     def needs_setup(self, train: bool) -> bool:
         """Whether :meth:`setup` must run before a loader of that kind can be built (False by default)."""

@@ -125,13 +125,17 @@ class StorageConfig:
             statistics (``imagefolder``: ImageNet's) and the class count comes from the manifest. A file whose
             manifest names another dataset, class count, ``preset`` (when given), statistics or ``train_subset`` /
             ``val_subset`` than the run, or a train and val file with different class lists, is refused before any
-            work (:meth:`~impulsevit.data.loading.datamodule.ImageDataModule.check_betons`); a file without a
+            work (:func:`~impulsevit.data.loading.ffcv_backend.check_betons`); a file without a
             manifest (converted elsewhere) is used with one warning saying what cannot be checked.
         beton_check: at setup, check each ``.beton`` against its manifest's checksum
             (:mod:`impulsevit.data.storage.integrity`): ``sampled`` (header, size and sampled chunks; the first use of a
             file
             checks every byte and records it in ``X.verified.json``; a sampled check finds one damaged 4 MiB chunk
             of ``n > 10`` with probability ``8 / (n - 2)``), ``full`` (every byte, every time) or ``off``.
+        cache_size: the litdata backend's local cache of a remote shard set (``s3://``): the most disk its
+            downloaded chunks may use, in LitData's ``max_cache_size`` terms (``"200GB"``, ``"500MB"``); chunks
+            beyond it are evicted oldest first and fetched again when read again (``docs/data.md``: cache size and
+            network). Ignored for local shard sets and the other backends.
         convert_limit: images, ``>= 0``. In a multi-process run (world size > 1) ``prepare_data`` does not convert a
             split larger than this: it stops with the ``impulsevit convert`` command to run first (``impulsevit
             submit`` submits that as its own job). Single-process runs convert any size.
@@ -143,6 +147,7 @@ class StorageConfig:
     val_beton: str | None = None
     beton_check: CheckLevel = "sampled"
     convert_limit: int = 200_000
+    cache_size: str = "200GB"
 
     def __post_init__(self) -> None:
         if self.preset is not None and self.preset not in PRESETS:
@@ -152,5 +157,10 @@ class StorageConfig:
                              "`impulsevit convert`), or neither")
         if self.beton_check not in ("sampled", "full", "off"):
             raise ConfigError(f"data.storage.beton_check must be 'sampled', 'full' or 'off', got {self.beton_check!r}")
+        import re
+
+        if not re.fullmatch(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB)", str(self.cache_size).strip(), flags=re.I):
+            raise ConfigError(f"data.storage.cache_size must be a size like '200GB' or '500MB', got "
+                              f"{self.cache_size!r}")
         if self.convert_limit < 0:
             raise ConfigError(f"data.storage.convert_limit must be >= 0, got {self.convert_limit}")

@@ -1,8 +1,10 @@
-"""``ImageDataModule``: any registry dataset through FFCV (default) or torchvision/timm, with DeiT augmentation.
+"""``ImageDataModule``: any registry dataset through FFCV (default), torchvision/timm or LitData shard sets (local or in
+an object store), with DeiT augmentation.
 
-A thin ``LightningDataModule`` over one of two backends, picked once at construction
+A thin ``LightningDataModule`` over one of three backends, picked once at construction
 (:mod:`impulsevit.data.loading.backends`: :class:`~impulsevit.data.loading.ffcv_backend.FFCVBackend`,
-:class:`~impulsevit.data.loading.torchvision_backend.TorchvisionBackend`). The backends never read the trainer: the
+:class:`~impulsevit.data.loading.torchvision_backend.TorchvisionBackend`,
+:class:`~impulsevit.data.loading.litdata_backend.LitDataBackend`). The backends never read the trainer: the
 Lightning hooks here compute the :class:`~impulsevit.data.loading.position.LoaderPosition` (epoch, batch of the
 epoch, rank, world size) from it in one place (:func:`~impulsevit.data.loading.position.loader_position`) and pass
 it in; a caller without a trainer uses :meth:`ImageDataModule.loader` and :meth:`ImageDataModule.model_input` with a
@@ -26,6 +28,8 @@ Backends:
 - ``torchvision``: timm's ``create_transform`` pipeline (RandomResizedCrop, flip, RandAugment or colour jitter,
   bicubic) in ``DataLoader`` workers, random erasing on the device (as timm's prefetcher does). Under DDP the
   backend builds a ``DistributedSampler`` itself.
+- ``litdata``: the torchvision backend's loaders over LitData shard sets read by index
+  (:mod:`impulsevit.data.loading.litdata_backend`): same orders, transforms and (``raw`` preset) pixels.
 
 Neither backend depends on Lightning's ``use_distributed_sampler``: the FFCV loader is not a ``DataLoader`` (Lightning
 leaves it alone) and the torchvision loader already carries a ``DistributedSampler``; the recipes set the flag to
@@ -48,7 +52,6 @@ Not supported: AutoAugment/AugMix on the ffcv backend.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -58,7 +61,6 @@ from impulsevit.blocks import as_config
 from impulsevit.data.augment.device import DeviceAugment
 from impulsevit.data.augment.ops import normalize
 from impulsevit.data.augment.strategy import selects_on_host
-from impulsevit.data.loading import ffcv_backend
 from impulsevit.data.loading.backends import (
     Backend,
     BackendChoice,
@@ -87,6 +89,10 @@ __all__ = ["ImageDataModule", "SourceDataset", "default_cache_dir", "seeded_glob
 
 def make_backend(spec: DataSpec) -> Backend:
     """The backend ``spec.backend`` names, over ``spec``."""
+    if spec.backend == "litdata":
+        from impulsevit.data.loading.litdata_backend import LitDataBackend
+
+        return LitDataBackend(spec)
     return FFCVBackend(spec) if spec.backend == "ffcv" else TorchvisionBackend(spec)
 
 
@@ -105,10 +111,12 @@ class ImageDataModule(BaseImageDataModule):
         dataset: registry name (``fashion_mnist``, ``digits``, ``cifar10``, ``cifar100``, ``stl10``, ``flowers102``,
             ``pets``, ``food101``, ``imagenet``, ``imagenet21k``, ``imagefolder``, or one a plugin module registered
             with :func:`~impulsevit.data.register_dataset`).
-        root: the dataset's folder (None: the registry default, e.g. Debian's Fashion-MNIST).
+        root: the dataset's folder (None: the registry default, e.g. Debian's Fashion-MNIST); for
+            ``backend='litdata'`` the shard sets' folder or ``s3://bucket/prefix`` (``<root>/<split>/``, written by
+            ``impulsevit convert ... --format litdata``).
         backend: ``auto`` (the default and the recipes': ``ffcv`` where the ``ffcv`` extra is installed, else
             ``torchvision`` with one log line saying so), ``ffcv`` (refused in one line naming the extra where FFCV is
-            not installed) or ``torchvision``; see
+            not installed), ``torchvision`` or ``litdata`` (:mod:`impulsevit.data.loading.litdata_backend`); see
             :func:`~impulsevit.data.loading.backends.resolve_backend`. The resolved name is :attr:`backend` (and
             ``hparams`` of a datamodule built in Python; LightningCLI records the arguments as given).
         image_size: output side S in pixels.
@@ -118,7 +126,9 @@ class ImageDataModule(BaseImageDataModule):
             the evaluation resize; the FFCV decoder supports no other).
         train_subset / val_subset: use a seeded random subset of this many images (fast CPU recipes).
         train_split / val_split: override the registry's default splits.
-        cache_dir: where converted ``.beton`` files live (default :func:`default_cache_dir` ``/ffcv``).
+        cache_dir: where converted ``.beton`` files live (default :func:`default_cache_dir` ``/ffcv``), or for
+            ``litdata`` where remote chunks are cached (default :func:`default_cache_dir` ``/litdata``; its size is
+            ``storage.cache_size``).
         seed: data-order and augmentation seed (epoch order is ``seed + epoch``).
         verify: registry count check on loading the source (``error`` | ``warn`` | ``off``).
         mean / std: override the registry's normalisation statistics (per channel, 0–1 scale).
@@ -181,8 +191,7 @@ class ImageDataModule(BaseImageDataModule):
         self._device_augment: DeviceAugment | None = None
         self._augment_logged = False
         self._cpu_resample_warned = False
-        if spec.betons:
-            self.check_betons()
+        self.data_backend.check_given()  # given files / shard sets that contradict the run: refused before work
 
     info = _from_spec("info")
     root = _from_spec("root")
@@ -209,10 +218,6 @@ class ImageDataModule(BaseImageDataModule):
         <impulsevit.data.loading.backends.DataSpec.load_source>`)."""
         return self.spec.load_source(split)
 
-    def beton_path(self, split: str) -> Path:
-        """Cache path of the split's ``.beton`` (:func:`impulsevit.data.loading.ffcv_backend.beton_path`)."""
-        return ffcv_backend.beton_path(self.spec, split)
-
     def prepare_data(self) -> None:
         """``download``: fetch the dataset when missing; then the backend's preparation (FFCV: convert the train and
         val splits to ``.beton`` files unless they are up to date, :meth:`FFCVBackend.prepare
@@ -223,19 +228,9 @@ class ImageDataModule(BaseImageDataModule):
             ensure_dataset(self.info, self.root, verify=self.verify)
         self.data_backend.prepare(planned_world_size(getattr(self, "trainer", None)))
 
-    def convert_command(self, split: str, workers: int | str | None = None) -> list[str]:
-        """The ``impulsevit convert`` argv that writes exactly the ``.beton`` ``prepare_data`` would write for
-        ``split`` (:func:`impulsevit.data.loading.ffcv_backend.convert_command`)."""
-        return ffcv_backend.convert_command(self.spec, split, workers)
-
     def splits_to_convert(self) -> list[str]:
         """FFCV splits whose ``.beton`` is missing or incomplete (no valid manifest); empty for other backends."""
         return self.data_backend.splits_to_convert()
-
-    def check_betons(self) -> None:
-        """Refuse ``.beton`` files whose manifests contradict the run
-        (:func:`impulsevit.data.loading.ffcv_backend.check_betons`)."""
-        ffcv_backend.check_betons(self.spec)
 
     def train_samples(self) -> int | None:
         """Training images per epoch, before any conversion or write: a given ``.beton``'s manifest (else its

@@ -155,6 +155,21 @@ class FFCVBackend(Backend):
     name: ClassVar = "ffcv"
     augments_on_device: ClassVar = True
 
+    def beton_path(self, split: str) -> Path:
+        """The split's ``.beton`` (:func:`beton_path`)."""
+        return beton_path(self.spec, split)
+
+    def convert_command(self, split: str, workers: int | str | None = None) -> list[str]:
+        """The ``impulsevit convert`` argv that writes exactly the ``.beton`` :meth:`prepare` would write for
+        ``split`` (:func:`convert_command`)."""
+        return convert_command(self.spec, split, workers)
+
+    def check_given(self) -> None:
+        """Given ``.beton`` files whose manifests contradict the run are refused (:func:`check_betons`); nothing to
+        check for cached files here (``setup`` checks them)."""
+        if self.spec.betons:
+            check_betons(self.spec)
+
     def prepare(self, world_size: int) -> None:
         """Convert the train and val splits to ``.beton`` files unless they are up to date (nothing for given
         files). The files are written atomically so other ranks never see partial ones, and a lock file next to

@@ -134,12 +134,17 @@ class TorchvisionBackend(Backend):
         super().__init__(spec)
         self.sets: dict[str, SourceDataset] = {}
 
+    def open_source(self, split: str) -> ImageSource:
+        """The (subset of the) split the loaders read: the source files here
+        (:meth:`~impulsevit.data.loading.backends.DataSpec.load_source`)."""
+        return self.spec.load_source(split)
+
     def setup(self, stage: str | None, known_classes: list[str] | None) -> list[str] | None:
         spec = self.spec
         train_tf, eval_tf = timm_transforms(spec)
         if stage in (None, "fit"):
-            self.sets["train"] = SourceDataset(spec.load_source(spec.train_split), train_tf, seed=spec.seed)
-        self.sets["val"] = SourceDataset(spec.load_source(spec.val_split), eval_tf)
+            self.sets["train"] = SourceDataset(self.open_source(spec.train_split), train_tf, seed=spec.seed)
+        self.sets["val"] = SourceDataset(self.open_source(spec.val_split), eval_tf)
         return list(self.sets["train" if "train" in self.sets else "val"].source.classes)
 
     def needs_setup(self, train: bool) -> bool:

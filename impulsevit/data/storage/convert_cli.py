@@ -1,4 +1,5 @@
-"""``impulsevit convert``: image datasets → FFCV ``.beton`` files (one per split), with a manifest next to each.
+"""``impulsevit convert``: image datasets → FFCV ``.beton`` files (one per split), with a manifest next to each, or
+(``--format litdata``) LitData shard sets in a local folder or an object store.
 
 The command-line front end of :mod:`impulsevit.data.storage.convert` (which does the work and imports no argparse).
 
@@ -25,6 +26,12 @@ when not (or with ``--force``); any other existing file at an output path is rep
 folder where a ``.beton`` goes, or a file where the ``DST`` folder goes, is refused — all before any work
 (:func:`impulsevit.io.claim_output`).
 
+``--format litdata``: ``DST`` is a folder or an ``s3://bucket/prefix`` URL; each split goes to ``DST/<split>/`` as a
+LitData shard set with ``impulsevit.manifest.json`` (:mod:`impulsevit.data.storage.shards`; the object store's
+endpoint and credentials come from the standard AWS variables, :mod:`impulsevit.data.storage.objstore`). A set this
+command wrote is skipped when up to date and rewritten when not; any other non-empty folder there is refused. A
+missing bucket, missing credentials or an unreachable endpoint are one line (exit 2) before any work.
+
 ``--check``: verify ``.beton`` files against their manifests' checksums (:mod:`impulsevit.data.storage.integrity`).
 
 Exit status: 0 done (all files good), 1 a conversion failed or a checked file is damaged, 2 bad arguments or source.
@@ -46,11 +53,12 @@ from impulsevit.data.storage.convert import ConversionError, convert_split, subs
 from impulsevit.data.storage.integrity import BetonError, verify_beton
 from impulsevit.data.storage.manifest import read_manifest
 from impulsevit.data.storage.presets import PRESETS, Preset, default_preset
+from impulsevit.errors import ConfigError, StoreError
 from impulsevit.io import WriteError, check_child_name, claim_output
 from impulsevit.procs import Stopped, stop_on_signals
 
-__all__ = ["build_parser", "check_main", "choose_preset", "claim_outputs", "default_splits", "main", "output_path",
-           "resolve_source"]
+__all__ = ["build_parser", "check_main", "choose_preset", "claim_outputs", "claim_shard_outputs", "default_splits",
+           "main", "output_path", "resolve_source", "shards_path"]
 
 
 def resolve_source(src: str, root: str | None, dataset: str | None) -> tuple[DatasetInfo, Path | None]:
@@ -77,6 +85,40 @@ def default_splits(info: DatasetInfo, root: Path | None) -> list[str]:
     if "val" in splits and "test" in splits:
         splits.remove("test")
     return splits or ["train"]
+
+
+def shards_path(dst: str, split: str) -> str:
+    """Where ``split``'s shard set goes for ``--format litdata``: ``DST/<split>`` (a folder or URL prefix).
+
+    Raises:
+        ConfigError: ``split`` is not one folder name."""
+    from impulsevit.data.storage.objstore import join
+
+    check_child_name(split, "--split", "a split is one name (e.g. train, val)")
+    return join(dst, split)
+
+
+def claim_shard_outputs(dst: str, splits: list[str], overwrite: bool) -> None:
+    """Before any work, for ``--format litdata``: a local ``DST`` is a folder or nothing yet and each split's folder
+    is free, empty, or a shard set this command wrote (then skipped or rewritten); a remote ``DST``'s bucket exists
+    and the credentials are accepted.
+
+    Raises:
+        ConfigError: a file where a folder goes, or a non-empty folder this command did not write (without
+            ``overwrite``). StoreError: the store cannot be written (one line)."""
+    from impulsevit.data.storage import objstore
+    from impulsevit.data.storage.shards import MANIFEST_NAME
+
+    if objstore.is_remote(dst):
+        objstore.check_writable(dst)
+        return
+    claim_output(dst, False, "into", what="DST")
+    for split in splits:
+        out = Path(shards_path(dst, split))
+        claim_output(out, True, "into", what=f"DST (split {split!r})")
+        if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).is_file() and not overwrite:
+            raise ConfigError(f"DST (split {split!r}) {out} is a non-empty folder that `impulsevit convert --format "
+                              f"litdata` did not write; give another DST or pass --overwrite (nothing was written)")
 
 
 def output_path(dst: str, split: str, multiple: bool) -> Path:
@@ -116,7 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=f"datasets: {', '.join(list_datasets())}\npresets: {', '.join(PRESETS)}")
     p.add_argument("src", help="registry name (with --root), a dataset folder, or an ImageFolder tree")
-    p.add_argument("dst", help="output folder (<split>.beton inside) or a .beton path")
+    p.add_argument("dst", help="output folder (<split>.beton inside) or a .beton path; --format litdata: a folder or "
+                   "s3://bucket/prefix (<split>/ inside)")
+    p.add_argument("--format", choices=["ffcv", "litdata"], default="ffcv",
+                   help="ffcv: .beton files (default); litdata: LitData shard sets, local or in an object store")
     p.add_argument("--root", help="dataset folder when SRC is a registry name")
     p.add_argument("--dataset", help="treat SRC as this registry dataset's folder (skip auto-detection)")
     p.add_argument("--split", nargs="+", help="splits to convert (default: the dataset's train and val splits)")
@@ -128,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jpeg-proportion", type=float, help="share of images stored as JPEG in proportion mode")
     p.add_argument("--subset", type=int, help="convert only this many images per split (seeded random choice)")
     p.add_argument("--workers", type=int, default=max(1, min(8, os.cpu_count() or 1)))
+    p.add_argument("--chunk-bytes", default="64MB",
+                   help="--format litdata: the size of one chunk, the unit a reader downloads and caches")
     p.add_argument("--on-error", choices=["skip", "fail"], default="skip", help="bad inputs: leave out or stop")
     p.add_argument("--verify", choices=["error", "warn", "off"], default="warn",
                    help="registry datasets: counts that differ from the published ones are an error, a warning, "
@@ -203,21 +250,36 @@ def _convert(args: argparse.Namespace) -> int:
         info, root = resolve_source(args.src, args.root, args.dataset)
         preset = choose_preset(info, args)
         splits = args.split or default_splits(info, root)
-        claim_outputs(args.dst, splits, args.overwrite)
+        shards = args.format == "litdata"
+        if shards:
+            claim_shard_outputs(args.dst, splits, args.overwrite)
+        else:
+            claim_outputs(args.dst, splits, args.overwrite)
         for split in splits:
             source = info.load(root, split, verify=args.verify)
             sub = subset_indices(len(source), args.subset)
             if sub is not None:
                 source = source.subset(sub)
-            out = output_path(args.dst, split, len(splits) > 1)
+            out = shards_path(args.dst, split) if shards else output_path(args.dst, split, len(splits) > 1)
             print(f"[convert] {info.name} split {split!r} from {root}: {len(source)} images, "
                   f"{len(source.classes)} classes -> {out}")
+            request = {"dataset": info.name, "root": str(root), "split": split, "subset": args.subset}
+            if shards:
+                from impulsevit.data.storage.shards import write_shards
+
+                write_shards(source, out, preset, on_error=args.on_error, progress=not args.no_progress,
+                             force=args.force, normalization=(info.mean, info.std), request=request,
+                             chunk_bytes=args.chunk_bytes)
+                continue
             convert_split(source, out, preset, workers=args.workers, on_error=args.on_error,
                           progress=not args.no_progress, force=args.force, normalization=(info.mean, info.std),
-                          request={"dataset": info.name, "root": str(root), "split": split, "subset": args.subset})
+                          request=request)
     except (ConversionError, WriteError) as exc:
         print(f"impulsevit convert: error: {exc}", file=sys.stderr)
         return 1
+    except (StoreError, ImportError) as exc:
+        print(f"impulsevit convert: error: {exc}", file=sys.stderr)
+        return 2
     except (FileNotFoundError, KeyError, ValueError) as exc:  # ConfigError (an output claimed) is a ValueError
         print(f"impulsevit convert: error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2

@@ -58,7 +58,7 @@ def test_defaults_are_the_previous_flat_defaults_and_pairs_become_float_tuples()
         "force_color_jitter": False, "re_prob": 0.0, "re_mode": "pixel", "re_count": 1, "repeated_aug": 1}
     assert dataclasses.asdict(StorageConfig()) == {
         "preset": None, "in_memory": None, "train_beton": None, "val_beton": None, "beton_check": "sampled",
-        "convert_limit": 200_000}
+        "convert_limit": 200_000, "cache_size": "200GB"}
 
 
 def test_datamodule_takes_a_mapping_a_dataclass_or_none():

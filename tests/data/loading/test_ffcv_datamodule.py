@@ -60,7 +60,7 @@ def _epoch(loader) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
 def test_both_backends_agree_on_shapes_dtypes_labels_and_normalisation(fashion_dms):
     ffcv_dm, tv_dm = fashion_dms
     assert ffcv_dm.num_classes == tv_dm.num_classes == 10
-    beton = ffcv_dm.beton_path("train")
+    beton = ffcv_dm.data_backend.beton_path("train")
     assert beton.is_file() and json.loads(beton.with_name(beton.stem + ".manifest.json").read_text())[
         "num_samples"] == 300
     xf, yf = _epoch(ffcv_dm.val_dataloader())

@@ -160,7 +160,7 @@ def test_full_size_photos_keep_the_eval_resolution(tmp_path):
                          batch_size=8, num_workers=1, cache_dir=str(tmp_path / "cache"))
     dm.prepare_data()
     dm.setup("validate")
-    meta = Reader(str(dm.beton_path(dm.val_split))).metadata["f0"]
+    meta = Reader(str(dm.data_backend.beton_path(dm.val_split))).metadata["f0"]
     for p, stored_h, stored_w in zip(paths, meta["height"], meta["width"]):
         with Image.open(p) as im:
             source_short = min(im.size)

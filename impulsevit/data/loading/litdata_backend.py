@@ -1,0 +1,240 @@
+"""The litdata backend: LitData shard sets (``impulsevit convert --format litdata``) read from a local folder or an
+object store (``s3://``) through a local chunk cache, with the torchvision backend's transforms and orders.
+
+How it reads: each split is a :class:`ShardSource`, an
+:class:`~impulsevit.data.sources.image_source.ImageSource` whose ``load(i)`` is ``litdata.StreamingDataset[j]`` (a
+read by index: LitData downloads the chunk holding sample ``j`` into the cache, evicting the oldest chunks beyond
+``data.storage.cache_size``). The loaders are the torchvision backend's
+(:class:`~impulsevit.data.loading.torchvision_backend.TorchvisionBackend`): the training order is
+:func:`~impulsevit.data.loading.sampling.epoch_sequence` of (seed, epoch, rank, world size) through
+:class:`~impulsevit.data.loading.sampling.EpochSampler`, each sample's augmentation seeded by (seed, epoch,
+position), random erasing on the device. LitData's own iteration order, shuffling, per-rank split and
+``state_dict`` are not used: its mid-epoch resume has known gaps (LitData issues #775, the loader state not restored
+through the Trainer, and #770, resume disabled after an external ``load_state_dict`` when an epoch breaks early),
+while the project's :class:`~impulsevit.data.loading.position.LoaderPosition` in every checkpoint already says which
+batch comes next — so resume is exact by construction, and a shard set converted with the ``raw`` preset gives the
+torchvision backend's pixels and batches byte for byte (``tests/data/test_litdata_backend.py``).
+
+The cost of that choice: a globally shuffled order touches chunks at random, so each rank downloads a chunk as often
+as the cache evicts it before its samples are all read; with a cache at least the size of the shard set (the default
+``cache_size`` of 200 GB holds ImageNet-1k at ``short256``) each chunk is fetched once per node. ``docs/data.md``
+gives the numbers.
+
+Checks before any work (:meth:`LitDataBackend.check_given`, at construction): the manifests of both splits are read
+(a missing bucket, missing credentials, an unreachable endpoint: one line, exit 2), compared with the run as the
+``.beton`` manifests are (dataset, class count, explicit preset, statistics, subset, the two class lists), and every
+shard's size with the manifest's (a truncated or interrupted upload: one line). A read that fails during training
+(the store went away) stops the run with one line (:class:`~impulsevit.errors.DataError`); the last checkpoint stays,
+and ``--resume auto`` continues from it once the store is back.
+
+Not supported: ``resample_on='device'``, ``download``, ``.beton`` files (``data.storage.train_beton``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from impulsevit.data.loading.backends import DataSpec
+from impulsevit.data.loading.torchvision_backend import TorchvisionBackend
+from impulsevit.data.sources.image_source import ImageSource
+from impulsevit.data.sources.registry import get_dataset
+from impulsevit.data.storage import objstore
+from impulsevit.data.storage.convert import subset_indices
+from impulsevit.data.storage.manifest import identity_mismatches
+from impulsevit.data.storage.shards import (
+    LABELS_NAME,
+    MANIFEST_NAME,
+    check_shard_files,
+    decode_image,
+    read_shards_manifest,
+)
+from impulsevit.errors import ConfigError, DataError, StoreError
+
+__all__ = ["LitDataBackend", "ShardSource", "shard_location", "shards_manifest"]
+
+
+def shard_location(spec: DataSpec, split: str) -> str:
+    """The shard set of ``split``: ``<root>/<split>`` (a folder or a URL prefix)."""
+    return objstore.join(str(spec.root), split)
+
+
+def shards_manifest(location: str) -> dict:
+    """The manifest of the shard set at ``location``.
+
+    Raises:
+        StoreError: the store cannot be read. ConfigError: no complete shard set there."""
+    manifest = read_shards_manifest(location)
+    if manifest is None:
+        raise ConfigError(f"data.root: no shard set at {location} (expected {objstore.join(location, MANIFEST_NAME)}, "
+                          f"written by `impulsevit convert ... --format litdata`)")
+    return manifest
+
+
+class ShardSource(ImageSource):
+    """Samples ``indices`` of the shard set at ``location``, read by index through ``litdata.StreamingDataset``
+    (created on first use in each process, so a source pickled into ``DataLoader`` workers opens its own).
+
+    ``classes`` / ``labels`` come from the manifest and ``labels.npy`` (no chunk is read for them); ``cache_dir``
+    (remote sets only) holds the downloaded chunks, at most ``cache_size`` (LitData's ``max_cache_size``)."""
+
+    def __init__(self, location: str, classes: Sequence[str], labels: np.ndarray, indices: np.ndarray,
+                 cache_dir: Path | None, cache_size: str) -> None:
+        self.location, self.classes, self.indices = location, list(classes), np.asarray(indices, dtype=np.int64)
+        self.labels = np.asarray(labels, dtype=np.int64)[self.indices]
+        self.cache_dir, self.cache_size = cache_dir, cache_size
+        self.problems = []
+        self._all_labels = np.asarray(labels, dtype=np.int64)
+        self._dataset: Any = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_dataset": None}
+
+    def _open(self) -> Any:
+        if self._dataset is None:
+            from litdata import StreamingDataset
+
+            kwargs: dict[str, Any] = {}
+            if objstore.is_remote(self.location):
+                from botocore.config import Config
+
+                if objstore.endpoint().startswith("http://"):
+                    from impulsevit._compat.litdata import sdk_chunk_downloads
+
+                    sdk_chunk_downloads()
+
+                assert self.cache_dir is not None
+                self.cache_dir.mkdir(parents=True, exist_ok=True)
+                kwargs = dict(cache_dir=str(self.cache_dir), max_cache_size=self.cache_size,
+                              storage_options={"config": Config(connect_timeout=objstore.CONNECT_TIMEOUT_S,
+                                                                read_timeout=30,
+                                                                retries={"max_attempts": 2, "mode": "standard"})})
+            self._dataset = StreamingDataset(self.location, **kwargs)
+        return self._dataset
+
+    def load(self, index: int, max_side: int | None = None) -> np.ndarray:
+        """Sample ``index`` decoded, ``(H, W, 3)`` uint8.
+
+        Raises:
+            DataError: the store cannot be read (one line naming the location and the cause)."""
+        j = int(self.indices[index])
+        try:
+            # a slice, not dataset[j]: an int index reads the sample's bytes alone with a range request and caches
+            # nothing (LitData's ``on_demand_bytes``); a slice downloads the whole chunk into the cache, where the
+            # epoch's other samples of that chunk are then read from disk
+            item = self._open()[j:j + 1][0]
+        except Exception as exc:  # noqa: BLE001 - LitData / botocore / obstore errors share no base class
+            raise DataError(objstore.store_error(exc, self.location, "reading").args[0]
+                            + " (the last checkpoint is kept: rerun with --resume auto once the store is back)") \
+                from exc
+        return decode_image(item["image"])
+
+    def describe(self, index: int) -> str:
+        return f"{self.location}[{int(self.indices[index])}]"
+
+    def subset(self, indices: Sequence[int] | np.ndarray) -> ShardSource:
+        return ShardSource(self.location, self.classes, self._all_labels, self.indices[np.asarray(indices)],
+                           self.cache_dir, self.cache_size)
+
+    def image_size(self, index: int) -> tuple[int, int]:
+        return tuple(self.load(index).shape[:2])  # type: ignore[return-value]
+
+
+class LitDataBackend(TorchvisionBackend):
+    """:class:`~impulsevit.data.loading.backends.Backend` over LitData shard sets (module docstring)."""
+
+    name: ClassVar = "litdata"
+    augments_on_device: ClassVar = False
+
+    def __init__(self, spec: DataSpec) -> None:
+        super().__init__(spec)
+        self._manifests: dict[str, dict] = {}
+
+    def location(self, split: str) -> str:
+        """The shard set of ``split`` (:func:`shard_location`)."""
+        return shard_location(self.spec, split)
+
+    def manifest(self, split: str) -> dict:
+        """The manifest of ``split``'s shard set, read once (:func:`shards_manifest`)."""
+        if split not in self._manifests:
+            self._manifests[split] = shards_manifest(self.location(split))
+        return self._manifests[split]
+
+    def cache_folder(self, split: str) -> Path | None:
+        """Where a remote split's chunks are cached: ``cache_dir/<hash of the URL>`` (None for a local set, read in
+        place)."""
+        where = self.location(split)
+        if not objstore.is_remote(where):
+            return None
+        return self.spec.cache_dir / hashlib.sha1(where.encode()).hexdigest()[:16]
+
+    def _indices(self, split: str) -> np.ndarray:
+        manifest, k = self.manifest(split), self.spec.subset(split)
+        n = int(manifest["num_samples"])
+        kept = (manifest.get("request") or {}).get("subset")
+        sub = subset_indices(n, k) if k and kept is None else None
+        return np.arange(n) if sub is None else sub
+
+    def check_given(self) -> None:
+        """Refuse shard sets that contradict the run or are incomplete, before any work (module docstring).
+
+        Raises:
+            ConfigError: a contradiction (one line naming each set, the field, its value and the run's), or no shard
+                set. StoreError: the store cannot be read, or a shard is missing / of another size."""
+        spec = self.spec
+        splits = spec.splits()
+        problems: dict[str, list[str]] = {}
+        fixed = spec.info.num_classes if spec.info.num_classes > 0 and spec.info.tree_classes is None else None
+        for split in splits:
+            manifest, where = self.manifest(split), self.location(split)
+            name = (manifest.get("request") or {}).get("dataset")
+            try:
+                canonical = get_dataset(str(name)).name if name is not None else None
+            except (KeyError, ValueError):
+                canonical = name
+            found = identity_mismatches(
+                {**manifest, "request": {**(manifest.get("request") or {}), "dataset": canonical}},
+                dataset=spec.info.name, num_classes=fixed if spec.verify == "error" else None,
+                preset=spec.storage.preset, normalization=None if spec.explicit_norm else (spec.mean, spec.std))
+            k, kept = spec.subset(split), (manifest.get("request") or {}).get("subset")
+            if k and kept is not None and kept != k:
+                key = "train_subset" if split == spec.train_split else "val_subset"
+                found.append(f"was converted with --subset {kept} but the run's data.{key} is {k} (the other "
+                             f"backends would pick other images): convert without --subset, or with --subset {k}")
+            for phrase in found:
+                problems.setdefault(phrase, []).append(f"shard set {where}")
+        classes = [self.manifest(s).get("classes") for s in splits]
+        if len(classes) == 2 and classes[0] and classes[1] and list(classes[0]) != list(classes[1]):
+            problems[f"hold different class lists ({len(classes[0])} vs {len(classes[1])} classes): a label would "
+                     f"name another class in validation than in training"] = [f"shard set {self.location(s)}"
+                                                                              for s in splits]
+        if problems:
+            hint = (" (set data.dataset to the one the shards were converted from)"
+                    if any("data.dataset" in p for p in problems) else "")
+            raise ConfigError("; ".join(f"{' and '.join(files)}: {phrase}" for phrase, files in problems.items())
+                              + hint)
+        for split in splits:
+            check_shard_files(self.location(split), self.manifest(split))
+
+    def open_source(self, split: str) -> ShardSource:
+        manifest, where = self.manifest(split), self.location(split)
+        data = objstore.read_bytes(objstore.join(where, LABELS_NAME))
+        if data is None:
+            raise StoreError(f"shard set {where}: {LABELS_NAME} is missing (an interrupted upload); rewrite it with "
+                             f"`impulsevit convert ... --format litdata --force`")
+        import io
+
+        labels = np.load(io.BytesIO(data), allow_pickle=False)
+        return ShardSource(where, manifest["classes"], labels, self._indices(split), self.cache_folder(split),
+                           self.spec.storage.cache_size)
+
+    def train_samples(self) -> int | None:
+        """The training shard set's sample count after ``train_subset`` (from its manifest)."""
+        try:
+            return len(self._indices(self.spec.train_split))
+        except (ConfigError, StoreError):
+            return None

@@ -1,0 +1,252 @@
+"""Image sources → LitData shard sets (``impulsevit convert --format litdata``), locally or in an object store.
+
+Why LitData (``litdata`` on PyPI, Lightning AI's streaming engine): it is maintained by the Lightning team (monthly
+releases), installs from wheels, reads chunks from S3 / GCS / Azure / local folders with a local chunk cache whose
+size is a setting (``max_cache_size``), and — what the project needs — its ``StreamingDataset`` reads any sample
+*by index* (``dataset[i]``), so the project's own resumable orders (:mod:`impulsevit.data.loading.sampling`) drive it
+and resume stays exact by construction. Compared in ``docs/data.md``: WebDataset (tar shards read in sequence: no
+random access, so no exact global order or exact mid-epoch resume without re-reading) and Hugging Face ``datasets``
+(Arrow files, random access, but streaming mode is sequential and the local mode copies the whole set first).
+
+A shard set of one split is a folder (or ``s3://bucket/prefix/<split>``) holding LitData's ``index.json`` and
+``chunk-*.bin`` files, ``labels.npy`` (int64 labels in sample order, read without pickle) and
+``impulsevit.manifest.json`` (format :data:`SHARDS_MANIFEST_FORMAT`: the beton manifest's fields — ``request``,
+``num_samples``, ``classes``, ``class_counts``, ``preset``, ``normalization``, ``source_checksum`` /
+``source_stat``, ``skipped`` — plus ``files``, the size of every file, which the reader compares to find a truncated
+or replaced upload). The manifest is written last: a set without one is incomplete.
+
+Each sample is ``{"image": bytes, "label": int}``; ``image`` is :func:`encode_image`'s framing: ``b"R"`` + height,
+width (uint16 little-endian) + raw RGB bytes, or ``b"J"`` + a JPEG file. Which one follows the storage preset exactly
+as the ``.beton`` does (``raw``: every image raw, so the pixels are the source's; ``proportion``: JPEG with
+probability ``jpeg_proportion``, a function of the sample index; ``jpg``: all JPEG). Samples keep the source's order
+(bad inputs left out), so sample ``i`` of a set converted without ``--subset`` is image ``i`` of the split and a
+run's ``train_subset`` picks the same images as on the other backends.
+
+Writes: chunks go to a local temporary folder through LitData's ``BinaryWriter`` (in this process, in order: its
+``optimize`` runs a worker pool that may reorder inputs), then to the destination — a local destination is renamed
+into place whole (:func:`impulsevit.io.commit`), a remote one is uploaded file by file with the manifest last. Nothing
+else is written to the store: no temporary objects, no lock objects (two converters writing one remote set are not
+serialised; locally the lock file of :mod:`impulsevit.data.locking` is).
+
+Not supported: appending to a set; ``smart`` write mode (stored raw, as FFCV does without a threshold).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from impulsevit.data.sources.image_source import ImageSource
+from impulsevit.data.storage import objstore
+from impulsevit.data.storage.convert import ConversionError, OnError, scan_source, source_stat
+from impulsevit.data.storage.presets import SMALL_IMAGE_SIDE, Preset, storage_preset
+from impulsevit.errors import StoreError
+from impulsevit.io import atomic_write_json, commit
+
+__all__ = ["LABELS_NAME", "MANIFEST_NAME", "SHARDS_MANIFEST_FORMAT", "check_shard_files", "decode_image",
+           "encode_image", "litdata_available", "read_shards_manifest", "write_shards"]
+
+SHARDS_MANIFEST_FORMAT = "impulsevit-shards-manifest/1"
+MANIFEST_NAME = "impulsevit.manifest.json"
+LABELS_NAME = "labels.npy"
+CHUNK_BYTES = "64MB"
+"""LitData chunk size: the unit a reader downloads and caches (64 MB: ~600 ImageNet images at ``short256``)."""
+
+
+def litdata_available() -> bool:
+    """Whether the ``litdata`` package is importable."""
+    try:
+        import litdata  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def encode_image(image: np.ndarray, jpeg_quality: int | None) -> bytes:
+    """``(H, W, 3)`` uint8 → the stored bytes: raw (``jpeg_quality`` None) or JPEG at that quality (PIL)."""
+    if jpeg_quality is None:
+        h, w = image.shape[:2]
+        return b"R" + np.asarray([h, w], dtype="<u2").tobytes() + np.ascontiguousarray(image).tobytes()
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(image).save(buf, format="JPEG", quality=int(jpeg_quality))
+    return b"J" + buf.getvalue()
+
+
+def decode_image(data: bytes) -> np.ndarray:
+    """:func:`encode_image`'s bytes → ``(H, W, 3)`` uint8 RGB.
+
+    Raises:
+        ValueError: not bytes of :func:`encode_image`."""
+    kind = data[:1]
+    if kind == b"R":
+        h, w = (int(v) for v in np.frombuffer(data[1:5], dtype="<u2"))
+        pixels = np.frombuffer(data[5:], dtype=np.uint8)
+        if pixels.size != h * w * 3:
+            raise ValueError(f"raw image of {pixels.size} bytes, expected {h} x {w} x 3")
+        return pixels.reshape(h, w, 3)
+    if kind == b"J":
+        from PIL import Image
+
+        with Image.open(io.BytesIO(data[1:])) as im:
+            return np.asarray(im.convert("RGB"), dtype=np.uint8)
+    raise ValueError(f"unknown stored image kind {kind!r}")
+
+
+def _stored(source: ImageSource, i: int, preset: Preset, size: tuple[int, int]) -> bytes:
+    w, h = size
+    image = preset.shrink(source.load(i, preset.load_hint(w, h) if w and h else None))
+    if preset.max_resolution is not None and max(image.shape[:2]) > preset.max_resolution:
+        from PIL import Image
+
+        nw, nh = preset.stored_size(image.shape[1], image.shape[0])
+        image = np.asarray(Image.fromarray(image).resize((nw, nh), Image.Resampling.BOX))
+    mode = preset.write_mode
+    jpeg = mode == "jpg" or (mode == "proportion"
+                             and np.random.default_rng([0x5A4D, i]).random() < preset.jpeg_proportion)
+    return encode_image(image, preset.jpeg_quality if jpeg else None)
+
+
+def read_shards_manifest(location: str) -> dict | None:
+    """The manifest of the shard set at ``location`` (a folder or ``s3://`` prefix); None when there is none (not a
+    complete set written by ``impulsevit convert --format litdata``).
+
+    Raises:
+        StoreError: the store cannot be read (:func:`~impulsevit.data.storage.objstore.read_bytes`)."""
+    data = objstore.read_bytes(objstore.join(location, MANIFEST_NAME))
+    if data is None:
+        return None
+    try:
+        manifest = json.loads(data)
+    except ValueError:
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("format") == SHARDS_MANIFEST_FORMAT else None
+
+
+def _write_local(source: ImageSource, good: np.ndarray, preset: Preset, sizes: np.ndarray, folder: Path,
+                 chunk_bytes: str | int) -> None:
+    from litdata.streaming.writer import BinaryWriter
+
+    writer = BinaryWriter(str(folder), chunk_bytes=chunk_bytes)
+    for k, i in enumerate(good.tolist()):
+        size = (int(sizes[i][0]), int(sizes[i][1]))
+        writer.add_item(k, {"image": _stored(source, i, preset, size), "label": int(source.labels[i])})
+    writer.done()
+    writer.merge()
+    np.save(folder / LABELS_NAME, np.asarray(source.labels[good], dtype=np.int64), allow_pickle=False)
+
+
+def write_shards(source: ImageSource, dst: str, preset: Preset, *, on_error: OnError = "skip",
+                 progress: bool = True, request: dict | None = None, force: bool = False,
+                 log: Callable[[str], None] = print, chunk_bytes: str | int = CHUNK_BYTES,
+                 normalization: tuple[Sequence[float], Sequence[float]] | None = None) -> dict:
+    """Write ``source`` as a LitData shard set at ``dst`` (a local folder, or ``s3://bucket/prefix``; module
+    docstring) and return its manifest.
+
+    Up to date (same ``request``, preset and source fingerprint in the manifest at ``dst``, unless ``force``): nothing
+    is written, the manifest is returned with ``"skipped_existing": True``.
+
+    Raises:
+        StoreError: the bucket is missing, the credentials are missing or refused, the endpoint is unreachable — found
+            before the source is scanned. ConversionError: bad inputs with ``on_error='fail'``, no readable image.
+        ImportError: litdata is not installed.
+    """
+    if not litdata_available():
+        raise ImportError("--format litdata needs the litdata package (pip install 'impulsevit[litdata]')")
+    remote = objstore.is_remote(dst)
+    if remote:
+        objstore.check_writable(dst)
+    request = dict(request or {})
+    stat = source_stat(source)
+    existing = read_shards_manifest(dst)
+    if (not force and existing is not None and existing.get("preset") == asdict(preset)
+            and existing.get("source_stat") == stat and existing.get("request") == request):
+        log(f"{dst}: up to date ({existing['num_samples']} images), skipped")
+        return {**existing, "skipped_existing": True}
+    t0 = time.perf_counter()
+    scan = scan_source(source, workers=1, progress=progress)
+    if scan.problems:
+        log(f"{dst}: {len(scan.problems)} bad input(s):")
+        for p in scan.problems:
+            log(f"  {p}")
+        if on_error == "fail":
+            raise ConversionError(f"{len(scan.problems)} bad input(s) in the source of {dst} (first: "
+                                  f"{scan.problems[0]}); rerun with --on-error skip to leave them out")
+    good = scan.good
+    if len(good) == 0:
+        raise ConversionError(f"no readable images for {dst}")
+    requested, written = preset, storage_preset(preset, scan.sizes[good])
+    if written is not requested:
+        log(f"{dst}: every image is at most {SMALL_IMAGE_SIDE} px: stored raw (JPEG would lose detail and save little)")
+    staging_parent = None if remote else Path(dst).parent
+    if staging_parent is not None:
+        staging_parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{Path(dst).name}.tmp-{socket.gethostname()}-{os.getpid()}-",
+                                    dir=staging_parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would become the committed folder's mode
+    try:
+        _write_local(source, good, written, scan.sizes, staging, chunk_bytes)
+        files = {p.name: p.stat().st_size for p in sorted(staging.iterdir())}
+        kept = source.labels[good]
+        counts = np.bincount(kept, minlength=len(source.classes))
+        manifest = {
+            "format": SHARDS_MANIFEST_FORMAT,
+            "engine": "litdata",
+            "request": request,
+            "num_samples": int(len(good)),
+            "num_classes": len(source.classes),
+            "classes": list(source.classes),
+            "class_counts": {c: int(k) for c, k in zip(source.classes, counts)},
+            "preset": asdict(requested),
+            "source_checksum": scan.checksum,
+            "source_stat": stat,
+            "skipped": [asdict(p) for p in scan.problems],
+            "files": files,
+            "bytes": int(sum(files.values())),
+            "seconds": round(time.perf_counter() - t0, 3),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        if normalization is not None:
+            manifest["normalization"] = {"mean": [float(v) for v in normalization[0]],
+                                         "std": [float(v) for v in normalization[1]]}
+        if remote:
+            for name in files:  # the data first, the manifest (the "complete" mark) last
+                objstore.upload_file(staging / name, objstore.join(dst, name))
+            atomic_write_json(staging / MANIFEST_NAME, manifest)
+            objstore.upload_file(staging / MANIFEST_NAME, objstore.join(dst, MANIFEST_NAME))
+        else:
+            atomic_write_json(staging / MANIFEST_NAME, manifest)
+            commit(staging, dst, replace_dir=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log(f"{dst}: {manifest['bytes'] / 2**20:.2f} MiB in {len(files) - 2} chunk(s), {len(good)} images in "
+        f"{manifest['seconds']:.1f} s")
+    return manifest
+
+
+def check_shard_files(location: str, manifest: dict) -> None:
+    """Every file the manifest lists is at ``location`` with its recorded size.
+
+    Raises:
+        StoreError: one line naming the first file that is missing or of another size (a truncated or interrupted
+            upload, a file replaced by hand) and the fix."""
+    present = objstore.list_sizes(location)
+    for name, size in (manifest.get("files") or {}).items():
+        got = present.get(name)
+        if got != size:
+            what = "is missing" if got is None else f"is {got} bytes, the manifest records {size}"
+            raise StoreError(f"shard set {location}: {name} {what} (a truncated or interrupted upload); rewrite it "
+                             f"with `impulsevit convert ... --format litdata --force`")

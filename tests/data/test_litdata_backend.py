@@ -1,0 +1,193 @@
+"""The litdata backend against a real object store (moto's S3 server on 127.0.0.1, ``tests/_s3.py``) and local
+folders: ``impulsevit convert --format litdata`` uploads, the loaders give the torchvision backend's batches byte for
+byte (train and eval, per rank), mismatching shard sets are refused before work, and every store failure is one line.
+
+Data: 64 training / 32 validation Fashion-MNIST images (28 px, ``raw`` preset), batches of 8."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from _cli_helpers import subprocess_env
+from _s3 import BUCKET, free_port, loopback_s3
+
+from impulsevit.data import ImageDataModule
+from impulsevit.data.loading.position import LoaderPosition
+from impulsevit.data.storage import convert_cli
+from impulsevit.data.storage.convert import subset_indices
+from impulsevit.data.storage.presets import PRESETS
+from impulsevit.data.storage.shards import MANIFEST_NAME, read_shards_manifest, write_shards
+from impulsevit.errors import ConfigError, StoreError
+
+pytestmark = pytest.mark.slow  # a server thread, conversions, subprocesses
+
+KW = dict(dataset="fashion_mnist", image_size=16, batch_size=8, num_workers=0, train_subset=64, val_subset=32)
+
+
+def _convert(dst: str, *extra: str) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = 0
+        for split, k in (("train", 64), ("test", 32)):
+            code = code or convert_cli.main(["fashion_mnist", dst, "--format", "litdata", "--split", split,
+                                             "--subset", str(k), "--no-progress", *extra])
+    return code, err.getvalue()
+
+
+def _keys(store, prefix: str = "") -> dict[str, str]:
+    listed = store.client().list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])
+    return {o["Key"]: o["ETag"] for o in listed}
+
+
+@pytest.fixture(scope="module")
+def store():
+    with loopback_s3() as s3:
+        yield s3
+
+
+@pytest.fixture(scope="module")
+def local_set(tmp_path_factory) -> str:
+    dst = str(tmp_path_factory.mktemp("shards") / "fm")
+    assert _convert(dst) == (0, "")
+    return dst
+
+
+@pytest.fixture(scope="module")
+def remote_set(store) -> str:
+    dst = f"s3://{BUCKET}/fm"
+    assert _convert(dst) == (0, "")
+    return dst
+
+
+@pytest.fixture(scope="module")
+def torchvision_dm() -> ImageDataModule:
+    dm = ImageDataModule(backend="torchvision", **KW)
+    dm.setup("fit")
+    return dm
+
+
+def _batches(dm: ImageDataModule, train: bool, epoch: int = 1, rank: int = 0, world: int = 1) -> list:
+    return list(dm.loader(train, LoaderPosition(epoch=epoch, batches_done=0, rank=rank, world_size=world)))
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) > 0 and all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b))
+
+
+def test_convert_uploads_exactly_the_shard_sets_and_skips_them_when_up_to_date(store, remote_set, tmp_path):
+    keys = _keys(store)
+    for split in ("train", "test"):
+        names = {k.rsplit("/", 1)[1] for k in keys if k.startswith(f"fm/{split}/")}
+        assert names == {"index.json", "labels.npy", MANIFEST_NAME, "chunk-0-0.bin"}
+    assert all(k.startswith(("fm/train/", "fm/test/")) for k in keys)  # nothing else written to the store
+    manifest = read_shards_manifest(f"{remote_set}/train")
+    assert manifest["num_samples"] == 64 and manifest["request"]["dataset"] == "fashion_mnist"
+    assert manifest["preset"]["name"] == "raw" and manifest["normalization"]["mean"] == [0.286] * 3
+    code, _ = _convert(remote_set)
+    assert code == 0 and _keys(store) == keys  # up to date: nothing uploaded again
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_batches_are_the_torchvision_backends_byte_for_byte(where, local_set, remote_set, torchvision_dm, tmp_path,
+                                                            store):
+    root = local_set if where == "local" else remote_set
+    before = _keys(store)
+    dm = ImageDataModule(backend="litdata", root=root, cache_dir=str(tmp_path / "cache"), **KW)
+    assert dm.num_classes == 10
+    dm.setup("fit")
+    assert dm.class_names == torchvision_dm.class_names
+    assert _same(_batches(dm, True), _batches(torchvision_dm, True))  # order, crops, flips: same pixels
+    assert _same(_batches(dm, False), _batches(torchvision_dm, False))  # the eval transform
+    assert _keys(store) == before  # reading writes nothing to the store
+    if where == "s3":
+        assert any((tmp_path / "cache").rglob("chunk-0-0.bin"))  # read through the local cache
+
+
+def test_two_ranks_share_out_an_epoch_without_duplicates(local_set, torchvision_dm, tmp_path):
+    dm = ImageDataModule(backend="litdata", root=local_set, **KW)
+    dm.setup("fit")
+    plans = []
+    for rank in (0, 1):
+        loader = dm.loader(True, LoaderPosition(epoch=0, batches_done=0, rank=rank, world_size=2))
+        plans.append(loader.sampler.plan()[0])
+        assert _same(list(loader), _batches(torchvision_dm, True, epoch=0, rank=rank, world=2))
+    assert len(set(plans[0]) & set(plans[1])) == 0 and sorted([*plans[0], *plans[1]]) == list(range(64))
+
+
+def test_shard_sets_that_contradict_the_run_are_refused_before_work(local_set, tmp_path):
+    dm = ImageDataModule(backend="torchvision", **KW)
+    other = tmp_path / "other"
+    for split in ("train", "test"):  # the same images, recorded as another dataset's (a real manifest)
+        write_shards(dm.load_source(split), str(other / split), PRESETS["raw"], progress=False, log=lambda _: None,
+                     request={"dataset": "cifar10", "split": split, "subset": None})
+    with pytest.raises(ConfigError, match="converted from dataset 'cifar10' but the run's data.dataset is "
+                                          "'fashion_mnist'"):
+        ImageDataModule(backend="litdata", root=str(other), **KW)
+    with pytest.raises(ConfigError, match="stored with preset 'raw' but the run's data.storage.preset is 'short256'"):
+        ImageDataModule(backend="litdata", root=local_set, storage={"preset": "short256"}, **KW)
+    with pytest.raises(ConfigError, match="converted with --subset 64 but the run's data.train_subset is 48"):
+        ImageDataModule(backend="litdata", root=local_set, **{**KW, "train_subset": 48})
+    with pytest.raises(ConfigError, match="no shard set at"):
+        ImageDataModule(backend="litdata", root=str(tmp_path), **KW)
+
+
+def test_store_failures_are_one_line(store, remote_set, tmp_path, monkeypatch):
+    with pytest.raises(StoreError, match="bucket 'no-such-bucket' does not exist"):
+        ImageDataModule(backend="litdata", root="s3://no-such-bucket/fm", **KW)
+    # a truncated upload: the chunk is shorter than the manifest records
+    client = store.client()
+    for split in ("train", "test"):
+        for name in ("index.json", "labels.npy", MANIFEST_NAME, "chunk-0-0.bin"):
+            body = client.get_object(Bucket=BUCKET, Key=f"fm/{split}/{name}")["Body"].read()
+            cut = body[:1000] if name.startswith("chunk") and split == "train" else body
+            client.put_object(Bucket=BUCKET, Key=f"cut/{split}/{name}", Body=cut)
+    with pytest.raises(StoreError, match=r"chunk-0-0.bin is 1000 bytes, the manifest records \d+ \(a truncated"):
+        ImageDataModule(backend="litdata", root=f"s3://{BUCKET}/cut", **KW)
+    with monkeypatch.context() as m:  # no endpoint answers there
+        m.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+        with pytest.raises(StoreError, match="cannot reach the object store at http://127.0.0.1"):
+            ImageDataModule(backend="litdata", root=remote_set, **KW)
+    with monkeypatch.context() as m:  # no credentials anywhere
+        for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+            m.delenv(var, raising=False)
+        m.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+        m.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+        m.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        with pytest.raises(StoreError, match="no credentials for the object store"):
+            ImageDataModule(backend="litdata", root=remote_set, **KW)
+    # the command line: one line, exit 2, nothing written
+    before = _keys(store)
+    done = subprocess.run([sys.executable, "-m", "impulsevit.cli", "convert", "fashion_mnist", "s3://no-such-bucket/x",
+                           "--format", "litdata", "--subset", "8", "--no-progress"], env=subprocess_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == ["impulsevit convert: error: writing s3://no-such-bucket/x: bucket "
+                                                "'no-such-bucket' does not exist at " + store.endpoint
+                                                + " (create it, or fix the URL / AWS_ENDPOINT_URL)"]
+    assert _keys(store) == before
+
+
+def test_a_remote_set_written_without_a_subset_serves_the_runs_subset(store, torchvision_dm, tmp_path):
+    """A set of a whole (here: 128-image) split in many chunks; the run's train_subset picks the seeded subset of it
+    that the other backends pick of a split (``subset_indices``), read across chunks through the cache."""
+    src = ImageDataModule(backend="torchvision", **{**KW, "train_subset": 128, "val_subset": 32})
+    for split in ("train", "test"):
+        write_shards(src.load_source(split), f"s3://{BUCKET}/whole/{split}", PRESETS["raw"], progress=False,
+                     log=lambda _: None, request={"dataset": "fashion_mnist", "split": split, "subset": None},
+                     chunk_bytes="20KB", normalization=(src.mean, src.std))
+    assert len(_keys(store, "whole/train/")) > 10  # several chunks
+    dm = ImageDataModule(backend="litdata", root=f"s3://{BUCKET}/whole", cache_dir=str(tmp_path / "c"),
+                         **{**KW, "train_subset": 100})
+    dm.setup("fit")
+    whole, shards = src.load_source("train"), dm.data_backend.sets["train"].source
+    picked = subset_indices(128, 100)
+    assert np.array_equal(shards.indices, picked) and np.array_equal(shards.labels, whole.labels[picked])
+    for i in (0, 37, 99):
+        assert np.array_equal(shards.load(i), whole.load(int(picked[i])))
+    assert len(_batches(dm, True)) == 100 // 8
