@@ -7,7 +7,8 @@ aliases) runs in under 5 minutes with ``-n 2``. The CI runs everything (``script
 SLOW_FILES = frozenset({
     # training through the CLI / Lightning, in-process or as a subprocess
     "callbacks/test_attention_evolution.py", "callbacks/test_console.py", "callbacks/test_initializer.py",
-    "callbacks/test_job_logs.py", "callbacks/test_standard.py", "callbacks/test_tensorboard.py", "cli/test_cli.py",
+    "callbacks/test_job_logs.py", "cli/test_transfer.py", "faults/test_pretrained_faults.py",
+    "callbacks/test_standard.py", "callbacks/test_tensorboard.py", "cli/test_cli.py",
     "cli/test_cli_failures.py", "cli/test_extensions.py", "e2e/test_exact_resume.py", "e2e/test_resume.py",
     "house/test_one_source.py", "init/test_plugins.py", "run/test_runs.py", "tools/test_export.py",
     "training/test_family_fit.py", "training/test_module.py", "training/test_trackers.py",

@@ -145,7 +145,8 @@ def hub(monkeypatch, tmp_path):
 
 def test_hf_hub_and_timm_tags_download_through_huggingface_hub(source, hub):
     """``hf-hub:ORG/NAME`` fetches the repo's model.safetensors; a timm tag fetches the file of timm's pretrained
-    config (its hf_hub_id), here a ViT-Ti/16 with timm's 21,843-class IN-21K head, transferred to 10 classes at 32 px."""
+    config (its hf_hub_id), here a ViT-Ti/16 with timm's 21,843-class IN-21K head, transferred to 10 classes at
+    32 px."""
     src, folder = source
     hub.files["model.safetensors"] = (folder / "w.safetensors").read_bytes()
     target = _vit(img_size=24, num_classes=3)
