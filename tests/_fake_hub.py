@@ -1,5 +1,6 @@
 """A real HTTP server on 127.0.0.1 answering the few Hugging Face Hub endpoints timm's ``push_to_hf_hub`` calls
-(create the repo, look for a README, validate its metadata, pre-upload, commit), keeping what is committed. A
+(create the repo, look for a README, validate its metadata, pre-upload, commit), keeping what is committed and
+serving it back at ``/ORG/NAME/resolve/REV/FILE`` (what ``hf_hub_download`` fetches; one repo per server). A
 stand-in for the hub in tests that cannot reach it: ``HF_ENDPOINT=server.url`` in the pushing process. ``status=401``
 answers every request as the hub answers a bad token. Uploads go the "regular" way (contents in the commit), never
 LFS / Xet: the protocol beyond that is not imitated."""
@@ -37,6 +38,18 @@ class FakeHub:
                 if self.command != "HEAD":
                     self.wfile.write(data)
 
+            def _file(self, data: bytes) -> None:  # a committed file, as the hub's resolve endpoint serves it
+                import hashlib
+
+                self.send_response(200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+                self.send_header("X-Repo-Commit", "1" * 40)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
             def _body(self) -> bytes:
                 return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
@@ -56,6 +69,8 @@ class FakeHub:
                 elif path == "/api/validate-yaml":  # the README's metadata block
                     hub.readme_metadata.append(json.loads(body)["content"])
                     self._reply(200, {"errors": [], "warnings": []})
+                elif "/resolve/" in path and path.split("/resolve/", 1)[1].split("/", 1)[-1] in hub.files:
+                    self._file(hub.files[path.split("/resolve/", 1)[1].split("/", 1)[-1]])
                 elif "/resolve/" in path:
                     self._reply(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound",
                                                                     "X-Error-Message": "Entry not found"})

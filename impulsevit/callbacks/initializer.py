@@ -41,6 +41,7 @@ from torch import nn
 from impulsevit._compat.lightning import callback_state_key
 from impulsevit.callbacks.attention_logging import log_attention
 from impulsevit.init import InitReport, initialize, is_dtensor, make_generator
+from impulsevit.training.pretrained import FROM_WEIGHTS
 
 __all__ = ["InitializedHook", "Initializer", "generator_digest", "tensor_digests", "verify_same_on_all_ranks"]
 
@@ -139,6 +140,9 @@ class Initializer(L.Callback):
         log_attention: log the initial attention maps and per-head summary (models without attention maps are
             skipped).
         verify: all-gather a checksum after init and fail on mismatch (multi-process runs only).
+        pretrained: ``model.pretrained``: instead of the init, the module's ``load_weights()`` loads these weights
+            (:mod:`impulsevit.training.pretrained`; once per run, never on a resume, like the init); the report's
+            method is ``from weights``, with the source and its sha256.
 
     The model initialized is ``pl_module.backbone`` if the module has one, else the module itself. See the module
     docstring for the resume / DDP / FSDP2 rules. State (``state_dict``): ``applied``, method, seed and the report.
@@ -151,7 +155,9 @@ class Initializer(L.Callback):
         options: dict[str, Any] | None = None,
         log_attention: bool = True,
         verify: bool = True,
+        pretrained: str | None = None,
     ) -> None:
+        self.pretrained = pretrained or None
         self.method = method
         self.seed = int(seed)
         self.options = dict(options or {})
@@ -170,8 +176,9 @@ class Initializer(L.Callback):
     def state_dict(self) -> dict[str, Any]:
         return {
             "applied": self.applied,
-            "method": self.method,
+            "method": FROM_WEIGHTS if self.pretrained else self.method,
             "seed": self.seed,
+            "pretrained": self.pretrained,
             "options": dict(self.options),
             "report": None if self.report is None else self.report.to_dict(),
         }
@@ -187,7 +194,12 @@ class Initializer(L.Callback):
             self.skipped_reason = (
                 f"resumed from {trainer.ckpt_path}" if trainer.ckpt_path is not None else "already applied"
             )
-            rank_zero_info(f"Initializer: {self.skipped_reason}; init {self.method!r} is not re-applied")
+            what = f"the weights of {self.pretrained!r} are not re-read" if self.pretrained else \
+                f"init {self.method!r} is not re-applied"
+            rank_zero_info(f"Initializer: {self.skipped_reason}; {what}")
+            return
+        if self.pretrained:
+            self._load_weights(pl_module)
             return
         model = getattr(pl_module, "backbone", pl_module)
         name = pl_module.hparams.get("backbone", type(model).__name__) if hasattr(pl_module, "hparams") else None
@@ -206,6 +218,18 @@ class Initializer(L.Callback):
         rank_zero_info(f"Initializer: applied {report.method!r} ({report.family}) to {report.model} in "
                        f"{report.seconds * 1000:.1f} ms")
         self._pending_log = (model, report)
+
+    def _load_weights(self, pl_module: L.LightningModule) -> None:
+        """``pl_module.load_weights()`` (``ImageClassifier``: loads ``model.pretrained`` unless the CLI already did)."""
+        load = getattr(pl_module, "load_weights", None)
+        if load is None:
+            raise TypeError(f"Initializer(pretrained={self.pretrained!r}): {type(pl_module).__name__} has no "
+                            f"load_weights(); start from weights with ImageClassifier(pretrained=...)")
+        report = load()
+        self.applied, self.report = True, report
+        rank_zero_info(f"Initializer: started from weights {self.pretrained!r} (sha256 "
+                       f"{report.options.get('sha256', '?')[:12]}…); init {self.method!r} not run")
+        self._pending_log = (getattr(pl_module, "backbone", pl_module), report)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Log the init (deferred to here: strategies that restore after ``on_fit_start`` are known to resume only now).

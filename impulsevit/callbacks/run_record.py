@@ -142,6 +142,9 @@ class RunRecord(L.Callback):
             "precision": str(trainer.precision),
             "versions": _versions(),
         })
+        weights = getattr(pl_module, "weights_report", None)
+        if weights is not None:  # a run started from model.pretrained: its source, kept through resumes
+            self.record["pretrained"] = {k: weights.options.get(k) for k in ("source", "sha256")}
         self.record.setdefault("started", datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
 
     def state_dict(self) -> dict[str, Any]:
@@ -169,6 +172,9 @@ class RunRecord(L.Callback):
         hparams = getattr(pl_module, "hparams", {}) or {}
         init = hparams.get("init") if hasattr(hparams, "get") else None
         method = init.get("method") if isinstance(init, dict) else getattr(init, "method", None)
+        weights = getattr(pl_module, "weights_report", None)
+        if hasattr(hparams, "get") and hparams.get("pretrained"):
+            method = "from weights"
         total = trainer.estimated_stepping_batches if trainer.state.fn == "fit" and trainer.train_dataloader is \
             not None else None
         total_f = float(total) if total is not None else math.inf
@@ -181,6 +187,8 @@ class RunRecord(L.Callback):
             "wall_seconds": record.get("wall_seconds"), "started": record.get("started"),
             "backbone": hparams.get("backbone") if hasattr(hparams, "get") else None,
             "init_method": method, "recipes": recipe_names(sys.argv[1:]),
+            "pretrained": ({k: weights.options.get(k) for k in ("source", "sha256")} if weights is not None else
+                           self.record.get("pretrained")),
             "host": socket.gethostname(), "pid": os.getpid(),
             "updated": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }

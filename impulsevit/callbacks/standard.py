@@ -37,13 +37,15 @@ def standard_callbacks(
     init_seed: int,
     init_options: Mapping[str, Any],
     log_attention: bool,
+    pretrained: str | None = None,
     attention_every_n_epochs: int | None = 1,
     existing: Sequence[L.Callback] = (),
     has_logger: bool = True,
 ) -> list[L.Callback]:
     """The callbacks every ``ImageClassifier`` fit runs with, minus the kinds already in ``existing``.
 
-    In order: :class:`Initializer` (the recipe's ``model.init``, once per run at ``on_fit_start``),
+    In order: :class:`Initializer` (the recipe's ``model.init``, or the weights of ``pretrained``, once per run at
+    ``on_fit_start``),
     :class:`RNGStateCheckpoint` (per-rank seeds, RNG state in checkpoints), :class:`SlurmRequeue` (the one owner of
     SIGUSR1 / SIGTERM / SIGINT: checkpoint at a step boundary, requeue), :class:`NonFiniteLossGuard`, :class:`RunRecord`
     (data config, class names, metrics and cost in every checkpoint, for ``impulsevit export``),
@@ -66,7 +68,8 @@ def standard_callbacks(
 
     out: list[L.Callback] = []
     if missing(Initializer):
-        out.append(Initializer(init_method, seed=init_seed, options=dict(init_options), log_attention=log_attention))
+        out.append(Initializer(init_method, seed=init_seed, options=dict(init_options), log_attention=log_attention,
+                               pretrained=pretrained))
     if missing(RNGStateCheckpoint):
         out.append(RNGStateCheckpoint())
     if missing(SlurmRequeue):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from impulsevit._version import __version__
 
 TRAINER_SUBCOMMANDS = ("fit", "validate", "test", "predict")
-EXTERNAL_SUBCOMMANDS = ("convert", "submit", "study", "demo", "init", "data", "download", "runs")
+EXTERNAL_SUBCOMMANDS = ("convert", "submit", "study", "demo", "init", "data", "download", "runs", "probe")
 """Provided by other parts of the package; which module runs each is :data:`impulsevit.cli.entry.PROVIDERS` (this
 module holds names only, so the parser modules that read them do not depend on the modules providing them)."""
 LOCAL_SUBCOMMANDS = ("recipes", "export")
@@ -31,6 +31,8 @@ impulsevit {__version__}: Lightning + timm training of vision transformers with 
   recipes             list the available recipes
   export CKPT OUT [--ema] [--format folder|state-dict] [--overwrite] [--push-to-hub ORG/NAME]
                       write a timm model folder (config.json, model.safetensors, model card) or a plain state dict
+  probe SOURCE --recipe R [overrides] [--k 20] [--json]
+                      linear-probe and k-NN accuracy of frozen features (SOURCE as --model.pretrained)
   convert ...         convert a dataset to FFCV .beton
   submit ...          submit a recipe to SLURM
   study ...           run an initialization study

@@ -437,11 +437,15 @@ class ImpulseCLI(SubcommandRunHookCLI):
         return resume_checkpoint(resume, self.run_dir, self.subcommand, self.trainer, extra_dirs=extra)
 
     def _check_start_without_checkpoint(self) -> None:
-        """``fit`` from scratch: the init method fits the backbone; the other subcommands need ``--untrained``."""
+        """``fit`` from scratch: the init method fits the backbone (or ``model.pretrained`` is loaded: a source that is
+        missing, hostile or of another architecture stops here, before the run directory is taken); the other
+        subcommands need ``--untrained``."""
         from impulsevit.run.preflight import check_init
 
         sub, model = self.subcommand, self.model
-        if sub == "fit":
+        if sub == "fit" and model.hparams.get("pretrained"):
+            model.load_weights()  # read, checked and loaded once here, before the run directory is taken
+        elif sub == "fit":
             cfg = model.init_cfg
             check_init(model.build_backbone, model.hparams.backbone, cfg.method, dict(cfg.options), cfg.seed)
         elif not self._value(self.config, "untrained"):

@@ -38,6 +38,10 @@ Each task starts ``impulsevit study --array-task <study dir> fit …``, which ma
 plan entry and runs that fit in ``<study>/<method>-s<seed>/`` with the job's requeue machinery (signals are forwarded
 to the fit), recording ``status.json`` like a local run; ``impulsevit study --collect`` then builds the report.
 
+Pipelines (``--then DOWNSTREAM_RECIPE``, :mod:`~impulsevit.study.stages`): after the pre-training runs, each run's
+last checkpoint is fine-tuned (``<run>-ft``) and probed (``<run>-probe``) on the downstream recipe, and
+``report.md`` gets a section with pre-train, probe, k-NN and fine-tune accuracy side by side, per seed.
+
 Not supported: collecting from runs that log no ``val/acc1``; mixing recipes within one study.
 """
 

@@ -27,6 +27,7 @@ from impulsevit.study.plan import (
     study_header,
 )
 from impulsevit.study.report import collect, paired_summary, write_report
+from impulsevit.study.stages import finetune_args, probe_args, then_plan
 
 __all__ = ["run_fit", "main"]
 
@@ -147,6 +148,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--run-index", type=int, default=None, help="run only this entry of the plan")
     p.add_argument("--submit", action="store_true", help="submit the plan as a SLURM array instead of running here")
     p.add_argument("--dry-run", action="store_true", help="with --submit: print the sbatch script, submit nothing")
+    p.add_argument("--then", default=None, metavar="RECIPE",
+                   help="a pipeline: fine-tune and probe every pre-training run's last checkpoint on this recipe "
+                        "(impulsevit/study/stages.py); the report shows both stages paired by seed")
+    p.add_argument("--then-args", default="", metavar="ARGS",
+                   help="with --then: fit / probe overrides of the downstream stage only, one shell-quoted string")
     return p
 
 
@@ -176,11 +182,18 @@ def _new_plan(args: argparse.Namespace, recipe_path: Path, overrides: list[str])
     header = study_header(recipe_path)
     methods = args.methods.split(",") if args.methods is not None else header["methods"] or DEFAULT_METHODS
     runs = plan_runs(list(dict.fromkeys(m.strip() for m in methods if m.strip())), args.seeds)
-    return {
+    plan = {
         "recipe": str(recipe_path), "methods": list(dict.fromkeys(m for m, _, _ in runs)),
         "seeds": args.seeds, "overrides": overrides,
         "runs": [{"method": m, "seed": s, "name": n, "args": run_args(m, s, header["overrides"])} for m, s, n in runs],
     }
+    if args.then is not None:
+        from impulsevit.run.recipes import resolve_recipe
+
+        then_args = shlex.split(args.then_args)
+        check_overrides(then_args)
+        plan["then"] = then_plan(resolve_recipe(args.then).resolve(), plan["runs"], then_args)
+    return plan
 
 
 def _run_plan(study_dir: Path, plan: dict[str, Any], run_index: int | None) -> tuple[int, str] | None:
@@ -206,6 +219,38 @@ def _run_plan(study_dir: Path, plan: dict[str, Any], run_index: int | None) -> t
                     print(f"[study] {run['name']}: {state} (exit {rc})", flush=True)
                 return stops[0], run["name"] if state == "interrupted" else ""
             print(f"[study] {run['name']}: {'done' if rc == 0 else f'FAILED (exit {rc})'}", flush=True)
+        if run_index is None and plan.get("then"):
+            return _run_then(study_dir, plan, between)
+    return None
+
+
+def _run_then(study_dir: Path, plan: dict[str, Any], between: list[int]) -> tuple[int, str] | None:
+    """The downstream stage (:mod:`impulsevit.study.stages`): a fine-tune and a probe of every finished
+    pre-training run; done ones are skipped, a stop signal ends it as for the pre-training runs."""
+    then = plan["then"]
+    for entry in then["runs"]:
+        if between:
+            return between[0], ""
+        pre_status = study_dir / entry["source_run"] / "status.json"
+        if not (pre_status.exists() and read_json(pre_status).get("state") == "done"):
+            print(f"[study] {entry['name']}: skipped ({entry['source_run']} is not done)", flush=True)
+            continue
+        rdir = child_path(study_dir, entry["name"], "study.json: run name")
+        status = rdir / "status.json"
+        if not (status.exists() and read_json(status).get("state") == "done"):
+            print(f"[study] {entry['name']}: fine-tune on {Path(then['recipe']).stem}", flush=True)
+            rc, state, received = _run_fit(_fit_command(*finetune_args(study_dir, then, entry)), rdir, True)
+            stops = [sig for sig in (*received, *between) if sig in _STOPS]
+            if stops:
+                return stops[0], entry["name"] if state == "interrupted" else ""
+            print(f"[study] {entry['name']}: {'done' if rc == 0 else f'FAILED (exit {rc})'}", flush=True)
+        pdir = child_path(study_dir, entry["probe"], "study.json: probe name")
+        if not (pdir / "probe.json").exists():
+            print(f"[study] {entry['probe']}: probe on {Path(then['recipe']).stem}", flush=True)
+            rc, _, received = _run_fit(_fit_command(*probe_args(study_dir, then, entry)), pdir, False)
+            if any(sig in _STOPS for sig in (*received, *between)):
+                return next(sig for sig in (*received, *between) if sig in _STOPS), ""
+            print(f"[study] {entry['probe']}: {'done' if rc == 0 else f'FAILED (exit {rc})'}", flush=True)
     return None
 
 
@@ -218,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         return _array_task(Path(argv[1]), argv[2:])
     args, overrides = _parser().parse_known_args(argv)
     check_overrides(overrides)
+    if args.then is not None and (args.submit or args.run_index is not None):
+        raise ConfigError("--then runs the downstream stage here, after the pre-training runs: not with --submit or "
+                          "--run-index (run the stage later with the same command without them)")
 
     from impulsevit.run.recipes import resolve_recipe
 

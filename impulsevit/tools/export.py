@@ -116,10 +116,15 @@ def model_card(ckpt: dict[str, Any], model: nn.Module, ckpt_path: str | os.PathL
     where = "val_ema" if ema else "val"
     folder = name or "OUT"
 
+    if method == "from weights":
+        origin = (f"fine-tuned with impulsevit **from weights** {options.get('source')!s} (sha256 "
+                  f"{options.get('sha256')})")
+    else:
+        origin = (f"trained from scratch with impulsevit and the **{method}** initialization of *{PAPER[0]}* "
+                  f"({PAPER[1]}, {PAPER[2]})")
     description = (
-        f"A {type(model).__name__} image classifier ({arch}) trained from scratch with "
-        f"impulsevit and the **{method}** initialization of *{PAPER[0]}* "
-        f"({PAPER[1]}, {PAPER[2]}). Weights: {'the EMA copy' if ema else 'the raw (non-EMA) model'}. "
+        f"A {type(model).__name__} image classifier ({arch}) {origin}. "
+        f"Weights: {'the EMA copy' if ema else 'the raw (non-EMA) model'}. "
         f"Validation top-1 {_pct(metrics.get(f'{where}/acc1'))} %, top-5 {_pct(metrics.get(f'{where}/acc5'))} % "
         f"on {rec.get('dataset') or 'the run’s validation split'}."
     )

@@ -8,7 +8,9 @@ The class holds the Lightning hooks; each concern is a small module of its own t
   fixed size.
 - init: the ``impulsevit.callbacks.Initializer`` is added by ``configure_callbacks`` from ``init`` (so the initializer
   is data in the recipe) and runs once at ``on_fit_start``, never on a resumed run. ``init.method`` is checked once at
-  construction (:func:`impulsevit.init.check_init_method`).
+  construction (:func:`impulsevit.init.check_init_method`). With ``pretrained`` the run starts from weights instead
+  (:mod:`impulsevit.training.pretrained`; the init method recorded is ``from weights``) and ``freeze_backbone``
+  trains the classifier only.
 - optimizer, lr plan and schedule, and the schedule's rebuild when a resume changes the plan
   (:mod:`impulsevit.training.optim`). The plan is stored in checkpoints (``lr_plan``); a resume whose plan differs
   prints one line and rebuilds the schedule for the new plan at the current step.
@@ -60,7 +62,7 @@ from timm.utils import ModelEmaV3
 from torch import nn
 
 from impulsevit._compat.lightning import is_log_step
-from impulsevit.init import check_init_method
+from impulsevit.init import InitReport, check_init_method
 from impulsevit.training import optim
 from impulsevit.training import strategies as _strategies  # noqa: F401  (registers the `fsdp2` strategy name)
 from impulsevit.training.backbone import check_image_size, create_backbone, timm_kwargs
@@ -77,6 +79,8 @@ from impulsevit.training.datainfo import data_info
 from impulsevit.training.ema import make_ema
 from impulsevit.training.loss import classification_loss, make_mixup
 from impulsevit.training.metrics import accuracy_metrics
+from impulsevit.training.pretrained import freeze_backbone as freeze_backbone_params
+from impulsevit.training.pretrained import load_into, read_state_dict, resolve_source
 from impulsevit.training.sharding import compile_backbone, shard_backbone
 
 __all__ = ["ImageClassifier", "check_image_size"]
@@ -99,6 +103,14 @@ class ImageClassifier(L.LightningModule):
         log_attention: log the initial attention maps and per-head summary to TensorBoard (Initializer).
         attention_every_n_epochs: record attention locality on a probe batch every this many epochs (and at init and
             the end; ``impulsevit.callbacks.AttentionEvolution``); ``None`` turns it off.
+        pretrained: start from these weights instead of running ``init`` (timm's name for it): an impulsevit
+            checkpoint, an exported folder (``local-dir:PATH`` or the path), ``hf-hub:ORG/NAME``, a timm pretrained
+            tag ``ARCH.TAG``, or a ``.safetensors`` / ``.pth`` file (:mod:`impulsevit.training.pretrained`: a new
+            head when the class count differs, position embeddings resampled to ``img_size``). Loaded once, at the
+            start of a fresh fit (:meth:`load_weights`; ``impulsevit fit`` loads and checks it before the run
+            directory is made); a resumed run keeps its checkpoint's weights and does not read the source again.
+        freeze_backbone: train the classifier only (every other parameter has ``requires_grad=False`` and is left
+            out of the optimizer): a linear probe through ``fit``.
         compile: ``torch.compile`` the backbone (inductor; see the module docstring); a mapping gives
             ``torch.compile``'s keyword arguments (``mode``, ``backend``, ``fullgraph``, ...).
         img_size: the input size in pixels (square; the CLI links ``data.image_size``), passed to timm for
@@ -124,6 +136,8 @@ class ImageClassifier(L.LightningModule):
         attention_every_n_epochs: int | None = 1,
         compile: bool | dict[str, Any] = False,
         img_size: int | None = None,
+        pretrained: str | None = None,
+        freeze_backbone: bool = False,
     ) -> None:
         super().__init__()
         self.init_cfg: InitConfig = as_config(InitConfig, init, "init")
@@ -149,11 +163,16 @@ class ImageClassifier(L.LightningModule):
             "log_attention": log_attention,
             "attention_every_n_epochs": attention_every_n_epochs,
             "compile": dict(compile) if isinstance(compile, dict) else bool(compile),
+            "pretrained": None if pretrained in (None, "") else str(pretrained),
+            "freeze_backbone": bool(freeze_backbone),
         })
         self.backbone = self.build_backbone()
         if img_size is not None:
             check_image_size(self.backbone, backbone, int(img_size))
         self.num_classes = int(self.backbone.num_classes)
+        if freeze_backbone:
+            freeze_backbone_params(self.backbone)
+        self.weights_report: InitReport | None = None  # set by load_weights (a run started from model.pretrained)
         self.label_smoothing = float(label_smoothing)
         self.ema: ModelEmaV3 | None = make_ema(self.backbone, ema_decay, ema_warmup)
         self.mixup_fn: Mixup | None = make_mixup(self.mixup_cfg, self.label_smoothing, self.num_classes)
@@ -188,6 +207,7 @@ class ImageClassifier(L.LightningModule):
         cfg = self.init_cfg
         return standard_callbacks(
             init_method=cfg.method, init_seed=cfg.seed, init_options=cfg.options,
+            pretrained=self.hparams.get("pretrained"),
             log_attention=self.hparams.log_attention,
             attention_every_n_epochs=self.hparams.get("attention_every_n_epochs", 1),
             existing=list(trainer.callbacks) if trainer is not None else [],
@@ -248,6 +268,25 @@ class ImageClassifier(L.LightningModule):
                 f"backbone {self.hparams.backbone!r} has {self.num_classes} outputs but the data has "
                 f"{data.num_classes} classes; set model.num_classes: {data.num_classes}"
             )
+
+    def load_weights(self, trust: bool | None = None) -> InitReport:
+        """Load ``pretrained`` into the backbone (once: a second call returns the first report) and take the EMA copy;
+        returns the init report of method ``from weights`` (source, sha256, what was adapted).
+
+        Raises:
+            ConfigError / UntrustedFileError: the source is not found, would run code, or does not fit the backbone
+                (one line each; nothing was changed then).
+        """
+        if self.weights_report is not None:
+            return self.weights_report
+        spec = self.hparams.get("pretrained")
+        if not spec:
+            raise ValueError("model.pretrained is not set: nothing to load")
+        source = resolve_source(spec)
+        report = load_into(self.backbone, self.hparams.backbone, source, read_state_dict(source, trust=trust))
+        self.weights_report = report
+        self.on_initialized(report)
+        return report
 
     def on_initialized(self, report: Any) -> None:
         """Called by the ``Initializer`` callback right after the init was applied: take the EMA copy now."""

@@ -1,0 +1,337 @@
+"""Start a run from weights: ``model.pretrained`` (timm's word for it), resolved to one local file, read safely and
+loaded into the run's backbone with timm's own transfer machinery.
+
+Sources (:func:`resolve_source`), tried in this order:
+
+- ``hf-hub:ORG/NAME`` (``@REV`` optional): the repo's ``model.safetensors`` (else ``pytorch_model.bin``), fetched with
+  ``huggingface_hub.hf_hub_download`` (endpoint ``HF_ENDPOINT``, cache and token as for timm);
+- ``local-dir:PATH`` or a folder path: a timm model folder (what ``impulsevit export`` writes, or timm's
+  ``save_for_hf``): its ``model.safetensors`` (else ``pytorch_model.bin``);
+- a file: ``.safetensors``, or a ``torch.save`` file (``.pth`` / ``.pt`` / ``.bin`` / ``.ckpt``: a plain state dict, a
+  dict holding one under ``state_dict`` / ``model``, or an impulsevit / Lightning checkpoint, whose ``backbone.*``
+  tensors are taken);
+- a timm pretrained tag ``ARCH.TAG`` (``vit_base_patch16_224.augreg_in21k``): the file of timm's pretrained config,
+  from its ``hf_hub_id`` (or timm's download cache for a URL-only entry).
+
+Every file that can hold a pickle is read by :func:`impulsevit.safe_load.load_checkpoint` (one that would run code is
+refused in one line unless ``--trust-checkpoint``); ``.safetensors`` files cannot run code and are read by
+``safetensors``. The file's sha256 is recorded (:class:`WeightsSource`).
+
+Loading (:func:`load_into`), as timm transfers a checkpoint to a new task: the backbone's own
+``checkpoint_filter_fn`` (its module's; ViT: ``resample_abs_pos_embed`` of absolute position embeddings to the new
+grid, patch-embedding resample, key remaps of other formats; Swin: relative-position tables resized), then timm's
+``load_pretrained`` with the state dict as ``pretrained_cfg`` overlay, which drops the classifier when the class
+count differs (the head keeps the fresh init; one line says so). Rotary embeddings (EVA, RoPE ViTs) are buffers
+recomputed by the model for its own size, not loaded. Before loading, the filtered tensors are checked against the
+model: a tensor missing, unexpected or of another shape (a wrong architecture, a relative table the family cannot
+resize) is a :class:`~impulsevit.errors.ConfigError` naming the first ones (timm would load non-strictly when the
+head changes and say nothing).
+
+Not supported: sharded hub checkpoints (``model.safetensors.index.json``); checkpoints whose classifier is not the
+model's ``pretrained_cfg['classifier']``; changing ``in_chans`` (timm's input-conv adaptation is left at 3 channels).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from impulsevit.errors import ConfigError
+from impulsevit.init import InitReport
+from impulsevit.safe_load import UntrustedFileError, load_checkpoint
+
+__all__ = ["FROM_WEIGHTS", "WeightsSource", "freeze_backbone", "load_into", "read_state_dict", "resolve_source"]
+
+FROM_WEIGHTS = "from weights"
+"""The init method a run started from ``model.pretrained`` records (init report, ``run.json``, model card)."""
+
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+_KEY = "model.pretrained"
+
+
+@dataclass
+class WeightsSource:
+    """A resolved ``model.pretrained``: what the user wrote (``spec``), its kind (``hf-hub``, ``folder``, ``file``,
+    ``timm``), the local weights file, its sha256 (hex) and the source's class names when it records them."""
+
+    spec: str
+    kind: str
+    path: str
+    sha256: str
+    label_names: list[str] | None = field(default=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _folder_file(folder: Path, spec: str) -> Path:
+    for name in _WEIGHT_FILES:
+        if (folder / name).is_file():
+            return folder / name
+    raise ConfigError(f"{_KEY} {spec!r}: the folder {folder} holds no {' or '.join(_WEIGHT_FILES)} (expected a timm "
+                      f"model folder, as `impulsevit export` writes)")
+
+
+def _folder_labels(folder: Path) -> list[str] | None:
+    import json
+
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    names = cfg.get("label_names") or (cfg.get("pretrained_cfg") or {}).get("label_names")
+    return list(names) if isinstance(names, list) else None
+
+
+def _hub_file(repo: str, spec: str) -> tuple[Path, Path | None]:
+    """The weights file (and ``config.json`` when there) of hub repo ``ORG/NAME[@REV]``, downloaded to the cache."""
+    from huggingface_hub import hf_hub_download
+
+    repo_id, _, revision = repo.partition("@")
+    last: Exception | None = None
+    for name in _WEIGHT_FILES:
+        try:
+            path = Path(hf_hub_download(repo_id, name, revision=revision or None))
+        except Exception as e:  # noqa: BLE001 - huggingface_hub / httpx raise many kinds: one line below
+            last = e
+            if type(e).__name__ in ("EntryNotFoundError", "RemoteEntryNotFoundError"):
+                continue
+            break
+        else:
+            try:
+                cfg = Path(hf_hub_download(repo_id, "config.json", revision=revision or None))
+            except Exception:  # noqa: BLE001 - config.json is optional
+                cfg = None
+            return path, cfg
+    from huggingface_hub import constants
+
+    first = (str(last).strip().splitlines() or [type(last).__name__])[0]
+    raise ConfigError(f"{_KEY} {spec!r}: cannot fetch {' or '.join(_WEIGHT_FILES)} of {repo_id} from "
+                      f"{constants.ENDPOINT} ({type(last).__name__}: {first})")
+
+
+def _timm_tag_file(spec: str) -> Path | None:
+    """The weights file of a timm pretrained tag ``ARCH.TAG`` (None when ``spec`` is not one)."""
+    import timm
+
+    if "." not in spec or "/" in spec:
+        return None
+    try:
+        cfg = timm.models.get_pretrained_cfg(spec, allow_unregistered=False)
+    except (RuntimeError, ValueError):
+        return None
+    if cfg is None or not spec.split(".", 1)[1]:
+        return None
+    if cfg.hf_hub_id:
+        from huggingface_hub import hf_hub_download
+
+        names = [cfg.hf_hub_filename] if cfg.hf_hub_filename else list(_WEIGHT_FILES)
+        last: Exception | None = None
+        for name in names:
+            try:
+                return Path(hf_hub_download(cfg.hf_hub_id, name))
+            except Exception as e:  # noqa: BLE001 - see _hub_file
+                last = e
+        raise ConfigError(f"{_KEY} {spec!r}: cannot fetch timm's weights from the hub ({cfg.hf_hub_id}): "
+                          f"{type(last).__name__}: {(str(last).strip().splitlines() or [''])[0]}")
+    if cfg.url:
+        from timm.models import download_cached_file
+
+        try:
+            return Path(download_cached_file(cfg.url))
+        except Exception as e:  # noqa: BLE001 - urllib errors
+            raise ConfigError(f"{_KEY} {spec!r}: cannot download {cfg.url}: {type(e).__name__}: {e}") from e
+    raise ConfigError(f"{_KEY} {spec!r}: timm knows the tag but lists no weights file for it")
+
+
+def resolve_source(spec: str) -> WeightsSource:
+    """``model.pretrained`` → the local weights file (downloaded when remote) and its sha256 (see the module).
+
+    Raises:
+        ConfigError: nothing found under that name, a folder without weights, an unreachable hub (one line each).
+    """
+    spec = str(spec).strip()
+    if not spec:
+        raise ConfigError(f"{_KEY} is empty: give a checkpoint, an exported folder, hf-hub:ORG/NAME or ARCH.TAG")
+    labels: list[str] | None = None
+    if spec.startswith("hf-hub:"):
+        path, cfg = _hub_file(spec[len("hf-hub:"):], spec)
+        kind = "hf-hub"
+        labels = _folder_labels(cfg.parent) if cfg is not None else None
+    elif spec.startswith("local-dir:") or Path(spec).is_dir():
+        folder = Path(spec[len("local-dir:"):] if spec.startswith("local-dir:") else spec).expanduser()
+        if not folder.is_dir():
+            raise ConfigError(f"{_KEY} {spec!r}: {folder} is not a folder")
+        path, kind, labels = _folder_file(folder, spec), "folder", _folder_labels(folder)
+    elif Path(spec).expanduser().is_file():
+        path, kind = Path(spec).expanduser(), "file"
+    else:
+        found = _timm_tag_file(spec)
+        if found is None:
+            raise ConfigError(f"{_KEY} {spec!r}: no such file or folder, and not hf-hub:ORG/NAME nor a timm "
+                              f"pretrained tag ARCH.TAG (timm.list_pretrained())")
+        path, kind = found, "timm"
+    return WeightsSource(spec=spec, kind=kind, path=str(path.absolute()), sha256=_sha256(path), label_names=labels)
+
+
+def _unwrap(obj: Any, path: str) -> dict[str, torch.Tensor]:
+    """A state dict from what a ``torch.save`` file holds: a plain state dict, ``{"state_dict": ...}`` /
+    ``{"model": ...}`` (timm / DeiT training checkpoints), or a Lightning checkpoint of ``ImageClassifier``
+    (``backbone.*`` taken, the prefix removed)."""
+    if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
+        inner = obj["state_dict"]
+        backbone = {k[len("backbone."):]: v for k, v in inner.items() if k.startswith("backbone.")}
+        return backbone or inner
+    for key in ("model", "state_dict_ema", "module"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            return obj[key]
+    if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return obj
+    raise ConfigError(f"{_KEY} {path}: holds no state dict (a {type(obj).__name__}; expected tensors by name, or a "
+                      f"checkpoint with 'state_dict' / 'model')")
+
+
+def read_state_dict(source: WeightsSource, trust: bool | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of ``source.path`` on CPU: ``safetensors`` for ``.safetensors``, else
+    :func:`impulsevit.safe_load.load_checkpoint` (``trust`` as there).
+
+    Raises:
+        UntrustedFileError: the file would run code when loaded (nothing of it ran).
+        ConfigError: the file cannot be read or holds no state dict (names it).
+    """
+    path = Path(source.path)
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        obj = load_checkpoint(path, trust=trust, what="weights file")
+    except UntrustedFileError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch / safetensors raise many kinds on a damaged file
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"{_KEY} {source.spec!r}: {path} cannot be read as weights ({type(e).__name__}: "
+                          f"{first})") from e
+    sd = _unwrap(obj, str(path))
+    return {k.removeprefix("module."): v for k, v in sd.items() if isinstance(v, torch.Tensor)}
+
+
+def _filter_fn(backbone: str) -> Any:
+    """The ``checkpoint_filter_fn`` of the module that defines timm model ``backbone`` (None when it has none)."""
+    from timm.models import model_entrypoint
+
+    module = sys.modules.get(model_entrypoint(backbone).__module__)
+    return getattr(module, "checkpoint_filter_fn", None)
+
+
+def _classifier_names(model: nn.Module) -> tuple[str, ...]:
+    names = (getattr(model, "pretrained_cfg", None) or {}).get("classifier") or ()
+    return (names,) if isinstance(names, str) else tuple(names)
+
+
+def _first(names: list[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (f" (+{len(names) - n} more)" if len(names) > n else "")
+
+
+def check_fits(state: dict[str, torch.Tensor], model: nn.Module, backbone: str, spec: str,
+               skip: tuple[str, ...] = ()) -> None:
+    """Every tensor of ``model`` is in ``state`` with its shape, and ``state`` has nothing else (keys starting with
+    one of ``skip`` aside: the classifier being replaced).
+
+    Raises:
+        ConfigError: one line naming the first missing / unexpected tensors or the first shape mismatch.
+    """
+    own = {k: v.shape for k, v in model.state_dict().items() if not k.startswith(skip)}
+    given = {k: v.shape for k, v in state.items() if not k.startswith(skip)}
+    missing = [k for k in own if k not in given]
+    unexpected = [k for k in given if k not in own]
+    shapes = [f"{k} {tuple(given[k])} vs {tuple(own[k])}" for k in own if k in given and given[k] != own[k]]
+    if missing or unexpected:
+        parts = ([f"missing {_first(missing)}"] if missing else []) + (
+            [f"unexpected {_first(unexpected)}"] if unexpected else [])
+        raise ConfigError(f"{_KEY} {spec!r} does not fit model.backbone {backbone!r}: {'; '.join(parts)} (weights of "
+                          f"another architecture or size? model.backbone / model.backbone_kwargs must match the "
+                          f"source's)")
+    if shapes:
+        raise ConfigError(f"{_KEY} {spec!r} does not fit model.backbone {backbone!r}: tensor {_first(shapes, 2)} "
+                          f"(source vs model; timm's checkpoint_filter_fn for this family cannot resize it)")
+
+
+def load_into(model: nn.Module, backbone: str, source: WeightsSource, state: dict[str, torch.Tensor],
+              say: bool = True) -> InitReport:
+    """Load ``state`` (from ``source``) into timm model ``model`` (built as ``timm.create_model(backbone, ...)``) as
+    the module docstring says; returns the :class:`~impulsevit.init.InitReport` of method :data:`FROM_WEIGHTS`
+    (options: source, kind, sha256, what was adapted). ``say``: print the adaptations, one line each, on stderr.
+
+    Raises:
+        ConfigError: the weights do not fit the model (:func:`check_fits`).
+    """
+    from timm.models import load_pretrained
+
+    t0 = time.perf_counter()
+    filter_fn = _filter_fn(backbone)
+    try:
+        filtered = filter_fn(dict(state), model) if filter_fn is not None else dict(state)
+    except Exception as e:  # noqa: BLE001 - a filter fn meets a foreign layout: KeyError / RuntimeError / ...
+        raise ConfigError(f"{_KEY} {source.spec!r} does not fit model.backbone {backbone!r}: timm's "
+                          f"checkpoint_filter_fn failed ({type(e).__name__}: {e})") from e
+    heads = _classifier_names(model)
+    num_classes = int(getattr(model, "num_classes", 0) or 0)
+    src_classes = None
+    for h in heads:
+        w = filtered.get(f"{h}.weight")
+        if w is not None:
+            src_classes = int(w.shape[0])
+    new_head = bool(heads) and src_classes != num_classes
+    check_fits(filtered, model, backbone, source.spec, skip=tuple(f"{h}." for h in heads) if new_head else ())
+    notes: list[str] = []
+    if new_head:
+        notes.append(f"new classifier head: {num_classes} classes (the source has "
+                     f"{src_classes if src_classes is not None else 'no head'}); it keeps timm's init")
+    for key, value in state.items():
+        own = model.state_dict().get(key)
+        if key.endswith("pos_embed") and own is not None and tuple(value.shape) != tuple(own.shape):
+            notes.append(f"{key} resampled from {tuple(value.shape)} to {tuple(own.shape)} "
+                         f"(timm resample_abs_pos_embed, new image size)")
+    cfg = {**dict(getattr(model, "pretrained_cfg", None) or {}), "state_dict": filtered, "file": None, "url": None,
+           "hf_hub_id": None, "source": None, "num_classes": src_classes if src_classes is not None else -1}
+    load_pretrained(model, pretrained_cfg=cfg, num_classes=num_classes, filter_fn=None, strict=not new_head)
+    if say:
+        for note in notes:
+            print(f"[impulsevit] {_KEY}: {note}", file=sys.stderr, flush=True)
+    return InitReport(method=FROM_WEIGHTS, family="pretrained", model=type(model).__name__,
+                      options={"source": source.spec, "kind": source.kind, "sha256": source.sha256,
+                               "file": source.path}, offsets=[], seconds=time.perf_counter() - t0, notes=notes)
+
+
+def freeze_backbone(model: nn.Module) -> int:
+    """Freeze every parameter of timm model ``model`` but its classifier (``model.get_classifier()``); returns the
+    number of trainable parameters left. Dropout / drop path of the frozen blocks still follow train / eval mode.
+
+    Raises:
+        ConfigError: the model has no classifier to train (``num_classes`` 0).
+    """
+    head = model.get_classifier() if hasattr(model, "get_classifier") else None
+    params = list(head.parameters()) if isinstance(head, nn.Module) else []
+    if not params:
+        raise ConfigError(f"model.freeze_backbone: {type(model).__name__} has no classifier with parameters to "
+                          f"train (num_classes 0?)")
+    model.requires_grad_(False)
+    for p in params:
+        p.requires_grad_(True)
+    return sum(p.numel() for p in params)

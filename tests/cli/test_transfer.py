@@ -1,0 +1,96 @@
+"""Pre-train → export → fine-tune / probe through the real CLI (in this process, the tiny synthetic recipe): a fine-tune
+from an exported folder starts from its weights (recorded as ``from weights`` with the folder's sha256 in ``run.json``,
+the checkpoint and the exported card; the init does not run), adapts to another class count and image size, resumes
+without reading the source again, and ``impulsevit probe`` reports linear-probe and k-NN accuracy."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+import pytest
+import torch
+from _cli_helpers import run_cli, state_dict, tiny
+from safetensors.torch import load_file
+
+from impulsevit.cli import main
+
+ONE = ("--trainer.max_epochs=1",)
+NEW_TASK = ("--data.init_args.num_classes=3", "--data.init_args.image_size=24")
+
+
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A 1-epoch pre-training run, exported as a timm folder."""
+    base = tmp_path_factory.mktemp("pre")
+    run_cli(*tiny(base / "runs", "pre", *ONE))
+    assert main(["export", str(base / "runs" / "pre" / "checkpoints" / "last.ckpt"), str(base / "export")]) == 0
+    return base / "export"
+
+
+def test_fine_tune_from_an_exported_folder_and_resume_without_it(exported, tmp_path, capsys):
+    source = load_file(str(exported / "model.safetensors"))
+    sha = hashlib.sha256((exported / "model.safetensors").read_bytes()).hexdigest()
+    folder = shutil.copytree(exported, tmp_path / "src")
+    runs = tmp_path / "runs"
+    run_cli(*tiny(runs, "ft", *ONE, *NEW_TASK, f"--model.pretrained={folder}", "--model.freeze_backbone=true",
+                  "--model.ema_decay=null"))
+    err = capsys.readouterr().err
+    assert "new classifier head: 3 classes (the source has 4)" in err
+    assert "pos_embed resampled from (1, 65, 64) to (1, 37, 64)" in err
+    record = json.loads((runs / "ft" / "run.json").read_text())
+    assert record["init_method"] == "from weights" and record["pretrained"]["sha256"] == sha
+    ckpt = torch.load(runs / "ft" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    init = next(v for k, v in ckpt["callbacks"].items() if k.startswith("Initializer"))
+    assert init["method"] == "from weights" and init["report"]["options"]["sha256"] == sha
+    # frozen backbone: every block is the source's, bit for bit (the init did not run, training did not move it)
+    sd = ckpt["state_dict"]
+    for key in ("blocks.0.attn.qkv.weight", "blocks.1.mlp.fc2.bias", "patch_embed.proj.weight", "cls_token"):
+        assert torch.equal(sd[f"backbone.{key}"], source[key]), key
+    assert sd["backbone.head.weight"].shape == (3, 64)
+
+    shutil.rmtree(folder)  # a resume keeps the checkpoint's weights: the source is not read again
+    run_cli(*tiny(runs, "ft", "--trainer.max_epochs=2", *NEW_TASK, f"--model.pretrained={folder}",
+                  "--model.freeze_backbone=true", "--model.ema_decay=null", "--resume=auto"))
+    assert "resuming from" in capsys.readouterr().err  # and it ran: the deleted source was not needed
+    assert torch.equal(state_dict(runs / "ft" / "checkpoints" / "last.ckpt")["backbone.blocks.0.attn.qkv.weight"],
+                       source["blocks.0.attn.qkv.weight"])
+    assert json.loads((runs / "ft" / "run.json").read_text())["pretrained"]["sha256"] == sha
+
+    assert main(["export", str(runs / "ft" / "checkpoints" / "last.ckpt"), str(tmp_path / "ft-export")]) == 0
+    card = (tmp_path / "ft-export" / "README.md").read_text()
+    assert "**from weights**" in card and sha in card
+
+
+def test_probe_prints_and_saves_linear_and_knn_accuracy(exported, tmp_path, capsys):
+    args = ["probe", str(exported), "--recipe", str(tiny(tmp_path, "x")[2]), *NEW_TASK,
+            f"--runs-dir={tmp_path / 'runs'}", "--k=5"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "linear probe top-1:" in out and "k-NN top-1 (k=5):" in out
+    saved = json.loads((tmp_path / "runs" / "probe-export" / "probe.json").read_text())
+    assert 0 <= saved["linear_probe_acc1"] <= 1 and 0 <= saved["knn_acc1"] <= 1
+    assert saved["train_samples"] == 64 and saved["val_samples"] == 32 and saved["feature_dim"] == 64
+    assert saved["sha256"] == hashlib.sha256((exported / "model.safetensors").read_bytes()).hexdigest()
+    assert main([*args, "--json"]) == 2  # probe.json is there: replaced only with --overwrite
+    assert "--overwrite" in capsys.readouterr().err
+    assert main([*args, "--json", "--overwrite"]) == 0
+    assert json.loads(capsys.readouterr().out)["knn"]["k"] == 5
+
+
+def test_knn_and_linear_probe_on_separable_features():
+    """DINO's weighted vote and the logistic regression on features whose classes are known: perfect on separable
+    clusters, chance-level on noise (a wrong vote or a leak between splits would show)."""
+    from impulsevit.tools.probe import knn_accuracy, linear_probe_accuracy
+
+    g = torch.Generator().manual_seed(0)
+    centers = torch.randn(4, 16, generator=g) * 5
+    y = torch.arange(200) % 4
+    x = centers[y] + torch.randn(200, 16, generator=g) * 0.3
+    assert knn_accuracy(x[:120], y[:120], x[120:], y[120:], k=20) == 1.0
+    assert linear_probe_accuracy(x[:120], y[:120], x[120:], y[120:]) == 1.0
+    noise = torch.randn(200, 16, generator=g)
+    assert knn_accuracy(noise[:120], y[:120], noise[120:], y[120:], k=20) < 0.5

@@ -1,0 +1,48 @@
+"""Fault class "bad weights source": ``impulsevit fit --model.pretrained=...`` given a hostile file (its pickle would
+run code) or the weights of another architecture, through the real command in its own session: exit status 2, one
+error line naming the source and what was expected, nothing written in the folder it ran in (no run directory left),
+the hostile pickle's marker not created, no process left behind."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+from safetensors.torch import save_file
+
+from faults.harness import TINY, assert_no_survivors, assert_one_line_error, run, snapshot, write_evil_checkpoint
+
+FIT = ("fit", "--recipe", str(TINY), "--runs_dir=runs", "--name=ft", "--trainer.max_steps=1")
+
+
+pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """The tiny recipe's backbone with one block too many, as a .safetensors file, and its tensors."""
+    model = timm.create_model("vit_tiny_patch16_224", img_size=32, num_classes=4, patch_size=4, embed_dim=64,
+                              depth=3, num_heads=2)
+    path = tmp_path_factory.mktemp("w") / "deeper.safetensors"
+    save_file(model.state_dict(), str(path))
+    return path, model.state_dict()
+
+
+def test_a_hostile_weights_file_is_refused_before_any_work(weights, tmp_path):
+    marker = tmp_path / "pwned"
+    evil = write_evil_checkpoint(tmp_path / "evil.pth", marker, base=dict(weights[1]))
+    work = tmp_path / "work"
+    work.mkdir()
+    before = snapshot(work)
+    res = run(*FIT, f"--model.pretrained={evil}", cwd=work)
+    assert_one_line_error(res, 2, str(evil), "refused to load this weights file", "--trust-checkpoint")
+    assert not marker.exists()
+    assert snapshot(work) == before
+    assert_no_survivors(res.sid)
+
+
+def test_weights_of_another_architecture_are_one_line_and_leave_nothing(weights, tmp_path):
+    before = snapshot(tmp_path)
+    res = run(*FIT, f"--model.pretrained={weights[0]}", cwd=tmp_path)
+    assert_one_line_error(res, 2, "model.pretrained", "does not fit model.backbone 'vit_tiny_patch16_224'",
+                          "unexpected blocks.2.")
+    assert snapshot(tmp_path) == before and not (tmp_path / "runs").exists()
+    assert_no_survivors(res.sid)
