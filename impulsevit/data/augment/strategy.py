@@ -12,7 +12,7 @@ the same pixels from the same draws:
 - selected images (the CPU): that price buys nothing there — indexing with the draws costs no synchronisation — and
   made RandAugment 3–30× dearer than timm's PIL chain per image. Each op runs only on the images that drew it, and the
   geometric ops and Equalize call Pillow itself (:func:`~.ops.pil_affine`, :func:`~.ops.pil_equalize`, bit-equal to
-  the batched ones): ``tests/data/test_augment.py`` compares the two strategies bit for bit on photos;
+  the batched ones): ``tests/data/augment/test_augment.py`` compares the two strategies bit for bit on photos;
   ``benchmarks/augment_cost.py`` measures both against timm's chain.
 
 :func:`selects_on_host` picks one from the batch's device; the augmentations call it through this module (so a test

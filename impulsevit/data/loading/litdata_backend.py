@@ -13,7 +13,7 @@ position), random erasing on the device. LitData's own iteration order, shufflin
 through the Trainer, and #770, resume disabled after an external ``load_state_dict`` when an epoch breaks early),
 while the project's :class:`~impulsevit.data.loading.position.LoaderPosition` in every checkpoint already says which
 batch comes next — so resume is exact by construction, and a shard set converted with the ``raw`` preset gives the
-torchvision backend's pixels and batches byte for byte (``tests/data/test_litdata_backend.py``).
+torchvision backend's pixels and batches byte for byte (``tests/data/loading/test_litdata_backend.py``).
 
 The cost of that choice: a globally shuffled order touches chunks at random, so each rank downloads a chunk as often
 as the cache evicts it before its samples are all read; with a cache at least the size of the shard set (the default
