@@ -342,7 +342,8 @@ def test_litdata_from_the_object_store_trains_stops_and_resumes_as_torchvision_d
     assert_same_training(final(tmp_path, "lit"), straight("torchvision"))
 
 
-@pytest.mark.xfail(reason="known bug, open: with a chunk cache smaller than the set (cache_size=100KB) LitData evicts a "
+@pytest.mark.xfail(reason="known bug, open: with a chunk cache smaller than the set (cache_size=100KB) LitData evicts "
+                   "a "
                    "chunk a read still expects, and the resumed run stops on FileNotFoundError (misreported as an "
                    "unreachable store); the outage half (one line, checkpoint kept) passes", strict=False)
 def test_litdata_store_stopped_mid_epoch_is_one_line_and_resume_auto_continues(tmp_path, cache, straight, s3_shards):

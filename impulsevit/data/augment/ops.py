@@ -182,8 +182,8 @@ def pil_affine(x: torch.Tensor, matrices: torch.Tensor, fill: torch.Tensor,
                 interpolation: str = "bicubic") -> torch.Tensor:
     """:func:`affine` computed by Pillow itself, one image at a time: ``Image.transform(AFFINE)`` of each
     ``(3, H, W)`` CPU image (integer values 0–255) with the same float64 matrix and fill. Bit-equal to :func:`affine`
-    (``tests/data/augment/test_augment.py`` checks both against each other) and, on the CPU, 5–10× faster than its batched
-    gathers: the CPU path of :class:`BatchRandAugment` uses it, :func:`affine` serves devices Pillow cannot run
+    (``tests/data/augment/test_augment.py`` checks both against each other) and, on the CPU, 5–10× faster than its
+    batched gathers: the CPU path of :class:`BatchRandAugment` uses it, :func:`affine` serves devices Pillow cannot run
     on."""
     from PIL import Image
 
@@ -201,8 +201,8 @@ def pil_affine(x: torch.Tensor, matrices: torch.Tensor, fill: torch.Tensor,
 
 def pil_equalize(x: torch.Tensor) -> torch.Tensor:
     """:func:`equalize` computed by Pillow's ``ImageOps.equalize`` one CPU image at a time: bit-equal (its LUT rule is
-    the one :func:`equalize` implements; ``tests/data/augment/test_augment.py`` compares them) and about 8× cheaper than the
-    batched histogram on the CPU at 224 px."""
+    the one :func:`equalize` implements; ``tests/data/augment/test_augment.py`` compares them) and about 8× cheaper than
+    the batched histogram on the CPU at 224 px."""
     from PIL import Image, ImageOps
 
     pixels = x.to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()

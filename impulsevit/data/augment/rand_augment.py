@@ -5,8 +5,9 @@ mmax]``) and the sign, exactly as timm does (:meth:`BatchRandAugment.draw_layer`
 definitions), the fill colour the mean pixel, the geometric filter the recipe's ``interpolation``. One deviation:
 posterize keeps at least 1 bit (timm asks for 0 at magnitude 10, which Pillow >= 11 rejects; the torchvision backend
 is patched the same way by :func:`impulsevit._compat.timm.fix_timm_posterize`). Measured on real photos
-(``tests/data/augment/test_augment.py::test_every_op_matches_timms_pil_op_on_photos``): every op at magnitudes 0, 5, 9, 10 and
-both signs, both interpolations, is within one uint8 level of timm's PIL op on every pixel with PSNR >= 65 dB (the
+(``tests/data/augment/test_augment.py::test_every_op_matches_timms_pil_op_on_photos``): every op at magnitudes 0, 5, 9,
+10 and both signs, both interpolations, is within one uint8 level of timm's PIL op on every pixel with PSNR >= 65 dB
+(the
 rest: float32 blend arithmetic vs PIL's). In distribution: ``benchmarks/aug_fidelity.py``.
 
 Not supported: AutoAugment policies (``original``/``v0``) and AugMix (raise ``ValueError``); RandAugment's weighted
@@ -126,8 +127,8 @@ class BatchRandAugment(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, generator: torch.Generator | None = None,
                 selected: bool | None = None) -> torch.Tensor:
-        """Two evaluation strategies with the same draws and the same pixels (``tests/data/augment/test_augment.py`` checks they
-        are equal bit for bit):
+        """Two evaluation strategies with the same draws and the same pixels (``tests/data/augment/test_augment.py``
+        checks they are equal bit for bit):
 
         - whole batch (the default off the CPU): without data-dependent shapes, every op of a layer runs on the
           whole batch and ``torch.where`` keeps it for the images that drew it (one op per image per layer, so the
