@@ -30,6 +30,7 @@ def test_the_tutorial_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     pytest.importorskip("ipykernel")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # one intra-op thread: two threads on a busy 2-core box ran 6x slower
     nb = nbformat.read(NOTEBOOK, as_version=4)
     # raises CellExecutionError naming the cell and its traceback; the notebook asserts its own claims
     nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
