@@ -19,6 +19,7 @@ CHECKED_ON: dict[str, str] = {
     "lightning": ">=2.6,<2.7",
     "jsonargparse": ">=4.27,<5",
     "ffcv": "==1.0.2",
+    "litdata": ">=0.2.76,<0.3",
 }
 """The compat table: per library whose private members or layouts this package uses, the versions on which those
 uses were checked (``tests/house/test_compat.py`` passed). Not a cap on what users install (setup.cfg's ranges have

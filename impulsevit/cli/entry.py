@@ -46,7 +46,7 @@ PROVIDERS: dict[str, tuple[str, str]] = {
     "data": ("impulsevit.cli.data_preview", "main"),
     "download": ("impulsevit.data.sources.download", "main"),
     "runs": ("impulsevit.run.runs", "main"),
-    "probe": ("impulsevit.tools.probe", "main"),
+    "probe": ("impulsevit.cli.probe", "main"),
 }
 """Subcommand of :data:`~impulsevit.cli.subcommands.EXTERNAL_SUBCOMMANDS` -> (module, function(argv) -> exit status),
 imported when that subcommand runs. Here, at the top of the command line, not beside the subcommand names: the

@@ -84,7 +84,7 @@ def test_probe_prints_and_saves_linear_and_knn_accuracy(exported, tmp_path, caps
 def test_knn_and_linear_probe_on_separable_features():
     """DINO's weighted vote and the logistic regression on features whose classes are known: perfect on separable
     clusters, chance-level on noise (a wrong vote or a leak between splits would show)."""
-    from impulsevit.tools.probe import knn_accuracy, linear_probe_accuracy
+    from impulsevit.cli.probe import knn_accuracy, linear_probe_accuracy
 
     g = torch.Generator().manual_seed(0)
     centers = torch.randn(4, 16, generator=g) * 5

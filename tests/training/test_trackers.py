@@ -132,6 +132,8 @@ def _fit(tmp_path: Path, name: str, *extra: str, env: dict[str, str], code: int 
     """``impulsevit fit`` on the tiny recipe as a child in its own session (tests/faults/harness.py): exit ``code``,
     and no process it started (W&B's ``wandb-core`` service included) outlives it. Returns its stderr."""
     env = {**env, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    env.setdefault("TMPDIR", str(tmp_path / "tmp"))  # W&B's media folder: not one another test's child can delete
     res = harness.run(*tiny(tmp_path, name, *extra), cwd=tmp_path, timeout=600, extra_env=env)
     assert res.rc == code, res.err[-4000:]
     harness.assert_no_survivors(res.sid, grace=30)

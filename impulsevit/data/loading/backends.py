@@ -180,9 +180,10 @@ def resolve_spec(*, dataset: str, root: str | None, backend: str, image_size: in
 
         if not litdata_available():
             raise MissingExtraError(missing_extra("litdata", needed_for="data.backend='litdata'"))
-        if given_root is None or download:
+        if given_root is None:
             raise ConfigError("backend='litdata' reads a shard set written by `impulsevit convert ... --format "
-                              "litdata`: set data.root to its folder or s3:// URL (data.download does not apply)")
+                              "litdata`: set data.root to its folder or s3:// URL")
+        download = False  # the recipes' data.download (fetch the raw dataset) does not apply to a shard set
     if backend == "ffcv" and interpolation not in ("bicubic", "bilinear"):
         raise ConfigError(f"interpolation {interpolation!r} is not supported on the ffcv backend (bicubic or "
                           f"bilinear); use backend='torchvision' for other filters")

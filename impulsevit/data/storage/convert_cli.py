@@ -53,7 +53,7 @@ from impulsevit.data.storage.convert import ConversionError, convert_split, subs
 from impulsevit.data.storage.integrity import BetonError, verify_beton
 from impulsevit.data.storage.manifest import read_manifest
 from impulsevit.data.storage.presets import PRESETS, Preset, default_preset
-from impulsevit.errors import ConfigError, StoreError
+from impulsevit.errors import ConfigError, StoreError, missing_extra
 from impulsevit.io import WriteError, check_child_name, claim_output
 from impulsevit.procs import Stopped, stop_on_signals
 
@@ -278,7 +278,8 @@ def _convert(args: argparse.Namespace) -> int:
         print(f"impulsevit convert: error: {exc}", file=sys.stderr)
         return 1
     except (StoreError, ImportError) as exc:
-        print(f"impulsevit convert: error: {exc}", file=sys.stderr)
+        extra = missing_extra(exc.name) if isinstance(exc, ModuleNotFoundError) else None
+        print(f"impulsevit convert: error: {extra or exc}", file=sys.stderr)
         return 2
     except (FileNotFoundError, KeyError, ValueError) as exc:  # ConfigError (an output claimed) is a ValueError
         print(f"impulsevit convert: error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)

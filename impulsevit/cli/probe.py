@@ -33,7 +33,6 @@ checkpoint (export it with ``--ema`` first).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -42,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from impulsevit.argparser import ArgumentParser
 
 __all__ = ["extract_features", "knn_accuracy", "linear_probe_accuracy", "main", "probe"]
 
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     argv, trust = split_trust_flag(argv)
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="impulsevit probe",
         description="Linear-probe and k-NN accuracy of frozen features: SOURCE's weights in the recipe's model, "
                     "on the recipe's data; other arguments are fit overrides (--data.init_args.X=...).")
