@@ -4,17 +4,16 @@ Most fault cases fail before any work, in well under a second, but a fresh inter
 torch, Lightning and timm first: across the suite's ~90 such commands that start-up was most of its time. The zygote
 is one interpreter per test worker that imports what ``python -m impulsevit.cli`` imports (the console script's
 module: torch, Lightning, timm, the fit / validate / test / predict command line) once, then for each request forks a
-child
-that becomes the command exactly as a fresh ``python -m impulsevit.cli ARGS`` would run it: its own session
+child that becomes the command exactly as a fresh ``python -m impulsevit.cli ARGS`` would run it: its own session
 (``setsid``), the working directory, the environment (``PYTHONPATH`` entries put first on ``sys.path``), stdin from
 ``/dev/null``, stdout / stderr to files, ``sys.argv``, then the console script's ``main`` with the interpreter's exit
 rules (``SystemExit`` codes, an uncaught exception printed by ``sys.excepthook`` with status 1, ``atexit`` handlers
-run — except the zygote's own ``weakref.finalize`` hooks, such as a temp folder a library made at import: the child
-did not create them, and running them deleted W&B's media folder under the next command). Its exit status is reported
-as ``subprocess`` does (``-N`` for a signal).
+run) — except the exit hooks the zygote registered while importing (``weakref.finalize`` and ``atexit`` alike): the
+child did not create what they clean up. W&B, imported with ``timm.data``, makes its media temp folder at import and
+registers its removal with ``atexit``; a child running it deleted the folder under every later command.
 
-The subcommand providers (``impulsevit.cli.entry.PROVIDERS``) are not imported ahead: one of them imports W&B, whose
-media temp folder, made at import, would then be shared by every child and deleted by the first that finished a run.
+The subcommand providers (``impulsevit.cli.entry.PROVIDERS``) are not imported ahead (the zygote holds only what the
+console script's module imports).
 Not covered this way, so kept on real ``exec``'d processes (:func:`harness.start`): anything that signals the command
 while it works (the child tests), and a failure while importing impulsevit itself (the zygote would fail first, and
 the harness then falls back to a fresh process for every command). ``IMPULSEVIT_TEST_FORK=0`` turns the zygote off.
@@ -44,9 +43,11 @@ reply.write(json.dumps({"ready": True}) + "\n")
 def child(req):
     # the zygote's own finalizers (e.g. a library's temp folder made at import, W&B's media folder) belong to the
     # zygote: a child that ran them at its exit would delete them under the next child
+    # (weakref finalizers and plain atexit hooks alike: W&B registers MEDIA_TMP.cleanup with atexit at import)
     import weakref
     for info in list(getattr(weakref.finalize, "_registry", {}).values()):
         info.atexit = False
+    atexit._clear()
     os.setsid()
     os.chdir(req["cwd"])
     os.environ.clear()

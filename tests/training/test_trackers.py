@@ -187,8 +187,6 @@ def _wandb_history(path: Path) -> tuple[str, list[dict]]:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="open: callbacks/initializer.py now imports wandb at CLI import time, so the fork "
-                   "zygote shares W&B's media temp folder, which the first child deletes", strict=False)
 def test_wandb_offline_preempted_and_resumed_is_one_run(tmp_path):
     pytest.importorskip("wandb")
     env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(tmp_path / "wb_config"),

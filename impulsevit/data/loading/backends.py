@@ -65,7 +65,8 @@ class DataSpec:
     registry's defaults when not given, ``mean`` / ``std`` the run's statistics (0–1 scale), ``num_classes`` the
     class count (from a given ``.beton``'s or the training shard set's manifest, or the data tree when the registry
     has none), ``betons`` the given ``.beton`` files by split (empty: converted into ``cache_dir``, which is also
-    where the litdata backend caches remote chunks), ``explicit_norm`` whether ``mean`` / ``std`` were given. The
+    where the litdata backend caches remote chunks), ``explicit_norm`` whether ``mean`` / ``std`` were given,
+    ``download`` whether ``prepare_data`` fetches a missing dataset into ``root`` (never for a shard set). The
     batch size is not part of it: it is passed to each loader (callers such as ``impulsevit data preview`` change it
     after construction)."""
 
@@ -92,6 +93,7 @@ class DataSpec:
     preset: Preset
     betons: dict[str, Path]
     explicit_norm: bool
+    download: bool = False
 
     def subset(self, split: str) -> int | None:
         """The subset size of ``split``: ``train_subset`` for the training split, ``val_subset`` for any other."""
@@ -243,7 +245,7 @@ def resolve_spec(*, dataset: str, root: str | None, backend: str, image_size: in
         preset=PRESETS[storage.preset] if storage.preset else default_preset(info.small),
         betons=({train_split: Path(storage.train_beton), val_split: Path(storage.val_beton)}
                 if storage.train_beton else {}),
-        explicit_norm=mean is not None or std is not None)
+        explicit_norm=mean is not None or std is not None, download=bool(download))
 
 
 def check_train_split(spec: DataSpec, num_samples: int, batch_size: int, world_size: int) -> None:

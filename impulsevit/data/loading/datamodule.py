@@ -187,7 +187,7 @@ class ImageDataModule(BaseImageDataModule):
         self.save_hyperparameters()
         self.spec: DataSpec = spec
         self.data_backend: Backend = make_backend(spec)  # chosen once
-        self.download = bool(download)
+        self.download = spec.download  # resolved: a shard set (litdata) never downloads
         self._device_augment: DeviceAugment | None = None
         self._augment_logged = False
         self._cpu_resample_warned = False

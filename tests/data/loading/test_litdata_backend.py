@@ -10,6 +10,7 @@ import contextlib
 import io
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -110,7 +111,12 @@ def test_batches_are_the_torchvision_backends_byte_for_byte(where, local_set, re
 
 
 def test_two_ranks_share_out_an_epoch_without_duplicates(local_set, torchvision_dm, tmp_path):
-    dm = ImageDataModule(backend="litdata", root=local_set, **KW)
+    # the recipes' data.download (fetch the raw dataset) does not apply to a shard set: prepare_data fetches nothing
+    # into it (it tried to download Fashion-MNIST into the shard set's URL, offline a network error)
+    dm = ImageDataModule(backend="litdata", root=local_set, download=True, **KW)
+    before = sorted(p.name for p in Path(local_set).rglob("*"))
+    dm.prepare_data()
+    assert dm.download is False and sorted(p.name for p in Path(local_set).rglob("*")) == before
     dm.setup("fit")
     plans = []
     for rank in (0, 1):
