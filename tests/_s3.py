@@ -42,6 +42,14 @@ class LoopbackS3:
             self._server.stop()
             self._server = None
 
+    def reset(self) -> None:
+        """Empty the store: moto keeps its buckets in process-wide state that outlives a stopped server, so without
+        this a second store in the same test process would start with the first one's objects (moto's documented
+        ``POST /moto-api/reset``)."""
+        import urllib.request
+
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=30)
+
     def client(self):  # noqa: ANN201 - a boto3 client
         import boto3
 
@@ -76,6 +84,7 @@ def loopback_s3() -> Iterator[LoopbackS3]:
     saved = {k: os.environ.get(k) for k in store.env}
     os.environ.update(store.env)
     try:
+        store.reset()
         store.client().create_bucket(Bucket=BUCKET)
         yield store
     finally:

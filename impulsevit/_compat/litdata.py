@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["sdk_chunk_downloads"]
+__all__ = ["read_whole_set", "sdk_chunk_downloads"]
 
 
 def sdk_chunk_downloads() -> None:
@@ -19,3 +19,19 @@ def sdk_chunk_downloads() -> None:
     import litdata.streaming.downloader as downloader
 
     downloader._OBSTORE_AVAILABLE = False
+
+
+def read_whole_set(dataset: object) -> None:
+    """Make ``dataset`` (a ``litdata.StreamingDataset``) index the whole shard set in this process, whatever the
+    process group: impulsevit shares out samples itself (one :class:`~impulsevit.data.loading.sampling.EpochSampler`
+    per rank) and reads them by global index. LitData sizes a dataset to the calling rank's share when
+    ``torch.distributed`` is initialised, so under DDP a read of a global index past that share came back empty
+    (``IndexError``: every run of 2 ranks stopped at its first batch).
+
+    Reaches: ``StreamingDataset.distributed_env`` (replaced by a one-process ``litdata.utilities.env._DistributedEnv``)
+    Checked on: litdata>=0.2.76,<0.3
+    Waits for: a LitData option to index the whole set under a process group (``StreamingDataset(distributed=False)``).
+    """
+    from litdata.utilities.env import _DistributedEnv
+
+    dataset.distributed_env = _DistributedEnv(world_size=1, global_rank=0, num_nodes=1)  # type: ignore[attr-defined]

@@ -331,8 +331,6 @@ def s3_shards():
         yield store
 
 
-@pytest.mark.xfail(reason="open after the merges: the torchvision reference run tries to download Fashion-MNIST "
-                   "(recipes now set download: true) and the DDP run fails; see the stop note", strict=False)
 def test_litdata_from_the_object_store_trains_stops_and_resumes_as_torchvision_does(tmp_path, cache, straight,
                                                                                      s3_shards):
     """Stopped mid-epoch (step 5), resumed with --resume auto: bit-identical to the uninterrupted torchvision run (the
@@ -344,10 +342,6 @@ def test_litdata_from_the_object_store_trains_stops_and_resumes_as_torchvision_d
     assert_same_training(final(tmp_path, "lit"), straight("torchvision"))
 
 
-@pytest.mark.xfail(reason="known bug, open: with a chunk cache smaller than the set (cache_size=100KB) LitData evicts "
-                   "a "
-                   "chunk a read still expects, and the resumed run stops on FileNotFoundError (misreported as an "
-                   "unreachable store); the outage half (one line, checkpoint kept) passes", strict=False)
 def test_litdata_store_stopped_mid_epoch_is_one_line_and_resume_auto_continues(tmp_path, cache, straight, s3_shards):
     """The store goes away after step 10 (epoch 1); the chunk cache holds 3 chunks, so the next batches need it: the
     run stops with one line, the epoch-0 checkpoint stays, and --resume auto finishes once the store is back, the same
@@ -369,8 +363,6 @@ def test_litdata_store_stopped_mid_epoch_is_one_line_and_resume_auto_continues(t
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="open after the merges: the torchvision reference run tries to download Fashion-MNIST "
-                   "(recipes now set download: true) and the DDP run fails; see the stop note", strict=False)
 def test_litdata_ddp_two_ranks_mid_epoch_resume_is_bit_identical(tmp_path, cache, s3_shards):
     """2 gloo ranks read the object store, stop after step 2 of 4 in the epoch, resume: the same weights as the
     2-rank torchvision run (each rank's share is the torchvision backend's)."""

@@ -170,6 +170,7 @@ ENTRY_TESTS = {
     "ffcv.replaced_writer_worker": "house/test_compat.py::test_replaced_writer_worker",
     "ffcv.resized_crop_decoder_base": "house/test_compat.py::test_resized_crop_decoder_base",
     "litdata.sdk_chunk_downloads": "house/test_compat.py::test_sdk_chunk_downloads",
+    "litdata.read_whole_set": "house/test_compat.py::test_read_whole_set",
 }
 
 
@@ -628,6 +629,30 @@ def test_sdk_chunk_downloads(monkeypatch):
     monkeypatch.setattr(downloader, "_OBSTORE_AVAILABLE", downloader._OBSTORE_AVAILABLE)  # restored afterwards
     importlib.import_module("impulsevit._compat.litdata").sdk_chunk_downloads()
     assert not downloader.obstore_usable()  # LitData's own test of whether a chunk goes through obstore
+
+
+def test_read_whole_set(tmp_path, monkeypatch):
+    """Under a process group of 2 (LitData's own detection, as a DDP rank sees it), a StreamingDataset indexes the
+    rank's half; after ``read_whole_set`` every global index reads its own sample."""
+    env = pytest.importorskip("litdata.utilities.env")
+    import numpy as np
+    from litdata import StreamingDataset
+
+    from impulsevit.data.sources.image_source import ArraySource
+    from impulsevit.data.storage.presets import PRESETS
+    from impulsevit.data.storage.shards import decode_image, write_shards
+
+    images = np.arange(12, dtype=np.uint8).repeat(8 * 8 * 3).reshape(12, 8, 8, 3)  # image i is all i
+    write_shards(ArraySource(images, np.arange(12) % 2, ["a", "b"], "arrays"), str(tmp_path / "set"), PRESETS["raw"],
+                 progress=False, log=lambda _: None, chunk_bytes=4096)
+    monkeypatch.setattr(env._DistributedEnv, "detect", classmethod(lambda cls: cls(world_size=2, global_rank=1,
+                                                                                      num_nodes=1)))
+    shared = StreamingDataset(str(tmp_path / "set"))
+    assert len(shared) == 6 and shared[11:12] == []  # LitData's view: this rank's half; a global index past it: none
+    whole = StreamingDataset(str(tmp_path / "set"))
+    importlib.import_module("impulsevit._compat.litdata").read_whole_set(whole)
+    assert len(whole) == 12
+    assert [int(decode_image(whole[j:j + 1][0]["image"])[0, 0, 0]) for j in range(12)] == list(range(12))
 
 
 def compat_ffcv():  # noqa: ANN201

@@ -18,7 +18,9 @@ torchvision backend's pixels and batches byte for byte (``tests/data/loading/tes
 The cost of that choice: a globally shuffled order touches chunks at random, so each rank downloads a chunk as often
 as the cache evicts it before its samples are all read; with a cache at least the size of the shard set (the default
 ``cache_size`` of 200 GB holds ImageNet-1k at ``short256``) each chunk is fetched once per node. ``docs/data.md``
-gives the numbers.
+gives the numbers. The loader workers of a rank share its cache folder, so one may evict a chunk another
+is about to read; such a read (a chunk file missing from the cache) opens a fresh reader and fetches the chunk again,
+once — a second miss is one line saying ``cache_size`` is too small, never an "unreachable store".
 
 Checks before any work (:meth:`LitDataBackend.check_given`, at construction): the manifests of both splits are read
 (a missing bucket, missing credentials, an unreachable endpoint: one line, exit 2), compared with the run as the
@@ -113,7 +115,10 @@ class ShardSource(ImageSource):
                               storage_options={"config": Config(connect_timeout=objstore.CONNECT_TIMEOUT_S,
                                                                 read_timeout=30,
                                                                 retries={"max_attempts": 2, "mode": "standard"})})
+            from impulsevit._compat.litdata import read_whole_set
+
             self._dataset = StreamingDataset(self.location, **kwargs)
+            read_whole_set(self._dataset)  # global indices on every rank: the samplers share out the epoch
         return self._dataset
 
     def load(self, index: int, max_side: int | None = None) -> np.ndarray:
@@ -122,16 +127,36 @@ class ShardSource(ImageSource):
         Raises:
             DataError: the store cannot be read (one line naming the location and the cause)."""
         j = int(self.indices[index])
-        try:
-            # a slice, not dataset[j]: an int index reads the sample's bytes alone with a range request and caches
-            # nothing (LitData's ``on_demand_bytes``); a slice downloads the whole chunk into the cache, where the
-            # epoch's other samples of that chunk are then read from disk
-            item = self._open()[j:j + 1][0]
-        except Exception as exc:  # noqa: BLE001 - LitData / botocore / obstore errors share no base class
-            raise DataError(objstore.store_error(exc, self.location, "reading").args[0]
-                            + " (the last checkpoint is kept: rerun with --resume auto once the store is back)") \
-                from exc
+        for attempt in (0, 1):
+            try:
+                # a slice, not dataset[j]: an int index reads the sample's bytes alone with a range request and
+                # caches nothing (LitData's ``on_demand_bytes``); a slice downloads the whole chunk into the cache,
+                # where the epoch's other samples of that chunk are then read from disk
+                item = self._open()[j:j + 1][0]
+                break
+            except Exception as exc:  # noqa: BLE001 - LitData / botocore / obstore errors share no base class
+                if attempt == 0 and self._evicted(exc):
+                    self._dataset = None  # a fresh reader downloads the chunk again
+                    continue
+                if self._evicted(exc):
+                    raise DataError(f"reading {self.location}: a chunk was evicted from the cache {self.cache_dir} "
+                                    f"before it was read, twice (data.storage.cache_size={self.cache_size} is too "
+                                    f"small for the loader workers sharing it; raise it)") from exc
+                raise DataError(objstore.store_error(exc, self.location, "reading").args[0]
+                                + " (the last checkpoint is kept: rerun with --resume auto once the store is back)") \
+                    from exc
         return decode_image(item["image"])
+
+    def _evicted(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a chunk missing from this source's cache folder: another reader sharing the folder (a
+        loader worker of this rank) evicted it to keep within ``cache_size`` — not a store that cannot be reached."""
+        seen: BaseException | None = exc
+        while seen is not None:
+            if (isinstance(seen, FileNotFoundError) and self.cache_dir is not None and seen.filename is not None
+                    and Path(str(seen.filename)).resolve().is_relative_to(self.cache_dir.resolve())):
+                return True
+            seen = seen.__cause__ or seen.__context__
+        return False
 
     def describe(self, index: int) -> str:
         return f"{self.location}[{int(self.indices[index])}]"

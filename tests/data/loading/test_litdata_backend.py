@@ -197,3 +197,27 @@ def test_a_remote_set_written_without_a_subset_serves_the_runs_subset(store, tor
     for i in (0, 37, 99):
         assert np.array_equal(shards.load(i), whole.load(int(picked[i])))
     assert len(_batches(dm, True)) == 100 // 8
+
+
+def test_a_chunk_evicted_from_the_cache_is_read_again_not_reported_as_an_outage(store, remote_set, torchvision_dm,
+                                                                                 tmp_path, monkeypatch):
+    """Loader workers share a rank's chunk cache, and another worker evicts a chunk (to keep within ``cache_size``)
+    between its download and this worker's read of it — the race, injected at LitData's chunk open: the read fetches
+    the chunk again from the store; it is not reported as an unreachable store (the store is up)."""
+    import litdata.streaming.item_loader as item_loader
+
+    opened = item_loader._open_chunk_file
+    evicted: list[str] = []
+
+    def evicting_open(path: str):  # noqa: ANN202 - LitData's file object
+        if not evicted:
+            evicted.append(path)
+            Path(path).unlink()
+        return opened(path)
+
+    monkeypatch.setattr(item_loader, "_open_chunk_file", evicting_open)
+    dm = ImageDataModule(backend="litdata", root=remote_set, cache_dir=str(tmp_path / "cache"), **KW)
+    dm.setup("fit")
+    shards, whole = dm.data_backend.sets["train"].source, torchvision_dm.data_backend.sets["train"].source
+    assert np.array_equal(shards.load(0), whole.load(0))
+    assert evicted and Path(evicted[0]).is_file()  # the race happened, and the chunk was fetched again
