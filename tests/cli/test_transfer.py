@@ -8,10 +8,12 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
-from _cli_helpers import run_cli, state_dict, tiny
+from _cli_helpers import run_cli, state_dict, subprocess_env, tiny
 from safetensors.torch import load_file
 
 from impulsevit.cli import main
@@ -63,6 +65,28 @@ def test_fine_tune_from_an_exported_folder_and_resume_without_it(exported, tmp_p
     assert main(["export", str(runs / "ft" / "checkpoints" / "last.ckpt"), str(tmp_path / "ft-export")]) == 0
     card = (tmp_path / "ft-export" / "README.md").read_text()
     assert "**from weights**" in card and sha in card
+
+
+def test_fine_tune_from_the_hub_through_the_console_command(exported, tmp_path):
+    """``impulsevit fit --model.pretrained=hf-hub:ORG/NAME`` as a user runs it (a new process; the hub's address from
+    ``HF_ENDPOINT``, as for a mirror): the weights come from the stand-in hub on 127.0.0.1 and the run records them."""
+    from _fake_hub import FakeHub
+
+    weights = (exported / "model.safetensors").read_bytes()
+    with FakeHub() as hub:
+        hub.files["model.safetensors"] = weights
+        env = {**subprocess_env(), "HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(tmp_path / "hub-cache"),
+               "HF_HUB_DISABLE_XET": "1"}
+        env.pop("HF_HUB_OFFLINE", None)
+        res = subprocess.run([sys.executable, "-m", "impulsevit.cli",
+                              *tiny(tmp_path / "runs", "hub", *ONE, *NEW_TASK, "--model.pretrained=hf-hub:my-lab/pre")],
+                             env=env, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert ("GET", "/my-lab/pre/resolve/main/model.safetensors") in hub.requests
+    record = json.loads((tmp_path / "runs" / "hub" / "run.json").read_text())
+    assert record["init_method"] == "from weights"
+    assert record["pretrained"]["sha256"] == hashlib.sha256(weights).hexdigest()
+    assert "new classifier head: 3 classes (the source has 4)" in res.stderr
 
 
 def test_probe_prints_and_saves_linear_and_knn_accuracy(exported, tmp_path, capsys):
