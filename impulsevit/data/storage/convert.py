@@ -46,8 +46,8 @@ from impulsevit.io import atomic_write_json, commit, disk_errors, require_free_s
 from impulsevit.procs import die_with_parent, raise_if_stopped
 
 __all__ = ["PRESETS", "ConversionError", "Preset", "ScanResult", "beton_num_classes", "convert_split",
-           "default_preset", "estimate_size", "manifest_path", "read_manifest", "scan_source", "source_stat",
-           "subset_indices"]
+           "default_preset", "estimate_size", "manifest_path", "read_manifest", "scan_good", "scan_source",
+           "source_stat", "subset_indices", "up_to_date"]
 
 OnError = Literal["skip", "fail"]
 
@@ -165,6 +165,42 @@ def source_stat(source: ImageSource) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------- writing
+def up_to_date(existing: dict | None, preset: Preset, stat: str, request: dict, force: bool) -> bool:
+    """Whether the manifest ``existing`` (None: nothing written yet) already records this conversion: the same preset,
+    source fingerprint (:func:`source_stat`) and request, and ``force`` not given."""
+    return (not force and existing is not None and existing.get("preset") == asdict(preset)
+            and existing.get("source_stat") == stat and existing.get("request") == request)
+
+
+def scan_good(source: ImageSource, where: str | os.PathLike, preset: Preset, *, workers: int, progress: bool,
+              on_error: OnError, log: Callable[[str], None]) -> tuple[ScanResult, np.ndarray, Preset]:
+    """Scan ``source`` before writing ``where``: the bad inputs are logged one per line (``on_error='fail'``: then
+    refused), and the preset actually written is chosen from the readable images' sizes.
+
+    Returns:
+        ``(scan, good, written)``: the scan, the indices of the readable images, and the preset to write
+        (``storage_preset``: raw when every image is small).
+
+    Raises:
+        ConversionError: a bad input with ``on_error='fail'``, or no readable image at all."""
+    scan = scan_source(source, workers=workers, progress=progress)
+    if scan.problems:
+        log(f"{where}: {len(scan.problems)} bad input(s):")
+        for p in scan.problems:
+            log(f"  {p}")
+        if on_error == "fail":
+            raise ConversionError(f"{len(scan.problems)} bad input(s) in the source of {where} (first: "
+                                  f"{scan.problems[0]}); rerun with --on-error skip to leave them out")
+    good = scan.good
+    if len(good) == 0:
+        raise ConversionError(f"no readable images for {where}")
+    written = storage_preset(preset, scan.sizes[good])
+    if written is not preset:
+        log(f"{where}: every image is at most {SMALL_IMAGE_SIDE} px: stored raw (JPEG would lose detail and save "
+            f"little)")
+    return scan, good, written
+
+
 def estimate_size(source: ImageSource, indices: np.ndarray, preset: Preset, sample: int = 48, seed: int = 0) -> int:
     """Expected ``.beton`` size in bytes: encode a random sample of images with ``preset`` and extrapolate."""
     from ffcv.fields.rgb_image import encode_jpeg, resizer
@@ -359,26 +395,13 @@ def convert_split(source: ImageSource, out: str | os.PathLike, preset: Preset, *
     request = dict(request or {})
     stat = source_stat(source)
     existing = read_manifest(out)
-    if (not force and existing is not None and existing.get("preset") == asdict(preset)
-            and existing.get("source_stat") == stat and existing.get("request") == request):
+    if up_to_date(existing, preset, stat, request, force):
         log(f"{out}: up to date ({existing['num_samples']} images), skipped")
         return {**existing, "skipped_existing": True}
 
     t0 = time.perf_counter()
-    scan = scan_source(source, workers=workers, progress=progress)
-    if scan.problems:
-        log(f"{out.name}: {len(scan.problems)} bad input(s):")
-        for p in scan.problems:
-            log(f"  {p}")
-        if on_error == "fail":
-            raise ConversionError(f"{len(scan.problems)} bad input(s) in the source of {out} (first: "
-                                  f"{scan.problems[0]}); rerun with --on-error skip to leave them out")
-    good = scan.good
-    if len(good) == 0:
-        raise ConversionError(f"no readable images for {out}")
-    requested, preset = preset, storage_preset(preset, scan.sizes[good])
-    if preset is not requested:
-        log(f"{out}: every image is at most {SMALL_IMAGE_SIDE} px: stored raw (JPEG would lose detail and save little)")
+    requested = preset
+    scan, good, preset = scan_good(source, out, preset, workers=workers, progress=progress, on_error=on_error, log=log)
     page_size = _page_size(scan.sizes[good], preset)
     workers = max(1, workers)
     data_bytes = estimate_size(source, good, preset)

@@ -48,8 +48,8 @@ import numpy as np
 
 from impulsevit.data.sources.image_source import ImageSource
 from impulsevit.data.storage import objstore
-from impulsevit.data.storage.convert import ConversionError, OnError, scan_source, source_stat
-from impulsevit.data.storage.presets import SMALL_IMAGE_SIDE, Preset, storage_preset
+from impulsevit.data.storage.convert import OnError, scan_good, source_stat, up_to_date
+from impulsevit.data.storage.presets import Preset
 from impulsevit.errors import StoreError
 from impulsevit.io import atomic_write_json, commit
 
@@ -170,25 +170,11 @@ def write_shards(source: ImageSource, dst: str, preset: Preset, *, on_error: OnE
     request = dict(request or {})
     stat = source_stat(source)
     existing = read_shards_manifest(dst)
-    if (not force and existing is not None and existing.get("preset") == asdict(preset)
-            and existing.get("source_stat") == stat and existing.get("request") == request):
+    if up_to_date(existing, preset, stat, request, force):
         log(f"{dst}: up to date ({existing['num_samples']} images), skipped")
         return {**existing, "skipped_existing": True}
     t0 = time.perf_counter()
-    scan = scan_source(source, workers=1, progress=progress)
-    if scan.problems:
-        log(f"{dst}: {len(scan.problems)} bad input(s):")
-        for p in scan.problems:
-            log(f"  {p}")
-        if on_error == "fail":
-            raise ConversionError(f"{len(scan.problems)} bad input(s) in the source of {dst} (first: "
-                                  f"{scan.problems[0]}); rerun with --on-error skip to leave them out")
-    good = scan.good
-    if len(good) == 0:
-        raise ConversionError(f"no readable images for {dst}")
-    requested, written = preset, storage_preset(preset, scan.sizes[good])
-    if written is not requested:
-        log(f"{dst}: every image is at most {SMALL_IMAGE_SIDE} px: stored raw (JPEG would lose detail and save little)")
+    scan, good, written = scan_good(source, dst, preset, workers=1, progress=progress, on_error=on_error, log=log)
     staging_parent = None if remote else Path(dst).parent
     if staging_parent is not None:
         staging_parent.mkdir(parents=True, exist_ok=True)
@@ -210,7 +196,7 @@ def write_shards(source: ImageSource, dst: str, preset: Preset, *, on_error: OnE
             "num_classes": len(source.classes),
             "classes": list(source.classes),
             "class_counts": {c: int(k) for c, k in zip(source.classes, counts)},
-            "preset": asdict(requested),
+            "preset": asdict(preset),
             "source_checksum": scan.checksum,
             "source_stat": stat,
             "skipped": [asdict(p) for p in scan.problems],
