@@ -221,3 +221,17 @@ def test_a_chunk_evicted_from_the_cache_is_read_again_not_reported_as_an_outage(
     shards, whole = dm.data_backend.sets["train"].source, torchvision_dm.data_backend.sets["train"].source
     assert np.array_equal(shards.load(0), whole.load(0))
     assert evicted and Path(evicted[0]).is_file()  # the race happened, and the chunk was fetched again
+
+
+def test_submit_streams_from_the_store_with_no_conversion_job(store, remote_set, tmp_path):
+    """``impulsevit submit`` on the litdata backend (a cluster without a shared data disk): one training job whose
+    command reads the bucket; no conversion job is chained before it (the shards exist); the AWS variables reach the
+    job through sbatch's default ``--export=ALL``."""
+    run = subprocess.run([sys.executable, "-m", "impulsevit.cli", "submit", "--recipe", "quickstart", "--nodes", "2",
+                          "--gpus-per-node", "1", "--runs-dir", str(tmp_path / "runs"), "--dry-run",
+                          "--data.init_args.backend=litdata", f"--data.init_args.root={remote_set}",
+                          "--data.init_args.train_subset=64", "--data.init_args.val_subset=32"],
+                         env=subprocess_env(), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.count("#SBATCH --job-name=") == 1 and "convert" not in run.stdout
+    assert f"--data.init_args.root={remote_set}" in run.stdout and "--trainer.num_nodes=2" in run.stdout
