@@ -3,7 +3,8 @@
 For each photo given (default: the three photos that ship with matplotlib / scikit-learn), three crops (full, left
 60 %, top 60 %) go into an ImageFolder twice: at full size (``deit_base_in1k``'s data settings) and downscaled to
 32 px (``vit_tiny_cifar10``'s). ``impulsevit data preview`` writes what the model sees on the recipe's default
-backend; each image is compared with ``timm.data.create_transform(224, is_training=False, interpolation="bicubic",
+backend and on the streaming backend (``litdata``, a shard set ``impulsevit convert --format litdata`` wrote from the
+same tree); each image is compared with ``timm.data.create_transform(224, is_training=False, interpolation="bicubic",
 crop_pct=0.875)`` on the same file (PSNR in dB on the 0–1 scale). For the full-size set it also reports whether the
 stored short side × crop_pct reaches 224 for every source of short side >= 256 (the eval crop is never upsampled).
 
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 from PIL import Image
 from timm.data import create_transform
+from torchvision.datasets import ImageFolder
 
 
 def _default_photos() -> list[Path]:
@@ -62,25 +64,33 @@ def main() -> None:
     for recipe, small in (("vit_tiny_cifar10", True), ("deit_base_in1k", False)):
         tree = work / recipe
         n = _tree(photos, tree, small)
-        out = work / f"out_{recipe}"
-        subprocess.run([sys.executable, "-m", "impulsevit.cli", "data", "preview", "--recipe", recipe, "--split", "val",
-                        "--num", str(n), "--out", str(out), "--data.init_args.dataset=imagefolder",
-                        f"--data.init_args.root={tree}", "--data.init_args.num_workers=1",
-                        f"--data.init_args.cache_dir={work / 'ffcv'}", "--data.init_args.augment.repeated_aug=1"],
-                       check=True, stdout=subprocess.DEVNULL)
-        r = torch.load(out / "val.pt", weights_only=False)
-        psnr = []
-        for i, path in enumerate(r["paths"]):
-            ref = tf(Image.open(path).convert("RGB"))
-            mse = ((r["images"][i] - ref) ** 2).mean().item()
-            psnr.append(10 * np.log10(1 / max(mse, 1e-12)))
-        print(f"{recipe} ({'32 px' if small else 'full-size'} photos, backend {r['backend']}): PSNR vs timm bicubic "
-              f"median {np.median(psnr):.1f} dB, min {min(psnr):.1f} dB over {n} images")
-        if not small:
-            ok = [min(s) * 0.875 >= 224 for s, src in zip(r["stored_hw"].tolist(), r["source_hw"].tolist())
-                  if min(src) >= 256]
-            print(f"  eval crop never upsampled (stored short side x 0.875 >= 224): {sum(ok)}/{len(ok)} images")
-
+        files = [path for path, _ in ImageFolder(tree / "val").samples]  # the index order every backend shares
+        for backend in ("auto", "litdata"):
+            root = tree
+            if backend == "litdata":  # the streaming backend reads a shard set converted from the same tree
+                root = work / f"shards_{recipe}"
+                for split in ("train", "val"):
+                    subprocess.run([sys.executable, "-m", "impulsevit.cli", "convert", "imagefolder", str(root),
+                                    "--root", str(tree), "--format", "litdata", "--split", split, "--no-progress"],
+                                   check=True, stdout=subprocess.DEVNULL)
+            out = work / f"out_{recipe}_{backend}"
+            subprocess.run([sys.executable, "-m", "impulsevit.cli", "data", "preview", "--recipe", recipe, "--split",
+                            "val", "--num", str(n), "--out", str(out), "--data.init_args.dataset=imagefolder",
+                            f"--data.init_args.root={root}", f"--data.init_args.backend={backend}",
+                            "--data.init_args.num_workers=1", f"--data.init_args.cache_dir={work / 'ffcv'}",
+                            "--data.init_args.augment.repeated_aug=1"], check=True, stdout=subprocess.DEVNULL)
+            r = torch.load(out / "val.pt", weights_only=True)
+            psnr = []
+            for i, index in enumerate(r["indices"].tolist()):
+                ref = tf(Image.open(files[index]).convert("RGB"))
+                mse = ((r["images"][i] - ref) ** 2).mean().item()
+                psnr.append(10 * np.log10(1 / max(mse, 1e-12)))
+            print(f"{recipe} ({'32 px' if small else 'full-size'} photos, backend {r['backend']}): PSNR vs timm "
+                  f"bicubic median {np.median(psnr):.1f} dB, min {min(psnr):.1f} dB over {n} images")
+            if not small:
+                ok = [min(s) * 0.875 >= 224 for s, src in zip(r["stored_hw"].tolist(), r["source_hw"].tolist())
+                      if min(src) >= 256]
+                print(f"  eval crop never upsampled (stored short side x 0.875 >= 224): {sum(ok)}/{len(ok)} images")
 
 if __name__ == "__main__":
     main()
