@@ -62,6 +62,7 @@ from timm.utils import ModelEmaV3
 from torch import nn
 
 from impulsevit._compat.lightning import is_log_step
+from impulsevit.errors import ConfigError
 from impulsevit.init import InitReport, check_init_method
 from impulsevit.training import optim
 from impulsevit.training import strategies as _strategies  # noqa: F401  (registers the `fsdp2` strategy name)
@@ -80,7 +81,7 @@ from impulsevit.training.ema import make_ema
 from impulsevit.training.loss import classification_loss, make_mixup
 from impulsevit.training.metrics import accuracy_metrics
 from impulsevit.training.pretrained import freeze_backbone as freeze_backbone_params
-from impulsevit.training.pretrained import load_into, read_state_dict, resolve_source
+from impulsevit.training.pretrained import load_into, read_state_dict, reinit_parts, reinit_targets, resolve_source
 from impulsevit.training.sharding import compile_backbone, shard_backbone
 
 __all__ = ["ImageClassifier", "check_image_size"]
@@ -109,6 +110,9 @@ class ImageClassifier(L.LightningModule):
             head when the class count differs, position embeddings resampled to ``img_size``). Loaded once, at the
             start of a fresh fit (:meth:`load_weights`; ``impulsevit fit`` loads and checks it before the run
             directory is made); a resumed run keeps its checkpoint's weights and does not read the source again.
+        reinit: with ``pretrained``, module names or globs of the backbone (``["head"]``, ``["blocks.11", "head"]``)
+            put back at PyTorch's constructor init after loading (the ``torch`` method's values for ``init.seed``;
+            :func:`impulsevit.training.pretrained.reinit_parts`); checked against the model when it is built.
         freeze_backbone: train the classifier only (every other parameter has ``requires_grad=False`` and is left
             out of the optimizer): a linear probe through ``fit``.
         compile: ``torch.compile`` the backbone (inductor; see the module docstring); a mapping gives
@@ -138,6 +142,7 @@ class ImageClassifier(L.LightningModule):
         img_size: int | None = None,
         pretrained: str | None = None,
         freeze_backbone: bool = False,
+        reinit: list[str] | None = None,
     ) -> None:
         super().__init__()
         self.init_cfg: InitConfig = as_config(InitConfig, init, "init")
@@ -165,11 +170,17 @@ class ImageClassifier(L.LightningModule):
             "compile": dict(compile) if isinstance(compile, dict) else bool(compile),
             "pretrained": None if pretrained in (None, "") else str(pretrained),
             "freeze_backbone": bool(freeze_backbone),
+            "reinit": [str(p) for p in reinit or []],
         })
         self.backbone = self.build_backbone()
         if img_size is not None:
             check_image_size(self.backbone, backbone, int(img_size))
         self.num_classes = int(self.backbone.num_classes)
+        if reinit:
+            if not self.hparams["pretrained"]:
+                raise ConfigError("model.reinit puts parts of loaded weights back at their constructor init: set "
+                                  "model.pretrained too (without it model.init sets every weight)")
+            reinit_targets(self.backbone, self.hparams["reinit"])  # a pattern that matches nothing: one line, now
         if freeze_backbone:
             freeze_backbone_params(self.backbone)
         self.weights_report: InitReport | None = None  # set by load_weights (a run started from model.pretrained)
@@ -284,6 +295,8 @@ class ImageClassifier(L.LightningModule):
             raise ValueError("model.pretrained is not set: nothing to load")
         source = resolve_source(spec)
         report = load_into(self.backbone, self.hparams.backbone, source, read_state_dict(source, trust=trust))
+        if self.hparams.get("reinit"):
+            report.notes.append(reinit_parts(self.backbone, self.hparams["reinit"], self.init_cfg.seed))
         self.weights_report = report
         self.on_initialized(report)
         return report

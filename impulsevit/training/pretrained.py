@@ -33,9 +33,11 @@ model's ``pretrained_cfg['classifier']``; changing ``in_chans`` (timm's input-co
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +49,8 @@ from impulsevit.errors import ConfigError
 from impulsevit.init import InitReport
 from impulsevit.safe_load import UntrustedFileError, load_checkpoint
 
-__all__ = ["FROM_WEIGHTS", "WeightsSource", "freeze_backbone", "load_into", "read_state_dict", "resolve_source"]
+__all__ = ["FROM_WEIGHTS", "WeightsSource", "freeze_backbone", "load_into", "read_state_dict", "reinit_parts",
+           "reinit_targets", "resolve_source"]
 
 FROM_WEIGHTS = "from weights"
 """The init method a run started from ``model.pretrained`` records (init report, ``run.json``, model card)."""
@@ -317,6 +320,47 @@ def load_into(model: nn.Module, backbone: str, source: WeightsSource, state: dic
     return InitReport(method=FROM_WEIGHTS, family="pretrained", model=type(model).__name__,
                       options={"source": source.spec, "kind": source.kind, "sha256": source.sha256,
                                "file": source.path}, offsets=[], seconds=time.perf_counter() - t0, notes=notes)
+
+
+def reinit_targets(model: nn.Module, patterns: Sequence[str]) -> list[str]:
+    """The tensor names (parameters and buffers) of ``model`` that ``model.reinit`` patterns select.
+
+    A pattern names a module of ``model`` (``head``, ``blocks.11``, ``blocks.1*.attn``; ``fnmatch`` globs over
+    ``model.named_modules()`` names); every tensor of a matched module and of its children is selected.
+
+    Raises:
+        ConfigError: a pattern that matches no module (named, with the model's top-level modules), or an empty one.
+    """
+    modules = [name for name, _ in model.named_modules() if name]
+    chosen: set[str] = set()
+    for pattern in patterns:
+        pattern = str(pattern).strip()
+        hits = [m for m in modules if fnmatch.fnmatchcase(m, pattern)] if pattern else []
+        if not hits:
+            top = [name for name, _ in model.named_children()]
+            raise ConfigError(f"model.reinit: {pattern!r} matches no module of {type(model).__name__} (module names "
+                              f"or globs, e.g. {', '.join(top[:8])})")
+        chosen.update(hits)
+    names = [n for n, _ in (*model.named_parameters(), *model.named_buffers())]
+    return [n for n in names if any(n.startswith(m + ".") for m in chosen)]
+
+
+def reinit_parts(model: nn.Module, patterns: Sequence[str], seed: int) -> str:
+    """Put the tensors ``patterns`` select (:func:`reinit_targets`) back at PyTorch's constructor init: exactly the
+    values the ``torch`` init method gives them with ``seed`` (one draw per tensor of the whole model, then only the
+    selected ones written), so a re-initialised head is the same whatever was loaded. Returns the init report's note.
+
+    Why only the constructor init: a structured init (``impulse``) solves over whole layers with the position
+    embedding as input; applied to a part of a trained model it has no defined meaning (not supported).
+    """
+    from impulsevit.init.api import make_generator
+    from impulsevit.init.baselines import torch_default_fills, write_values
+
+    targets = set(reinit_targets(model, patterns))
+    values, _ = torch_default_fills(model, make_generator(seed))
+    write_values(model, {name: value for name, value in values.items() if name in targets})
+    return (f"re-initialised {', '.join(patterns)} ({len(targets)} tensors) at PyTorch's constructor init "
+            f"(the torch method's values for seed {seed})")
 
 
 def freeze_backbone(model: nn.Module) -> int:

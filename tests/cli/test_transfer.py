@@ -67,6 +67,21 @@ def test_fine_tune_from_an_exported_folder_and_resume_without_it(exported, tmp_p
     assert "**from weights**" in card and sha in card
 
 
+def test_reinit_of_named_parts_through_the_cli(exported, tmp_path, capsys):
+    """``--model.reinit``: a pattern that matches nothing is one line, exit 2, before any run folder exists; a valid
+    one is applied after loading and recorded in the checkpoint's init report."""
+    runs = tmp_path / "runs"
+    assert main(tiny(runs, "bad", *ONE, f"--model.pretrained={exported}", "--model.reinit=[heads]")) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1 and "model.reinit: 'heads' matches no module" in err[0], err
+    assert not (runs / "bad").exists()
+    run_cli(*tiny(runs, "ft", *ONE, f"--model.pretrained={exported}", "--model.reinit=[head]",
+                  "--model.ema_decay=null", "--trainer.max_steps=1"))
+    ckpt = torch.load(runs / "ft" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    init = next(v for k, v in ckpt["callbacks"].items() if k.startswith("Initializer"))
+    assert any(n.startswith("re-initialised head (2 tensors)") for n in init["report"]["notes"]), init["report"]
+
+
 def test_fine_tune_from_the_hub_through_the_console_command(exported, tmp_path):
     """``impulsevit fit --model.pretrained=hf-hub:ORG/NAME`` as a user runs it (a new process; the hub's address from
     ``HF_ENDPOINT``, as for a mirror): the weights come from the stand-in hub on 127.0.0.1 and the run records them."""

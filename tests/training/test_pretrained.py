@@ -194,3 +194,37 @@ def test_freeze_backbone_trains_the_head_only_and_layer_decay_scales_the_blocks(
     opt = build_optimizer(m.backbone, OptimizerConfig(lr=1e-3, layer_decay=0.5), 1e-3, torch.device("cpu"))
     scales = {round(g["lr_scale"], 6) for g in opt.param_groups}
     assert scales == {0.125, 0.25, 0.5, 1.0}  # embeddings, block 0, block 1, head (timm's layer grouping)
+
+
+def test_reinit_puts_named_parts_back_at_the_torch_methods_values(source):
+    """``model.reinit`` after loading: the selected modules hold exactly what the ``torch`` init method gives them for
+    the run's ``init.seed``; every other tensor is the source's; the report says what was re-initialised."""
+    import impulsevit.init as ii
+    from impulsevit.training.module import ImageClassifier
+
+    src, folder = source
+    m = ImageClassifier(ARCH, backbone_kwargs=KW, num_classes=10, img_size=28, init={"method": "impulse", "seed": 3},
+                        pretrained=str(folder / "w.safetensors"), reinit=["head", "blocks.1.mlp*"])
+    report = m.load_weights()
+    reference = _vit()
+    ii.initialize(reference, "torch", generator=3)
+    fresh = {n for n in src.state_dict() if n.startswith(("head.", "blocks.1.mlp."))}
+    assert fresh == {"head.weight", "head.bias", "blocks.1.mlp.fc1.weight", "blocks.1.mlp.fc1.bias",
+                     "blocks.1.mlp.fc2.weight", "blocks.1.mlp.fc2.bias"}
+    for name, t in m.backbone.state_dict().items():
+        want = reference.state_dict()[name] if name in fresh else src.state_dict()[name]
+        assert torch.equal(t, want), name
+    assert not torch.equal(m.backbone.head.weight, src.head.weight)
+    assert any("re-initialised head, blocks.1.mlp* (6 tensors)" in n and "seed 3" in n for n in report.notes)
+
+
+def test_reinit_that_selects_nothing_or_has_no_weights_is_one_line(source):
+    from impulsevit.training.module import ImageClassifier
+
+    _, folder = source
+    with pytest.raises(ConfigError, match=r"model.reinit: 'heads' matches no module of VisionTransformer .*head") as e:
+        ImageClassifier(ARCH, backbone_kwargs=KW, num_classes=10, img_size=28,
+                        pretrained=str(folder / "w.safetensors"), reinit=["heads"])
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="set model.pretrained too"):
+        ImageClassifier(ARCH, backbone_kwargs=KW, num_classes=10, img_size=28, reinit=["head"])
