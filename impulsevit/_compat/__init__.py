@@ -14,7 +14,7 @@ The modules import nothing from impulsevit (each is a leaf of the layer rules in
 """
 
 CHECKED_ON: dict[str, str] = {
-    "torch": ">=2.4,<2.16",  # CI: 2.14.1 (constraints/ci.txt); 2.15.0: tests/{init,house,training,callbacks} once
+    "torch": ">=2.4,<2.16",  # CI: 2.14.1 (constraints/ci.txt); 2.15.0 (+ torchvision 0.29.2): the whole suite, once
     "timm": ">=1.0.20,<1.1",
     "lightning": ">=2.6,<2.7",
     "jsonargparse": ">=4.27,<5",
