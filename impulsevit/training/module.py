@@ -297,6 +297,7 @@ class ImageClassifier(L.LightningModule):
         report = load_into(self.backbone, self.hparams.backbone, source, read_state_dict(source, trust=trust))
         if self.hparams.get("reinit"):
             report.notes.append(reinit_parts(self.backbone, self.hparams["reinit"], self.init_cfg.seed))
+            print(f"[impulsevit] model.reinit: {report.notes[-1]}", file=sys.stderr, flush=True)
         self.weights_report = report
         self.on_initialized(report)
         return report

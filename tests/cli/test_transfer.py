@@ -77,6 +77,7 @@ def test_reinit_of_named_parts_through_the_cli(exported, tmp_path, capsys):
     assert not (runs / "bad").exists()
     run_cli(*tiny(runs, "ft", *ONE, f"--model.pretrained={exported}", "--model.reinit=[head]",
                   "--model.ema_decay=null", "--trainer.max_steps=1"))
+    assert "model.reinit: re-initialised head (2 tensors)" in capsys.readouterr().err
     ckpt = torch.load(runs / "ft" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     init = next(v for k, v in ckpt["callbacks"].items() if k.startswith("Initializer"))
     assert any(n.startswith("re-initialised head (2 tensors)") for n in init["report"]["notes"]), init["report"]
