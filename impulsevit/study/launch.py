@@ -147,7 +147,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="print the report as JSON (report.json) instead of the markdown")
     p.add_argument("--run-index", type=int, default=None, help="run only this entry of the plan")
     p.add_argument("--submit", action="store_true", help="submit the plan as a SLURM array instead of running here")
-    p.add_argument("--dry-run", action="store_true", help="with --submit: print the sbatch script, submit nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (every run's `impulsevit fit` command; with --submit the sbatch script) and "
+                        "write, run and submit nothing")
     p.add_argument("--then", default=None, metavar="RECIPE",
                    help="a pipeline: fine-tune and probe every pre-training run's last checkpoint on this recipe "
                         "(impulsevit/study/stages.py); the report shows both stages paired by seed")
@@ -196,13 +198,35 @@ def _new_plan(args: argparse.Namespace, recipe_path: Path, overrides: list[str])
     return plan
 
 
+def _check_run_index(plan: dict[str, Any], run_index: int | None) -> None:
+    if run_index is not None and not 0 <= run_index < len(plan["runs"]):
+        n = len(plan["runs"])
+        raise ConfigError(f"--run-index {run_index}: the plan has {n} runs (0..{n - 1})")
+
+
+def _print_plan(study_dir: Path, plan: dict[str, Any], run_index: int | None) -> None:
+    """``--dry-run`` without ``--submit``: one line per plan entry (its index for ``--run-index``, name, state and
+    the ``impulsevit fit`` command the study would run), then the downstream stage's runs; nothing is written."""
+    _check_run_index(plan, run_index)
+    indexed = list(enumerate(plan["runs"]))
+    for i, run in indexed if run_index is None else [indexed[run_index]]:
+        status = _run_dir(study_dir, run) / "status.json"
+        state = read_json(status).get("state", "?") if status.exists() else "to run"
+        cmd = ["impulsevit", "fit", "--recipe", plan["recipe"], "--runs-dir", str(study_dir), "--name", run["name"],
+               "--resume", "auto", *plan_entry_args(run), *plan["overrides"]]
+        print(f"[study] {i} {run['name']} ({state}): {shlex.join(cmd)}")
+    if run_index is None and plan.get("then"):
+        for entry in plan["then"]["runs"]:
+            print(f"[study] then {entry['name']} and {entry['probe']}: fine-tune and probe {entry['source_run']} "
+                  f"on {plan['then']['recipe']}")
+    print(f"[study] dry run: {len(plan['runs'])} runs planned in {study_dir}; nothing was written or started")
+
+
 def _run_plan(study_dir: Path, plan: dict[str, Any], run_index: int | None) -> tuple[int, str] | None:
     """Run the plan's entries here, one after the other (or only ``run_index``); finished ones are skipped. A
     SIGTERM / SIGINT stops the study after the running fit's checkpoint (that run is ``interrupted``) or, between
     runs, before the next one: returns ``(signal, run name or "")``, else None."""
-    if run_index is not None and not 0 <= run_index < len(plan["runs"]):
-        n = len(plan["runs"])
-        raise ConfigError(f"--run-index {run_index}: the plan has {n} runs (0..{n - 1})")
+    _check_run_index(plan, run_index)
     with forward_signals(lambda: None, _STOPS) as between:  # a signal between two runs: start nothing more
         for run in plan["runs"] if run_index is None else [plan["runs"][run_index]]:
             if between:
@@ -286,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     reference = args.reference if plan is None else reference_method(
         list(plan["methods"]), args.reference, study_header(recipe_path)["reference"], recipe_path)
     if plan is not None and not args.collect:
+        if args.dry_run and not args.submit:
+            _print_plan(study_dir, plan, args.run_index)
+            return 0
         if not stored and not (args.submit and args.dry_run):
             study_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_json(plan_file, plan, indent=2)

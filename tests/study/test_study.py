@@ -202,6 +202,36 @@ def test_submit_dry_run_prints_array_script_and_writes_nothing(recipe: Path, tmp
     assert not runs_dir.exists()
 
 
+def test_dry_run_without_submit_prints_every_run_s_command_and_writes_nothing(recipe: Path, tmp_path: Path) -> None:
+    """`impulsevit study --dry-run` (no --submit) through the real CLI: one line per plan entry with its --run-index,
+    state and fit command (the recipe header's per-method overrides included), and nothing written or run; a done
+    run of an existing study says so; a --run-index outside the plan is one line, exit 2."""
+    runs_dir = tmp_path / "runs"
+    cli = [sys.executable, "-m", "impulsevit.cli", "study", "--recipe", str(recipe), "--seeds", "2",
+           "--runs-dir", str(runs_dir), "--dry-run", "--trainer.max_epochs=1"]
+    out = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("[study] ")]
+    assert [ln.split(" ")[1:3] for ln in lines[:4]] == [["0", "impulse-s0"], ["1", "impulse-s1"], ["2", "torch-s0"],
+                                                        ["3", "torch-s1"]]
+    cmd = shlex.split(lines[2].split(": ", 1)[1])
+    assert cmd[:3] == ["impulsevit", "fit", "--recipe"] and "--model.init.method=torch" in cmd
+    assert "--trainer.max_epochs=3" in cmd and cmd[-1] == "--trainer.max_epochs=1"  # header's, then the user's
+    assert "(to run)" in lines[0] and "nothing was written or started" in lines[-1]
+    assert not runs_dir.exists()
+
+    sdir = runs_dir / "tiny_study-study" / "impulse-s0"
+    sdir.mkdir(parents=True)
+    (sdir / "status.json").write_text(json.dumps({"state": "done", "returncode": 0}))
+    out = subprocess.run(cli + ["--run-index", "0"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "[study] 0 impulse-s0 (done): impulsevit fit" in out.stdout, out.stdout
+    assert sorted(p.name for p in (runs_dir / "tiny_study-study").iterdir()) == ["impulse-s0"]
+
+    bad = subprocess.run(cli + ["--run-index", "4"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0, bad.stderr
+    assert "--run-index 4: the plan has 4 runs (0..3)" in bad.stderr
+
+
 @pytest.mark.slow
 def test_array_task_runs_its_plan_entry_like_slurm_would(recipe: Path, tmp_path: Path, monkeypatch) -> None:
     """``--submit`` without ``sbatch`` on PATH writes the plan and the script (and fails, naming sbatch); then the
