@@ -287,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         return _array_task(Path(argv[1]), argv[2:])
     args, overrides = _parser().parse_known_args(argv)
     check_overrides(overrides)
+    if args.then is None and args.then_args:
+        raise ConfigError("--then-args: the downstream stage's overrides need --then RECIPE (the stage to run)")
     if args.then is not None and (args.submit or args.run_index is not None):
         raise ConfigError("--then runs the downstream stage here, after the pre-training runs: not with --submit or "
                           "--run-index (run the stage later with the same command without them)")

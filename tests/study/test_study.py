@@ -230,6 +230,8 @@ def test_dry_run_without_submit_prints_every_run_s_command_and_writes_nothing(re
     bad = subprocess.run(cli + ["--run-index", "4"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0, bad.stderr
     assert "--run-index 4: the plan has 4 runs (0..3)" in bad.stderr
+    bad = subprocess.run(cli + ["--then-args=--trainer.max_epochs=1"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--then-args: the downstream stage's overrides need --then" in bad.stderr
 
 
 @pytest.mark.slow
