@@ -348,7 +348,9 @@ def test_litdata_store_stopped_mid_epoch_is_one_line_and_resume_auto_continues(t
     weights as the uninterrupted run."""
     from impulsevit.cli.errors import user_error
 
-    small = ["--data.init_args.storage.cache_size=100KB", f"--data.init_args.cache_dir={tmp_path / 'chunks'}"]
+    # the stopped server leaves pooled connections open: reads hang until the read timeout, as on a real partition
+    small = ["--data.init_args.storage.cache_size=100KB", f"--data.init_args.cache_dir={tmp_path / 'chunks'}",
+             "--data.init_args.storage.read_timeout=2"]
     stopper = ('--trainer.callbacks=[{"class_path": "_s3.StopStoreAfterStep", "init_args": {"step": 10}}]')
     with pytest.raises(Exception) as failed:
         run_cli(*args(tmp_path, "fault", "litdata", cache, stopper), *small)

@@ -136,6 +136,11 @@ class StorageConfig:
             downloaded chunks may use, in LitData's ``max_cache_size`` terms (``"200GB"``, ``"500MB"``); chunks
             beyond it are evicted oldest first and fetched again when read again (``docs/data.md``: cache size and
             network). Ignored for local shard sets and the other backends.
+        read_timeout: seconds, ``> 0``: how long one chunk download of the litdata backend may wait for data from the
+            store before the attempt fails (botocore's ``read_timeout``). A store that stops answering mid-epoch is
+            reported after the retries of botocore, s3transfer and LitData (on the loopback test store: about 50 s at
+            2 s, 2 min 15 s at the default); raise it for large chunks on a slow link. Ignored for local shard sets
+            and the other backends.
         convert_limit: images, ``>= 0``. In a multi-process run (world size > 1) ``prepare_data`` does not convert a
             split larger than this: it stops with the ``impulsevit convert`` command to run first (``impulsevit
             submit`` submits that as its own job). Single-process runs convert any size.
@@ -148,6 +153,7 @@ class StorageConfig:
     beton_check: CheckLevel = "sampled"
     convert_limit: int = 200_000
     cache_size: str = "200GB"
+    read_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         if self.preset is not None and self.preset not in PRESETS:
@@ -162,5 +168,7 @@ class StorageConfig:
         if not re.fullmatch(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB)", str(self.cache_size).strip(), flags=re.I):
             raise ConfigError(f"data.storage.cache_size must be a size like '200GB' or '500MB', got "
                               f"{self.cache_size!r}")
+        if not self.read_timeout > 0:
+            raise ConfigError(f"data.storage.read_timeout must be > 0 seconds, got {self.read_timeout}")
         if self.convert_limit < 0:
             raise ConfigError(f"data.storage.convert_limit must be >= 0, got {self.convert_limit}")

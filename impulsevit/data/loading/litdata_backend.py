@@ -82,13 +82,14 @@ class ShardSource(ImageSource):
     (created on first use in each process, so a source pickled into ``DataLoader`` workers opens its own).
 
     ``classes`` / ``labels`` come from the manifest and ``labels.npy`` (no chunk is read for them); ``cache_dir``
-    (remote sets only) holds the downloaded chunks, at most ``cache_size`` (LitData's ``max_cache_size``)."""
+    (remote sets only) holds the downloaded chunks, at most ``cache_size`` (LitData's ``max_cache_size``);
+    ``read_timeout`` (seconds) is how long a chunk download may wait for data before the attempt fails."""
 
     def __init__(self, location: str, classes: Sequence[str], labels: np.ndarray, indices: np.ndarray,
-                 cache_dir: Path | None, cache_size: str) -> None:
+                 cache_dir: Path | None, cache_size: str, read_timeout: float = 30.0) -> None:
         self.location, self.classes, self.indices = location, list(classes), np.asarray(indices, dtype=np.int64)
         self.labels = np.asarray(labels, dtype=np.int64)[self.indices]
-        self.cache_dir, self.cache_size = cache_dir, cache_size
+        self.cache_dir, self.cache_size, self.read_timeout = cache_dir, cache_size, read_timeout
         self.problems = []
         self._all_labels = np.asarray(labels, dtype=np.int64)
         self._dataset: Any = None
@@ -113,7 +114,7 @@ class ShardSource(ImageSource):
                 self.cache_dir.mkdir(parents=True, exist_ok=True)
                 kwargs = dict(cache_dir=str(self.cache_dir), max_cache_size=self.cache_size,
                               storage_options={"config": Config(connect_timeout=objstore.CONNECT_TIMEOUT_S,
-                                                                read_timeout=30,
+                                                                read_timeout=self.read_timeout,
                                                                 retries={"max_attempts": 2, "mode": "standard"})})
             from impulsevit._compat.litdata import read_whole_set
 
@@ -163,7 +164,7 @@ class ShardSource(ImageSource):
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> ShardSource:
         return ShardSource(self.location, self.classes, self._all_labels, self.indices[np.asarray(indices)],
-                           self.cache_dir, self.cache_size)
+                           self.cache_dir, self.cache_size, self.read_timeout)
 
     def image_size(self, index: int) -> tuple[int, int]:
         return tuple(self.load(index).shape[:2])  # type: ignore[return-value]
@@ -255,7 +256,7 @@ class LitDataBackend(TorchvisionBackend):
 
         labels = np.load(io.BytesIO(data), allow_pickle=False)
         return ShardSource(where, manifest["classes"], labels, self._indices(split), self.cache_folder(split),
-                           self.spec.storage.cache_size)
+                           self.spec.storage.cache_size, self.spec.storage.read_timeout)
 
     def train_samples(self) -> int | None:
         """The training shard set's sample count after ``train_subset`` (from its manifest)."""
