@@ -20,6 +20,7 @@ from slurm_cluster import slurm_cluster  # noqa: F401  (module-scoped loopback S
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from impulsevit import study
+from impulsevit.errors import ConfigError
 from impulsevit.run.recipes import packaged_recipes_dir
 
 pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
@@ -202,14 +203,15 @@ def test_submit_dry_run_prints_array_script_and_writes_nothing(recipe: Path, tmp
     assert not runs_dir.exists()
 
 
-def test_dry_run_without_submit_prints_every_run_s_command_and_writes_nothing(recipe: Path, tmp_path: Path) -> None:
+def test_dry_run_without_submit_prints_every_run_s_command_and_writes_nothing(recipe: Path, tmp_path: Path,
+                                                                              capsys) -> None:
     """`impulsevit study --dry-run` (no --submit) through the real CLI: one line per plan entry with its --run-index,
     state and fit command (the recipe header's per-method overrides included), and nothing written or run; a done
-    run of an existing study says so; a --run-index outside the plan is one line, exit 2."""
+    run of an existing study says so; a --run-index outside the plan and --then-args without --then are refused."""
     runs_dir = tmp_path / "runs"
-    cli = [sys.executable, "-m", "impulsevit.cli", "study", "--recipe", str(recipe), "--seeds", "2",
-           "--runs-dir", str(runs_dir), "--dry-run", "--trainer.max_epochs=1"]
-    out = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    args = ["--recipe", str(recipe), "--seeds", "2", "--runs-dir", str(runs_dir), "--dry-run", "--trainer.max_epochs=1"]
+    out = subprocess.run([sys.executable, "-m", "impulsevit.cli", "study", *args], capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == 0, out.stderr
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("[study] ")]
     assert [ln.split(" ")[1:3] for ln in lines[:4]] == [["0", "impulse-s0"], ["1", "impulse-s1"], ["2", "torch-s0"],
@@ -223,15 +225,13 @@ def test_dry_run_without_submit_prints_every_run_s_command_and_writes_nothing(re
     sdir = runs_dir / "tiny_study-study" / "impulse-s0"
     sdir.mkdir(parents=True)
     (sdir / "status.json").write_text(json.dumps({"state": "done", "returncode": 0}))
-    out = subprocess.run(cli + ["--run-index", "0"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and "[study] 0 impulse-s0 (done): impulsevit fit" in out.stdout, out.stdout
+    assert study.main([*args, "--run-index", "0"]) == 0
+    assert "[study] 0 impulse-s0 (done): impulsevit fit" in capsys.readouterr().out
     assert sorted(p.name for p in (runs_dir / "tiny_study-study").iterdir()) == ["impulse-s0"]
-
-    bad = subprocess.run(cli + ["--run-index", "4"], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0, bad.stderr
-    assert "--run-index 4: the plan has 4 runs (0..3)" in bad.stderr
-    bad = subprocess.run(cli + ["--then-args=--trainer.max_epochs=1"], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "--then-args: the downstream stage's overrides need --then" in bad.stderr
+    with pytest.raises(ConfigError, match=re.escape("--run-index 4: the plan has 4 runs (0..3)")):
+        study.main([*args, "--run-index", "4"])
+    with pytest.raises(ConfigError, match="--then-args: the downstream stage's overrides need --then"):
+        study.main([*args, "--then-args=--trainer.max_epochs=1"])
 
 
 @pytest.mark.slow
