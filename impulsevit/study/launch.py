@@ -81,9 +81,14 @@ def _fit_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "impulsevit.cli", *args]
 
 
+def _fit_args(study_dir: Path, recipe: str, run: dict[str, Any], overrides: list[str]) -> list[str]:
+    """The ``impulsevit fit`` arguments of one plan entry (run by :func:`_run_one`, printed by ``--dry-run``)."""
+    return ["fit", "--recipe", recipe, "--runs-dir", str(study_dir), "--name", run["name"], "--resume", "auto",
+            *plan_entry_args(run), *overrides]
+
+
 def _run_one(study_dir: Path, recipe: str, run: dict[str, Any], overrides: list[str]) -> tuple[int, str, list[int]]:
-    cmd = _fit_command("fit", "--recipe", recipe, "--runs-dir", str(study_dir), "--name", run["name"],
-                       "--resume", "auto", *plan_entry_args(run), *overrides)
+    cmd = _fit_command(*_fit_args(study_dir, recipe, run, overrides))
     return _run_fit(cmd, _run_dir(study_dir, run), True)
 
 
@@ -212,8 +217,7 @@ def _print_plan(study_dir: Path, plan: dict[str, Any], run_index: int | None) ->
     for i, run in indexed if run_index is None else [indexed[run_index]]:
         status = _run_dir(study_dir, run) / "status.json"
         state = read_json(status).get("state", "?") if status.exists() else "to run"
-        cmd = ["impulsevit", "fit", "--recipe", plan["recipe"], "--runs-dir", str(study_dir), "--name", run["name"],
-               "--resume", "auto", *plan_entry_args(run), *plan["overrides"]]
+        cmd = ["impulsevit", *_fit_args(study_dir, plan["recipe"], run, plan["overrides"])]
         print(f"[study] {i} {run['name']} ({state}): {shlex.join(cmd)}")
     if run_index is None and plan.get("then"):
         for entry in plan["then"]["runs"]:

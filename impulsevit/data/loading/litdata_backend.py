@@ -86,7 +86,7 @@ class ShardSource(ImageSource):
     ``read_timeout`` (seconds) is how long a chunk download may wait for data before the attempt fails."""
 
     def __init__(self, location: str, classes: Sequence[str], labels: np.ndarray, indices: np.ndarray,
-                 cache_dir: Path | None, cache_size: str, read_timeout: float = 30.0) -> None:
+                 cache_dir: Path | None, cache_size: str, read_timeout: float) -> None:
         self.location, self.classes, self.indices = location, list(classes), np.asarray(indices, dtype=np.int64)
         self.labels = np.asarray(labels, dtype=np.int64)[self.indices]
         self.cache_dir, self.cache_size, self.read_timeout = cache_dir, cache_size, read_timeout
