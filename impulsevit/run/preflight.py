@@ -27,7 +27,8 @@ from torch import nn
 from impulsevit._compat.checkpoint import epochs_done
 from impulsevit.errors import ConfigError
 from impulsevit.safe_load import UntrustedFileError, check_distributed_checkpoint, load_checkpoint
-from impulsevit.training.checkpointing import shapes_mismatch
+from impulsevit.training.backbone import TRAINING_ONLY_KWARGS
+from impulsevit.training.checkpointing import config_diff, shapes_mismatch
 
 __all__ = ["META_DRY_RUN_PARAMS", "check_classes", "check_epochs", "check_init", "check_resume", "config_diff"]
 
@@ -115,32 +116,8 @@ def _check_init_on_meta(build_backbone: Any, backbone_name: str, method: str, op
         return
 
 
-def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(d, dict):
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: d}
-
-
-def config_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """``key: OLD in the checkpoint, NEW now`` for every dotted key whose value differs (missing: ``unset``)."""
-    a, b = _flat(old), _flat(new)
-    out = []
-    for k in sorted(set(a) | set(b)):
-        va, vb = a.get(k, "unset"), b.get(k, "unset")
-        if va != vb and not (isinstance(va, list | tuple) and isinstance(vb, list | tuple) and list(va) == list(vb)):
-            out.append(f"{k}: {va} in the checkpoint, {vb} now")
-    return out
-
-
 _STRUCTURE_KEYS = ("backbone", "backbone_kwargs", "num_classes", "ema_decay")
 _FUNCTION_KEYS = ("backbone", "backbone_kwargs", "num_classes")  # what the weights compute, beyond tensor shapes
-# backbone keyword arguments that change only training (regularisation) or how weights start, not what they compute:
-# a resume may change them
-_TRAINING_ONLY_KWARGS = ("drop_rate", "drop_path_rate", "attn_drop_rate", "proj_drop_rate", "pos_drop_rate",
-                         "patch_drop_rate", "weight_init")
 
 
 def _model_settings(hparams: dict[str, Any], keys: tuple[str, ...] = _STRUCTURE_KEYS) -> dict[str, Any]:
@@ -159,7 +136,7 @@ def _model_settings(hparams: dict[str, Any], keys: tuple[str, ...] = _STRUCTURE_
 def _function_settings(hparams: dict[str, Any]) -> dict[str, Any]:
     out = _model_settings(hparams, _FUNCTION_KEYS)
     kwargs = dict(out.get("backbone_kwargs") or {})
-    out["backbone_kwargs"] = {k: v for k, v in kwargs.items() if k not in _TRAINING_ONLY_KWARGS}
+    out["backbone_kwargs"] = {k: v for k, v in kwargs.items() if k not in TRAINING_ONLY_KWARGS}
     return out
 
 

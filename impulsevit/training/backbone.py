@@ -17,7 +17,12 @@ from torch import nn
 
 from impulsevit.errors import ConfigError
 
-__all__ = ["check_image_size", "create_backbone", "takes_img_size", "timm_kwargs"]
+__all__ = ["TRAINING_ONLY_KWARGS", "check_image_size", "create_backbone", "takes_img_size", "timm_kwargs"]
+
+TRAINING_ONLY_KWARGS = ("drop_rate", "drop_path_rate", "attn_drop_rate", "proj_drop_rate", "pos_drop_rate",
+                        "patch_drop_rate", "weight_init")
+"""Backbone keyword arguments that change only training (regularisation) or how the weights start, not what trained
+weights compute: a resume may change them, and a pretrained source's are not compared."""
 
 
 def takes_img_size(backbone: str) -> bool:

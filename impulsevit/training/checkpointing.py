@@ -51,6 +51,7 @@ __all__ = [
     "checkpoint_candidates",
     "checkpoint_dir",
     "checkpoint_step",
+    "config_diff",
     "dangling_links",
     "is_complete_checkpoint",
     "is_distributed_checkpoint",
@@ -334,3 +335,27 @@ def shapes_mismatch(model: Mapping[str, tuple[int, ...]], weights: Mapping[str, 
     unexpected = [k for k in weights if k not in model]
     shapes = [(k, weights[k], model[k]) for k in model if k in weights and tuple(weights[k]) != tuple(model[k])]
     return mismatch_text(missing, unexpected, shapes) or None
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: d}
+
+
+def config_diff(old: Mapping[str, Any], new: Mapping[str, Any], then: str = "in the checkpoint",
+                now: str = "now") -> list[str]:
+    """``key: OLD <then>, NEW <now>`` for every dotted key of two nested settings dicts whose value differs (missing:
+    ``unset``; a list equals the tuple of the same items), sorted by key. The one comparison of saved model settings
+    with the current ones: a resume's (:func:`impulsevit.run.preflight.check_resume`) and a pretrained source's
+    (:func:`impulsevit.training.pretrained.check_architecture`, ``then="in the source", now="in the model"``)."""
+    a, b = _flat(dict(old)), _flat(dict(new))
+    out = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k, "unset"), b.get(k, "unset")
+        if va != vb and not (isinstance(va, list | tuple) and isinstance(vb, list | tuple) and list(va) == list(vb)):
+            out.append(f"{k}: {va} {then}, {vb} {now}")
+    return out
