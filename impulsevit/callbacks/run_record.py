@@ -53,6 +53,8 @@ from impulsevit.training.trackers import cli_run_directory
 
 __all__ = ["SUMMARY_NAME", "RunRecord", "device_description", "recipe_names"]
 
+_PRETRAINED_KEYS = ("source", "sha256", "architecture")  # run.json's "pretrained": the init report's options
+
 SUMMARY_NAME = "run.json"
 _RECIPE_FLAGS = ("--recipe", "--config", "-c")
 
@@ -144,7 +146,7 @@ class RunRecord(L.Callback):
         })
         weights = getattr(pl_module, "weights_report", None)
         if weights is not None:  # a run started from model.pretrained: its source, kept through resumes
-            self.record["pretrained"] = {k: weights.options.get(k) for k in ("source", "sha256")}
+            self.record["pretrained"] = {k: weights.options.get(k) for k in _PRETRAINED_KEYS}
         self.record.setdefault("started", datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"))
 
     def state_dict(self) -> dict[str, Any]:
@@ -187,7 +189,7 @@ class RunRecord(L.Callback):
             "wall_seconds": record.get("wall_seconds"), "started": record.get("started"),
             "backbone": hparams.get("backbone") if hasattr(hparams, "get") else None,
             "init_method": method, "recipes": recipe_names(sys.argv[1:]),
-            "pretrained": ({k: weights.options.get(k) for k in ("source", "sha256")} if weights is not None else
+            "pretrained": ({k: weights.options.get(k) for k in _PRETRAINED_KEYS} if weights is not None else
                            self.record.get("pretrained")),
             "host": socket.gethostname(), "pid": os.getpid(),
             "updated": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

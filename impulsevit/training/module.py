@@ -107,7 +107,8 @@ class ImageClassifier(L.LightningModule):
         pretrained: start from these weights instead of running ``init`` (timm's name for it): an impulsevit
             checkpoint, an exported folder (``local-dir:PATH`` or the path), ``hf-hub:ORG/NAME``, a timm pretrained
             tag ``ARCH.TAG``, or a ``.safetensors`` / ``.pth`` file (:mod:`impulsevit.training.pretrained`: a new
-            head when the class count differs, position embeddings resampled to ``img_size``). Loaded once, at the
+            head when the class count differs, position embeddings resampled to ``img_size``; the architecture the
+            source records, if any, must match the backbone's, e.g. its ``num_heads``). Loaded once, at the
             start of a fresh fit (:meth:`load_weights`; ``impulsevit fit`` loads and checks it before the run
             directory is made); a resumed run keeps its checkpoint's weights and does not read the source again.
         reinit: with ``pretrained``, module names or globs of the backbone (``["head"]``, ``["blocks.11", "head"]``)

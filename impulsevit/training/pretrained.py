@@ -25,7 +25,12 @@ count differs (the head keeps the fresh init; one line says so). Rotary embeddin
 recomputed by the model for its own size, not loaded. Before loading, the filtered tensors are checked against the
 model: a tensor missing, unexpected or of another shape (a wrong architecture, a relative table the family cannot
 resize) is a :class:`~impulsevit.errors.ConfigError` naming the first ones (timm would load non-strictly when the
-head changes and say nothing).
+head changes and say nothing). Then the architecture the source records (:class:`SourceConfig`: an impulsevit
+checkpoint's ``hyper_parameters``, a model folder's ``config.json``, a timm tag's ``pretrained_cfg``) is built on the
+``meta`` device and compared with the model on the settings that keep every shape but change what the weights compute
+(:func:`architecture_settings`, :func:`check_architecture`): a difference is a one-line ``ConfigError`` naming it, as a
+resume's is. A source without a recorded architecture (a bare ``.safetensors`` / ``.pth``) is loaded unchecked, and its
+init report says so (:data:`NOT_CHECKED`).
 
 Not supported: sharded hub checkpoints (``model.safetensors.index.json``); checkpoints whose classifier is not the
 model's ``pretrained_cfg['classifier']``; changing ``in_chans`` (timm's input-conv adaptation is left at 3 channels).
@@ -49,7 +54,8 @@ from impulsevit.errors import ConfigError
 from impulsevit.init import InitReport
 from impulsevit.safe_load import UntrustedFileError, load_checkpoint
 
-__all__ = ["FROM_WEIGHTS", "WeightsSource", "freeze_backbone", "load_into", "read_state_dict", "reinit_parts",
+__all__ = ["FROM_WEIGHTS", "NOT_CHECKED", "SourceConfig", "WeightsSource", "architecture_settings",
+           "check_architecture", "check_fits", "freeze_backbone", "load_into", "read_state_dict", "reinit_parts",
            "reinit_targets", "resolve_source"]
 
 FROM_WEIGHTS = "from weights"
@@ -59,16 +65,29 @@ _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 _KEY = "model.pretrained"
 
 
+@dataclass(frozen=True)
+class SourceConfig:
+    """The architecture a pretrained source records: timm model name and ``timm.create_model`` keyword arguments as
+    it was built (``model_args``; ``{}``: the architecture's defaults), and where that was read (``origin``, for
+    messages: ``config.json``, ``checkpoint hyper_parameters``, ``timm pretrained_cfg``)."""
+
+    architecture: str
+    model_args: dict[str, Any]
+    origin: str
+
+
 @dataclass
 class WeightsSource:
     """A resolved ``model.pretrained``: what the user wrote (``spec``), its kind (``hf-hub``, ``folder``, ``file``,
-    ``timm``), the local weights file, its sha256 (hex) and the source's class names when it records them."""
+    ``timm``), the local weights file, its sha256 (hex), the source's class names and the architecture it records
+    (``config``; None: it records none, as a bare ``.safetensors`` / ``.pth`` file) when it has them."""
 
     spec: str
     kind: str
     path: str
     sha256: str
     label_names: list[str] | None = field(default=None)
+    config: SourceConfig | None = field(default=None)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,15 +109,21 @@ def _folder_file(folder: Path, spec: str) -> Path:
                       f"model folder, as `impulsevit export` writes)")
 
 
-def _folder_labels(folder: Path) -> list[str] | None:
+def _folder_config(folder: Path) -> tuple[list[str] | None, SourceConfig | None]:
+    """The class names and the architecture (``architecture``, ``model_args``) a timm model folder's ``config.json``
+    records (timm's ``save_for_hf`` format); None for what it lacks (no file, not JSON, another library's config)."""
     import json
 
     try:
         cfg = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
-        return None
+        return None, None
+    if not isinstance(cfg, dict):
+        return None, None
     names = cfg.get("label_names") or (cfg.get("pretrained_cfg") or {}).get("label_names")
-    return list(names) if isinstance(names, list) else None
+    arch, args = cfg.get("architecture"), cfg.get("model_args") or {}
+    config = SourceConfig(arch, dict(args), "config.json") if isinstance(arch, str) and isinstance(args, dict) else None
+    return (list(names) if isinstance(names, list) else None), config
 
 
 def _hub_file(repo: str, spec: str) -> tuple[Path, Path | None]:
@@ -126,6 +151,14 @@ def _hub_file(repo: str, spec: str) -> tuple[Path, Path | None]:
     first = (str(last).strip().splitlines() or [type(last).__name__])[0]
     raise ConfigError(f"{_KEY} {spec!r}: cannot fetch {' or '.join(_WEIGHT_FILES)} of {repo_id} from "
                       f"{constants.ENDPOINT} ({type(last).__name__}: {first})")
+
+
+def _timm_tag_config(spec: str) -> SourceConfig:
+    """A timm tag's architecture: its ``pretrained_cfg['architecture']``, built with the architecture's defaults."""
+    import timm
+
+    cfg = timm.models.get_pretrained_cfg(spec, allow_unregistered=False)
+    return SourceConfig(str(cfg.architecture or spec.split(".", 1)[0]), {}, "timm pretrained_cfg")
 
 
 def _timm_tag_file(spec: str) -> Path | None:
@@ -172,24 +205,27 @@ def resolve_source(spec: str) -> WeightsSource:
     if not spec:
         raise ConfigError(f"{_KEY} is empty: give a checkpoint, an exported folder, hf-hub:ORG/NAME or ARCH.TAG")
     labels: list[str] | None = None
+    config: SourceConfig | None = None
     if spec.startswith("hf-hub:"):
         path, cfg = _hub_file(spec[len("hf-hub:"):], spec)
         kind = "hf-hub"
-        labels = _folder_labels(cfg.parent) if cfg is not None else None
+        labels, config = _folder_config(cfg.parent) if cfg is not None else (None, None)
     elif spec.startswith("local-dir:") or Path(spec).is_dir():
         folder = Path(spec[len("local-dir:"):] if spec.startswith("local-dir:") else spec).expanduser()
         if not folder.is_dir():
             raise ConfigError(f"{_KEY} {spec!r}: {folder} is not a folder")
-        path, kind, labels = _folder_file(folder, spec), "folder", _folder_labels(folder)
+        path, kind = _folder_file(folder, spec), "folder"
+        labels, config = _folder_config(folder)
     elif Path(spec).expanduser().is_file():
-        path, kind = Path(spec).expanduser(), "file"
+        path, kind = Path(spec).expanduser(), "file"  # a checkpoint's config is read with its tensors
     else:
         found = _timm_tag_file(spec)
         if found is None:
             raise ConfigError(f"{_KEY} {spec!r}: no such file or folder, and not hf-hub:ORG/NAME nor a timm "
                               f"pretrained tag ARCH.TAG (timm.list_pretrained())")
-        path, kind = found, "timm"
-    return WeightsSource(spec=spec, kind=kind, path=str(path.absolute()), sha256=_sha256(path), label_names=labels)
+        path, kind, config = found, "timm", _timm_tag_config(spec)
+    return WeightsSource(spec=spec, kind=kind, path=str(path.absolute()), sha256=_sha256(path), label_names=labels,
+                         config=config)
 
 
 def _unwrap(obj: Any, path: str) -> dict[str, torch.Tensor]:
@@ -209,9 +245,27 @@ def _unwrap(obj: Any, path: str) -> dict[str, torch.Tensor]:
                       f"checkpoint with 'state_dict' / 'model')")
 
 
+def _checkpoint_config(obj: Any) -> SourceConfig | None:
+    """The architecture an impulsevit checkpoint's ``hyper_parameters`` record (``backbone``, ``backbone_kwargs`` and
+    the linked ``img_size``, as :func:`impulsevit.training.backbone.timm_kwargs` gives them to timm); None for any
+    other file."""
+    from impulsevit.training.backbone import timm_kwargs
+
+    hp = obj.get("hyper_parameters") if isinstance(obj, dict) else None
+    if not isinstance(hp, dict) or not isinstance(hp.get("backbone"), str) or not isinstance(
+            hp.get("backbone_kwargs") or {}, dict):
+        return None
+    try:
+        args = timm_kwargs(hp["backbone"], hp.get("backbone_kwargs"), img_size=hp.get("img_size"))
+    except ConfigError:
+        return None
+    return SourceConfig(hp["backbone"], args, "checkpoint hyper_parameters")
+
+
 def read_state_dict(source: WeightsSource, trust: bool | None = None) -> dict[str, torch.Tensor]:
     """The tensors of ``source.path`` on CPU: ``safetensors`` for ``.safetensors``, else
-    :func:`impulsevit.safe_load.load_checkpoint` (``trust`` as there).
+    :func:`impulsevit.safe_load.load_checkpoint` (``trust`` as there). An impulsevit checkpoint's architecture (its
+    ``hyper_parameters``) is recorded in ``source.config`` on the way.
 
     Raises:
         UntrustedFileError: the file would run code when loaded (nothing of it ran).
@@ -231,6 +285,7 @@ def read_state_dict(source: WeightsSource, trust: bool | None = None) -> dict[st
         raise ConfigError(f"{_KEY} {source.spec!r}: {path} cannot be read as weights ({type(e).__name__}: "
                           f"{first})") from e
     sd = _unwrap(obj, str(path))
+    source.config = source.config or _checkpoint_config(obj)
     return {k.removeprefix("module."): v for k, v in sd.items() if isinstance(v, torch.Tensor)}
 
 
@@ -275,6 +330,110 @@ def check_fits(state: dict[str, torch.Tensor], model: nn.Module, backbone: str, 
                           f"(source vs model; timm's checkpoint_filter_fn for this family cannot resize it)")
 
 
+NOT_CHECKED = "architecture not checked: the source records no config"
+"""The init report's note (and ``run.json``'s ``pretrained.architecture``) for a source without a recorded config."""
+
+_ROPE_SETTINGS = ("temperature", "in_pixels", "linear_bands", "grid_indexing", "rotate_half", "grid_type",
+                  "normalize_coords", "ref_feat_shape", "max_res")
+_ACTIVATION_MODULES = ("torch.nn.modules.activation", "timm.layers.activations", "timm.layers.activations_me")
+
+
+def architecture_settings(model: nn.Module, head: bool = True) -> dict[str, Any]:
+    """The settings of timm model ``model`` that change what its weights compute without changing a tensor's name or
+    shape (the tensor check, :func:`check_fits`, cannot see them), read off the built modules so that two names of one
+    architecture (``deit_tiny_patch16_224`` and ``vit_tiny_patch16_224``) or the architecture's defaults against the
+    same values given as keyword arguments compare equal. Keys, each present when the model has it:
+
+    - ``num_heads``: of every module with an integer ``num_heads`` (attention of ViT / DeiT / EVA / Swin / ...): one
+      int when all agree, else the tuple in module order. At a fixed width the head count splits the same ``qkv``
+      weights another way; the head dim follows from it (where it is set on its own, ``qkv``'s shape changes);
+    - ``no_embed_class``: whether the position embedding leaves out the class token (ViT): timm's filter would
+      silently resample a table of the other layout;
+    - ``act_layer``: the activation layers' classes (``GELU``, ``GELU(approximate=tanh)``, ``QuickGELU``, ``SiLU``);
+    - ``rope``: the rotary embedding's class and its frequency settings (``temperature``, grid and coordinate
+      settings; not ``feat_shape``, which follows the image size);
+    - ``global_pool`` (only with ``head``): timm treats it as part of the classifier (``reset_classifier(n,
+      global_pool)``), so it is compared only when the source's classifier is kept.
+
+    Not compared (legitimate differences, or seen by the tensor check): ``num_classes`` (a new head), ``img_size`` (the
+    position embedding is resampled), training-only settings (``drop_path_rate``, ...), ``dynamic_img_size`` (which
+    input sizes are accepted, not what is computed at one), and everything that adds, removes or reshapes a tensor:
+    width, depth, ``class_token`` / ``reg_tokens``, ``pre_norm`` / ``fc_norm``, ``qk_norm``, ``qkv_bias``,
+    ``init_values``, learned vs no position embedding, ``mlp_ratio``.
+    """
+    out: dict[str, Any] = {}
+    heads = [int(m.num_heads) for m in model.modules() if isinstance(getattr(m, "num_heads", None), int)]
+    if heads:
+        out["num_heads"] = heads[0] if len(set(heads)) == 1 else tuple(heads)
+    if isinstance(getattr(model, "no_embed_class", None), bool):
+        out["no_embed_class"] = model.no_embed_class
+    acts = []
+    for m in model.modules():
+        if type(m).__module__ in _ACTIVATION_MODULES:
+            approx = getattr(m, "approximate", "none")
+            acts.append(type(m).__name__ + (f"(approximate={approx})" if approx != "none" else ""))
+    if acts:
+        out["act_layer"] = acts[0] if len(set(acts)) == 1 else tuple(sorted(set(acts)))
+    rope = getattr(model, "rope", None)
+    if isinstance(rope, nn.Module):
+        out["rope"] = {"type": type(rope).__name__,
+                       **{k: getattr(rope, k) for k in _ROPE_SETTINGS if hasattr(rope, k)}}
+    if head and isinstance(getattr(model, "global_pool", None), str):
+        out["global_pool"] = model.global_pool
+    return out
+
+
+def _source_model(config: SourceConfig) -> nn.Module:
+    """The source's architecture as recorded, built on the ``meta`` device (no memory, no values), leaving the global
+    random streams (torch CPU, ``random``, NumPy) as they were: the run's draws do not depend on the check."""
+    import random
+
+    import numpy as np
+    import timm
+
+    import impulsevit.models  # noqa: F401  (impulsevit's own architectures, e.g. ConvMixer, registered with timm)
+    from impulsevit.training.backbone import TRAINING_ONLY_KWARGS
+
+    args = {k: v for k, v in config.model_args.items() if k not in TRAINING_ONLY_KWARGS}
+    states = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            return timm.create_model(config.architecture, **args)
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+
+
+def check_architecture(source: WeightsSource, model: nn.Module, keeps_head: bool) -> str:
+    """Compare the settings :func:`architecture_settings` reads of the architecture ``source`` records (built on the
+    ``meta`` device) with ``model``'s, as :func:`impulsevit.training.checkpointing.config_diff` compares a resumed
+    checkpoint's; ``keeps_head``: the source's classifier is loaded (then ``global_pool`` is compared too). Returns
+    what was done, for the init report: ``architecture checked against <origin> (<arch>)``, :data:`NOT_CHECKED`, or
+    why the recorded architecture could not be built (then it is not checked either).
+
+    Raises:
+        ConfigError: a setting differs: one line naming each (``num_heads: 2 in the source, 4 in the model``).
+    """
+    from impulsevit.training.checkpointing import config_diff
+
+    config = source.config
+    if config is None:
+        return NOT_CHECKED
+    try:
+        theirs = architecture_settings(_source_model(config), head=keeps_head)
+    except Exception as e:  # noqa: BLE001 - timm / a model's constructor raise many kinds for a config they reject
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return (f"architecture not checked: timm cannot build the source's {config.architecture!r} from its "
+                f"{config.origin} ({type(e).__name__}: {first})")
+    diff = config_diff(theirs, architecture_settings(model, head=keeps_head), then="in the source", now="in the model")
+    if diff:
+        raise ConfigError(f"{_KEY}={source.spec}: {'; '.join(diff)} (same tensor shapes, but the weights would "
+                          f"compute something else; the source's {config.origin}: {config.architecture}) — set"
+                          f" model.backbone / model.backbone_kwargs to the source's, or start from "
+                          f"other weights")
+    return f"architecture checked against the source's {config.origin} ({config.architecture})"
+
+
 def load_into(model: nn.Module, backbone: str, source: WeightsSource, state: dict[str, torch.Tensor],
               say: bool = True) -> InitReport:
     """Load ``state`` (from ``source``) into timm model ``model`` (built as ``timm.create_model(backbone, ...)``) as
@@ -302,7 +461,8 @@ def load_into(model: nn.Module, backbone: str, source: WeightsSource, state: dic
             src_classes = int(w.shape[0])
     new_head = bool(heads) and src_classes != num_classes
     check_fits(filtered, model, backbone, source.spec, skip=tuple(f"{h}." for h in heads) if new_head else ())
-    notes: list[str] = []
+    checked = check_architecture(source, model, keeps_head=not new_head)
+    notes: list[str] = [] if checked.startswith("architecture checked") else [checked]
     if new_head:
         notes.append(f"new classifier head: {num_classes} classes (the source has "
                      f"{src_classes if src_classes is not None else 'no head'}); it keeps timm's init")
@@ -319,7 +479,8 @@ def load_into(model: nn.Module, backbone: str, source: WeightsSource, state: dic
             print(f"[impulsevit] {_KEY}: {note}", file=sys.stderr, flush=True)
     return InitReport(method=FROM_WEIGHTS, family="pretrained", model=type(model).__name__,
                       options={"source": source.spec, "kind": source.kind, "sha256": source.sha256,
-                               "file": source.path}, offsets=[], seconds=time.perf_counter() - t0, notes=notes)
+                               "file": source.path, "architecture": checked},
+                      offsets=[], seconds=time.perf_counter() - t0, notes=notes)
 
 
 def reinit_targets(model: nn.Module, patterns: Sequence[str]) -> list[str]:

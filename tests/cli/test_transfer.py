@@ -45,6 +45,8 @@ def test_fine_tune_from_an_exported_folder_and_resume_without_it(exported, tmp_p
     assert "pos_embed resampled from (1, 65, 64) to (1, 37, 64)" in err
     record = json.loads((runs / "ft" / "run.json").read_text())
     assert record["init_method"] == "from weights" and record["pretrained"]["sha256"] == sha
+    assert record["pretrained"]["architecture"] == ("architecture checked against the source's config.json "
+                                                    "(vit_tiny_patch16_224)")
     ckpt = torch.load(runs / "ft" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     init = next(v for k, v in ckpt["callbacks"].items() if k.startswith("Initializer"))
     assert init["method"] == "from weights" and init["report"]["options"]["sha256"] == sha
@@ -65,6 +67,44 @@ def test_fine_tune_from_an_exported_folder_and_resume_without_it(exported, tmp_p
     assert main(["export", str(runs / "ft" / "checkpoints" / "last.ckpt"), str(tmp_path / "ft-export")]) == 0
     card = (tmp_path / "ft-export" / "README.md").read_text()
     assert "**from weights**" in card and sha in card
+
+
+def _error_lines(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+
+
+def test_a_source_of_another_head_count_is_refused_by_fit_and_probe(exported, tmp_path, capsys):
+    """Issue #47: the 2-head pre-training into a 4-head model (every tensor has the same shape) is refused in one line,
+    exit 2, whether the source is the exported folder or the run's checkpoint, by ``fit`` and by ``probe``, before any
+    run or probe folder exists (the allowed differences: the fine-tune test above, and test_pretrained.py)."""
+    ckpt = exported.parent / "runs" / "pre" / "checkpoints" / "last.ckpt"
+    runs = tmp_path / "runs"
+    for spec, origin in ((exported, "config.json"), (ckpt, "checkpoint hyper_parameters")):
+        assert main(tiny(runs, "ft", *ONE, f"--model.pretrained={spec}", "--model.backbone_kwargs.num_heads=4")) == 2
+        err = _error_lines(capsys)
+        assert len(err) == 1 and f"model.pretrained={spec}: num_heads: 2 in the source, 4 in the model" in err[0], err
+        assert f"the source's {origin}: vit_tiny_patch16_224" in err[0], err
+        assert not runs.exists()
+    assert main(["probe", str(ckpt), "--recipe", str(tiny(tmp_path, "x")[2]), f"--runs-dir={runs}",
+                 "--model.backbone_kwargs.num_heads=4"]) == 2
+    err = _error_lines(capsys)
+    assert len(err) == 1 and "num_heads: 2 in the source, 4 in the model" in err[0], err
+    assert not runs.exists()
+
+
+def test_a_bare_weights_file_is_loaded_unchecked_and_says_so(exported, tmp_path, capsys):
+    """A ``.safetensors`` file records no architecture: it loads (its shapes fit), and the init report, the console
+    and ``run.json`` say the architecture was not checked."""
+    bare = tmp_path / "bare.safetensors"
+    shutil.copyfile(exported / "model.safetensors", bare)
+    runs = tmp_path / "runs"
+    run_cli(*tiny(runs, "bare", *ONE, f"--model.pretrained={bare}", "--trainer.max_steps=1", "--model.ema_decay=null"))
+    assert "model.pretrained: architecture not checked: the source records no config" in capsys.readouterr().err
+    assert json.loads((runs / "bare" / "run.json").read_text())["pretrained"]["architecture"] == (
+        "architecture not checked: the source records no config")
+    ckpt = torch.load(runs / "bare" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    init = next(v for k, v in ckpt["callbacks"].items() if k.startswith("Initializer"))
+    assert "architecture not checked: the source records no config" in init["report"]["notes"]
 
 
 def test_reinit_of_named_parts_through_the_cli(exported, tmp_path, capsys):

@@ -19,7 +19,7 @@ from timm.layers import resample_abs_pos_embed
 
 from impulsevit.errors import ConfigError
 from impulsevit.safe_load import UntrustedFileError
-from impulsevit.training.pretrained import FROM_WEIGHTS, load_into, read_state_dict, resolve_source
+from impulsevit.training.pretrained import FROM_WEIGHTS, NOT_CHECKED, load_into, read_state_dict, resolve_source
 
 ARCH = "vit_tiny_patch16_224"
 KW = {"patch_size": 4, "embed_dim": 64, "depth": 2, "num_heads": 4}
@@ -67,7 +67,7 @@ def test_same_task_loads_every_tensor_exactly(source):
     src, folder = source
     target = _vit()
     _, report = _load(str(folder / "w.safetensors"), target)
-    assert report.notes == []
+    assert report.notes == [NOT_CHECKED]  # a bare weights file records no architecture to compare with
     for name, t in src.state_dict().items():
         assert torch.equal(target.state_dict()[name], t), name
 
@@ -82,12 +82,67 @@ def test_checkpoints_folders_and_wrapped_state_dicts(source, tmp_path):
                tmp_path / "run.ckpt")
     torch.save({"model": src.state_dict(), "epoch": 3}, tmp_path / "train.pth")
     save_for_hf(src, str(tmp_path / "folder"), model_config={"num_classes": 10}, safe_serialization=True)
-    for spec, kind in ((tmp_path / "run.ckpt", "file"), (tmp_path / "train.pth", "file"),
-                       (f"local-dir:{tmp_path / 'folder'}", "folder"), (tmp_path / "folder", "folder")):
+    torch.save({"state_dict": {f"backbone.{k}": v for k, v in src.state_dict().items()}, "epoch": 3,
+                "hyper_parameters": {"backbone": ARCH, "backbone_kwargs": {**KW, "drop_path_rate": 0.1},
+                                     "num_classes": 10, "img_size": 28}}, tmp_path / "impulsevit.ckpt")
+    checked = "architecture checked against the source's "
+    for spec, kind, architecture in (
+            (tmp_path / "run.ckpt", "file", NOT_CHECKED), (tmp_path / "train.pth", "file", NOT_CHECKED),
+            (tmp_path / "impulsevit.ckpt", "file", checked + f"checkpoint hyper_parameters ({ARCH})"),
+            (f"local-dir:{tmp_path / 'folder'}", "folder", checked + f"config.json ({ARCH})"),
+            (tmp_path / "folder", "folder", checked + f"config.json ({ARCH})")):
         target = _vit()
-        s, _ = _load(str(spec), target)
-        assert s.kind == kind
+        s, report = _load(str(spec), target)
+        assert s.kind == kind and report.options["architecture"] == architecture, spec
         assert torch.equal(target.blocks[1].attn.qkv.weight, src.blocks[1].attn.qkv.weight), spec
+    with pytest.raises(ConfigError, match=r"ckpt: num_heads: 4 in the source, 2 in the model \(same tensor shapes"):
+        _load(str(tmp_path / "impulsevit.ckpt"), _vit(num_heads=2))
+
+
+@pytest.fixture(scope="module")
+def folder_2_heads(tmp_path_factory):
+    """A timm model folder (timm's save_for_hf, as `impulsevit export` writes it) of a 2-head model, whose tensors have
+    the shapes of the 4-head ``_vit()``: config.json records ``num_heads: 2``."""
+    from timm.models import save_for_hf
+
+    path = tmp_path_factory.mktemp("two-heads") / "export"
+    save_for_hf(_vit(num_heads=2), str(path), model_config={"num_classes": 10}, safe_serialization=True)
+    return path
+
+
+@pytest.mark.parametrize("target, needle", [
+    (dict(), "num_heads: 2 in the source, 4 in the model"),
+    (dict(num_heads=2, act_layer="quick_gelu"), "act_layer: GELU in the source, QuickGELU in the model"),
+    (dict(num_heads=2, global_pool="avg", fc_norm=False), "global_pool: token in the source, avg in the model"),
+])
+def test_settings_that_keep_shapes_but_change_the_function_are_refused(folder_2_heads, target, needle):
+    """The source's config.json records its architecture: a setting that leaves every tensor's shape alone but changes
+    what the weights compute is one line naming it, before anything is loaded (issue #47: 2 heads into 4)."""
+    model = _vit(**target)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ConfigError) as e:
+        _load(str(folder_2_heads), model)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"model.pretrained={folder_2_heads}: {needle} (same tensor shapes")
+    assert "the source's config.json: vit_tiny_patch16_224) — set model.backbone" in msg
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+
+
+def test_a_new_head_size_or_architecture_name_with_the_same_settings_loads(folder_2_heads):
+    """Legitimate differences stay allowed: another class count and image size (global_pool then belongs to the new
+    head), and another name of the same architecture (DeiT-Ti's entry point builds the same VisionTransformer)."""
+    from safetensors.torch import load_file
+
+    weights = load_file(str(folder_2_heads / "model.safetensors"))
+    deit = timm.create_model("deit_tiny_patch16_224", img_size=28, num_classes=10, **{**KW, "num_heads": 2})
+    for arch, model in (("vit_tiny_patch16_224", _vit(img_size=24, num_classes=3, num_heads=2, global_pool="avg",
+                                                      fc_norm=False)), ("deit_tiny_patch16_224", deit)):
+        s = resolve_source(str(folder_2_heads))
+        report = load_into(model, arch, s, read_state_dict(s), say=False)
+        assert report.options["architecture"] == "architecture checked against the source's config.json " \
+                                                 "(vit_tiny_patch16_224)", arch
+        assert not any("not checked" in n for n in report.notes)
+        assert torch.equal(model.blocks[1].attn.qkv.weight, weights["blocks.1.attn.qkv.weight"]), arch
 
 
 @pytest.mark.parametrize("over, needle", [({"depth": 3}, "missing blocks.2."), ({"embed_dim": 32}, "tensor cls_token")])
@@ -165,6 +220,10 @@ def test_hf_hub_and_timm_tags_download_through_huggingface_hub(source, hub):
                                                "model.safetensors") for _, p in hub.requests)
     assert "new classifier head: 10 classes (the source has 21843)" in report.notes[0]
     assert torch.equal(target.blocks[11].attn.proj.weight, in21k.blocks[11].attn.proj.weight)
+    assert report.options["architecture"] == f"architecture checked against the source's timm pretrained_cfg ({ARCH})"
+    # the tag records no model_args: its architecture's defaults (3 heads) are what the weights were trained with
+    with pytest.raises(ConfigError, match="num_heads: 3 in the source, 4 in the model .*timm pretrained_cfg: vit_tiny"):
+        _load("vit_tiny_patch16_224.augreg_in21k", timm.create_model(ARCH, num_classes=10, img_size=32, num_heads=4))
 
 
 def test_an_unreachable_hub_is_one_line(monkeypatch, tmp_path):
