@@ -92,21 +92,6 @@ def test_a_source_of_another_head_count_is_refused_by_fit_and_probe(exported, tm
     assert not runs.exists()
 
 
-def test_a_bare_weights_file_is_loaded_unchecked_and_says_so(exported, tmp_path, capsys):
-    """A ``.safetensors`` file records no architecture: it loads (its shapes fit), and the init report, the console
-    and ``run.json`` say the architecture was not checked."""
-    bare = tmp_path / "bare.safetensors"
-    shutil.copyfile(exported / "model.safetensors", bare)
-    runs = tmp_path / "runs"
-    run_cli(*tiny(runs, "bare", *ONE, f"--model.pretrained={bare}", "--trainer.max_steps=1", "--model.ema_decay=null"))
-    assert "model.pretrained: architecture not checked: the source records no config" in capsys.readouterr().err
-    assert json.loads((runs / "bare" / "run.json").read_text())["pretrained"]["architecture"] == (
-        "architecture not checked: the source records no config")
-    ckpt = torch.load(runs / "bare" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
-    init = next(v for k, v in ckpt["callbacks"].items() if k.startswith("Initializer"))
-    assert "architecture not checked: the source records no config" in init["report"]["notes"]
-
-
 def test_reinit_of_named_parts_through_the_cli(exported, tmp_path, capsys):
     """``--model.reinit``: a pattern that matches nothing is one line, exit 2, before any run folder exists; a valid
     one is applied after loading and recorded in the checkpoint's init report."""
@@ -125,7 +110,9 @@ def test_reinit_of_named_parts_through_the_cli(exported, tmp_path, capsys):
 
 def test_fine_tune_from_the_hub_through_the_console_command(exported, tmp_path):
     """``impulsevit fit --model.pretrained=hf-hub:ORG/NAME`` as a user runs it (a new process; the hub's address from
-    ``HF_ENDPOINT``, as for a mirror): the weights come from the stand-in hub on 127.0.0.1 and the run records them."""
+    ``HF_ENDPOINT``, as for a mirror): the weights come from the stand-in hub on 127.0.0.1 and the run records them.
+    The repo holds bare weights (no config.json): they load, and the console, ``run.json`` and the checkpoint's init
+    report say the architecture was not checked."""
     from _fake_hub import FakeHub
 
     weights = (exported / "model.safetensors").read_bytes()
@@ -143,6 +130,12 @@ def test_fine_tune_from_the_hub_through_the_console_command(exported, tmp_path):
     assert record["init_method"] == "from weights"
     assert record["pretrained"]["sha256"] == hashlib.sha256(weights).hexdigest()
     assert "new classifier head: 3 classes (the source has 4)" in res.stderr
+    unchecked = "architecture not checked: the source records no config"
+    assert f"model.pretrained: {unchecked}" in res.stderr
+    assert record["pretrained"]["architecture"] == unchecked
+    ckpt = torch.load(tmp_path / "runs" / "hub" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    init = next(v for k, v in ckpt["callbacks"].items() if k.startswith("Initializer"))
+    assert unchecked in init["report"]["notes"]
 
 
 def test_probe_prints_and_saves_linear_and_knn_accuracy(exported, tmp_path, capsys):

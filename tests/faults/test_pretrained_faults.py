@@ -1,7 +1,8 @@
 """Fault class "bad weights source": ``impulsevit fit --model.pretrained=...`` given a hostile file (its pickle would
-run code) or the weights of another architecture, through the real command in its own session: exit status 2, one
-error line naming the source and what was expected, nothing written in the folder it ran in (no run directory left),
-the hostile pickle's marker not created, no process left behind."""
+run code), the weights of another architecture, or a timm model folder whose recorded architecture computes something
+else with the same tensor shapes, through the real command in its own session: exit status 2, one error line naming
+the source and what was expected, nothing written in the folder it ran in (no run directory left), the hostile
+pickle's marker not created, no process left behind."""
 
 from __future__ import annotations
 
@@ -45,4 +46,23 @@ def test_weights_of_another_architecture_are_one_line_and_leave_nothing(weights,
     assert_one_line_error(res, 2, "model.pretrained", "does not fit model.backbone 'vit_tiny_patch16_224'",
                           "unexpected blocks.2.")
     assert snapshot(tmp_path) == before and not (tmp_path / "runs").exists()
+    assert_no_survivors(res.sid)
+
+
+def test_a_folder_whose_recorded_head_count_differs_is_one_line_and_leaves_nothing(tmp_path):
+    """Issue #47: a timm model folder (timm's save_for_hf, the format `impulsevit export` writes) of the tiny recipe's
+    backbone with 4 heads instead of 2 — every tensor has the tiny model's shape — is refused by its config.json."""
+    from timm.models import save_for_hf
+
+    model = timm.create_model("vit_tiny_patch16_224", img_size=32, num_classes=4, patch_size=4, embed_dim=64,
+                              depth=2, num_heads=4)
+    folder = tmp_path / "four-heads"
+    save_for_hf(model, str(folder), model_config={"num_classes": 4}, safe_serialization=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    before = snapshot(work)
+    res = run(*FIT, f"--model.pretrained={folder}", cwd=work)
+    assert_one_line_error(res, 2, f"model.pretrained={folder}: num_heads: 4 in the source, 2 in the model",
+                          "the source's config.json: vit_tiny_patch16_224")
+    assert snapshot(work) == before and not (work / "runs").exists()
     assert_no_survivors(res.sid)
