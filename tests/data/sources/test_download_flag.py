@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torchvision.datasets
+from _image_files import make_cifar
 from faults import harness
 from PIL import Image
 
@@ -112,3 +113,16 @@ def test_failed_download_is_one_line_and_takes_back_what_it_created(tmp_path, un
         assert needle in line, line
     after = {k: v for k, v in harness.snapshot(tmp_path).items() if not k.startswith("runs")}
     assert after == before  # nope/ (or, when it existed, nothing but mine.txt) is all that is left: as before
+
+
+def test_count_mismatch_names_the_cli_setting_that_accepts_a_modified_copy(tmp_path):
+    """A CIFAR-10 folder of 12 images is not the published one: one line that gives the setting as the command line
+    spells it, and that setting, as given, trains."""
+    make_cifar(tmp_path / "cifar", 10)
+    args = ("fit", "--recipe", "quickstart", "--data.init_args.dataset=cifar10",
+            f"--data.init_args.root={tmp_path / 'cifar'}", *TINY_FIT[1:], f"--runs_dir={tmp_path / 'runs'}", "--name=c")
+    line = harness.assert_one_line_error(harness.run(*args, cwd=tmp_path), 1, "expected 50000",
+                                         "--data.init_args.verify=warn")
+    assert "verify='warn'" not in line
+    res = harness.run(*args, "--data.init_args.verify=warn", cwd=tmp_path)
+    assert res.rc == 0, res.err[-3000:]
