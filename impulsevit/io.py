@@ -60,6 +60,7 @@ __all__ = [
     "remove",
     "require_free_space",
     "temp_path",
+    "umask",
     "write_error",
 ]
 
@@ -205,6 +206,34 @@ def _fsync_tree(path: Path) -> None:
         fsync_dir(path)
 
 
+def umask() -> int:
+    """The process's file-mode creation mask (``0o022`` typically), read from ``/proc/self/status`` where it is there
+    (no change of the process state), else by setting and restoring it."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def _umask_modes(path: Path) -> None:
+    """Give ``path`` (a file, or a folder and everything under it; links are left alone) the mode a plain ``open`` /
+    ``mkdir`` would have given it: ``0o666`` (``0o777`` for a folder or a file with an execute bit) less the umask.
+    Temp files that libraries create are ``0o600`` (``tempfile.mkstemp``, safetensors' ``save_file``) and folders
+    ``0o700`` (``mkdtemp``): committed as they are, a shared folder's colleague could not read them."""
+    mask = umask()
+    for p in (path, *(path.rglob("*") if path.is_dir() and not path.is_symlink() else ())):
+        if p.is_symlink():
+            continue
+        mode = p.stat().st_mode
+        full = 0o777 if p.is_dir() or mode & 0o111 else 0o666
+        if (mode & 0o7777) != (full & ~mask):
+            os.chmod(p, full & ~mask)
+
+
 def commit(tmp: str | os.PathLike, path: str | os.PathLike, replace_dir: bool = False) -> None:
     """Make the finished temp file or directory ``tmp`` durable and move it over ``path``. Disk errors become
     :class:`WriteError`; ``tmp`` is removed when the commit fails.
@@ -214,7 +243,8 @@ def commit(tmp: str | os.PathLike, path: str | os.PathLike, replace_dir: bool = 
     only with ``replace_dir=True`` (for callers that created that directory themselves, e.g. a distributed checkpoint
     folder of the run): it is moved aside, the new one moved in, then the old one removed (``os.replace`` cannot
     replace a non-empty directory), so that replace is not atomic. A symlink ``path`` is replaced as a link (its target
-    is kept).
+    is kept). Every file and folder committed gets the umask's mode (``0o644`` / ``0o755`` under umask ``022``),
+    whatever mode the writer gave the temp file (:func:`_umask_modes`).
     """
     tmp, path = Path(tmp), Path(path)
     try:
@@ -227,6 +257,7 @@ def commit(tmp: str | os.PathLike, path: str | os.PathLike, replace_dir: bool = 
             raise WriteError(f"cannot write {path}: it is an existing directory; give another path or move it away "
                              f"(it is left as it is)", errno.EISDIR, path)
         with disk_errors(path):
+            _umask_modes(tmp)
             _fsync_tree(tmp)
             if existing == "directory":
                 old = temp_path(path, "old")

@@ -23,9 +23,10 @@ Two accuracies on the validation split:
   (20) nearest training features vote for their class with weight ``exp(sim / temperature)`` (0.07). Written here:
   scikit-learn's ``KNeighborsClassifier`` has no exponential-similarity vote.
 
-Writes ``<runs-dir>/<name>/probe.json`` (default name ``probe-<source name>``; atomic; an existing file is replaced
-only with ``--overwrite``, checked before any work) and prints the summary (``--json``: the JSON instead). Exit 2 for
-a bad source, recipe or option (one line, nothing written).
+Writes ``<runs-dir>/<name>/probe.json`` (default name: ``probe-<run>-<checkpoint stem>`` for a run's checkpoint,
+``runs/pre/checkpoints/last.ckpt`` -> ``probe-pre-last``, else ``probe-<source name>``, :func:`default_name`; atomic;
+an existing file is replaced only with ``--overwrite``, checked before any work) and prints the summary (``--json``:
+the JSON instead). Exit 2 for a bad source, recipe or option (one line, nothing written).
 
 Not supported: multi-GPU feature extraction (one process, CPU; ``OMP_NUM_THREADS`` threads); probing the EMA copy of a
 checkpoint (export it with ``--ema`` first).
@@ -44,7 +45,7 @@ import torch
 
 from impulsevit.argparser import ArgumentParser
 
-__all__ = ["extract_features", "knn_accuracy", "linear_probe_accuracy", "main", "probe"]
+__all__ = ["default_name", "extract_features", "knn_accuracy", "linear_probe_accuracy", "main", "probe"]
 
 PROBE_FILE = "probe.json"
 
@@ -183,6 +184,17 @@ def probe(source: str, cli_args: list[str], k: int = 20, temperature: float = 0.
     }
 
 
+def default_name(source: str) -> str:
+    """The probe's run folder name when ``--name`` is not given: ``probe-<run>-<checkpoint stem>`` for a checkpoint
+    in a run's ``checkpoints/`` folder (``runs/pre/checkpoints/last.ckpt`` -> ``probe-pre-last``: each run's
+    ``last.ckpt`` gets its own folder), else ``probe-<source name>`` (an exported folder, a weights file, the last
+    part of ``hf-hub:ORG/NAME`` or a timm tag)."""
+    path = Path(str(source).split(":", 1)[-1].rstrip("/"))
+    if path.parent.name == "checkpoints" and path.parent.parent.name:
+        return f"probe-{path.parent.parent.name}-{path.stem}"
+    return f"probe-{path.name or 'source'}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """``impulsevit probe``; returns the exit status (0 done; 2 bad input, one line; 1 a write failed)."""
     from impulsevit.errors import ConfigError
@@ -200,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=20, help="neighbours of the k-NN vote (default 20, as DINO)")
     parser.add_argument("--temperature", type=float, default=0.07, help="k-NN vote temperature (default 0.07)")
     parser.add_argument("--C", type=float, default=1.0, help="inverse L2 strength of the logistic regression")
-    parser.add_argument("--name", default=None, help="run folder name (default probe-<source name>)")
+    parser.add_argument("--name", default=None, help="run folder name (default probe-<run>-<checkpoint stem> for a "
+                                                     "run's checkpoint, else probe-<source name>)")
     parser.add_argument("--runs-dir", "--runs_dir", dest="runs_dir", default="runs", help="parent of the run folder")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing probe.json")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -210,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError("impulsevit probe needs --recipe NAME_OR_PATH (its model and data)")
     if args.k < 1 or not (math.isfinite(args.temperature) and args.temperature > 0) or not args.C > 0:
         raise ConfigError(f"--k must be >= 1, --temperature and --C > 0 (got {args.k}, {args.temperature}, {args.C})")
-    name = args.name or f"probe-{Path(str(args.source).split(':', 1)[-1].rstrip('/')).name or 'source'}"
+    name = args.name or default_name(args.source)
     folder = child_path(args.runs_dir, name, "--name")
     out = folder / PROBE_FILE
     claim_output(out, args.overwrite, "file", what="probe.json")

@@ -58,16 +58,25 @@ def resume_checkpoint(resume: str, run_dir: Path, sub: str, trainer: Trainer,
     return path
 
 
-def start_new_run(run_dir: Path, overwrite: bool) -> None:
+def start_new_run(run_dir: Path, overwrite: bool, ckpt_path: str | os.PathLike | None = None) -> None:
     """Before a new run (``fit`` without ``--resume``, not a requeued job) in ``run_dir``: refuse when it already holds
-    a run, or with ``overwrite`` delete that run's files.
+    a run, or with ``overwrite`` delete that run's files. ``ckpt_path`` is a ``fit --ckpt_path`` given instead of
+    ``--resume``: Lightning's way to start from a checkpoint is not a way into an existing run (the one way to continue
+    one is ``--resume``), so it is refused there, with ``overwrite`` too when the checkpoint is inside ``run_dir``
+    (deleting the run would delete it).
 
     Raises:
-        RunDirError: ``run_dir`` holds a run and ``overwrite`` is false (the message names what it found).
+        RunDirError: ``run_dir`` holds a run and ``overwrite`` is false, or ``ckpt_path`` is one of its files (the
+            message names what it found and the ``--resume`` that continues it).
     """
     found = existing_run(run_dir)
     if not found:
         return
+    inside = ckpt_path is not None and Path(run_dir).resolve() in Path(ckpt_path).resolve().parents
+    if ckpt_path is not None and (not overwrite or inside):
+        raise RunDirError(f"run directory {run_dir} already holds a run ({', '.join(found)}); --ckpt_path does not "
+                          f"continue a run: continue it with --resume auto (or --resume {ckpt_path}), or choose "
+                          f"another --name" + ("" if inside else ", or pass --overwrite to delete it and start over"))
     if not overwrite:
         raise RunDirError(f"run directory {run_dir} already holds a run ({', '.join(found)}); continue it with "
                           f"--resume auto, choose another --name, or pass --overwrite to delete it and start over")

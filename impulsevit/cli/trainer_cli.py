@@ -371,7 +371,8 @@ class ImpulseCLI(SubcommandRunHookCLI):
                          path)
                 return
         if self.subcommand == "fit" and launch_rank() == 0:
-            self._own_run_dir(resuming=self._value(self.config, "resume") is not None or path is not None)
+            resume = self._value(self.config, "resume") is not None
+            self._own_run_dir(resuming=resume, ckpt_path=None if resume else path)
 
     def run_subcommand(self, subcommand: str) -> None:
         if self.finished is None:  # a finished run under `fit --resume auto`: no sanity check, no new event file
@@ -452,13 +453,14 @@ class ImpulseCLI(SubcommandRunHookCLI):
             raise ConfigError(f"impulsevit {sub} evaluates a trained model: give --resume auto (the newest checkpoint "
                               f"of {self.run_dir}) or --resume PATH; pass --untrained to evaluate the model as built")
 
-    def _own_run_dir(self, resuming: bool) -> None:
-        """Take the run directory's lock; refuse to start a new run over an existing one unless ``--overwrite``."""
+    def _own_run_dir(self, resuming: bool, ckpt_path: Path | None = None) -> None:
+        """Take the run directory's lock; refuse to start a new run over an existing one unless ``--overwrite``, and
+        a ``--ckpt_path`` (not ``--resume``) into an existing one (:func:`~impulsevit.cli.run_policy.start_new_run`)."""
         self.run_lock = RunDirLock(self.run_dir)  # set first: __init__ releases it whatever fails after
         self.run_lock.acquire()
         requeued = slurm_restart_count() > 0
         if not resuming and not requeued:
-            start_new_run(self.run_dir, overwrite=self._value(self.config, "overwrite"))
+            start_new_run(self.run_dir, overwrite=self._value(self.config, "overwrite"), ckpt_path=ckpt_path)
 
 
 def _without_trust_flag(args: Any) -> tuple[Any, bool]:

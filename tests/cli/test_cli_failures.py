@@ -143,6 +143,18 @@ def test_fit_into_an_existing_run_refuses_unless_resume_or_overwrite(tmp_path, c
     assert "--resume auto" in line and "--name" in line and "--overwrite" in line
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()} == before  # untouched
 
+    # Lightning's --ckpt_path is not a way into an existing run: refused like a new run, pointing to --resume (and,
+    # as the checkpoint is in the run, not even with --overwrite, which would delete it); bytes and mtimes unchanged
+    files = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    last = run / "checkpoints" / "last.ckpt"
+    for extra in ((), ("--overwrite",)):
+        assert main(fit(tmp_path, "twice", f"--ckpt_path={last}", *extra)) == 2
+        line = error_line(capsys)
+        assert f"run directory {run} already holds a run" in line and "--ckpt_path does not continue a run" in line
+        assert "--resume auto" in line and f"--resume {last}" in line
+        assert {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()} == before
+        assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == files
+
     (run / "hparams.yaml").write_text("stale: true\n")
     # the bare flag the message suggests (`--overwrite=true` works too)
     assert main(fit(tmp_path, "twice", "--overwrite", "--model.optimizer.lr=0.002")) == 0

@@ -154,6 +154,22 @@ def test_probe_prints_and_saves_linear_and_knn_accuracy(exported, tmp_path, caps
     assert json.loads(capsys.readouterr().out)["knn"]["k"] == 5
 
 
+def test_probe_of_two_runs_last_ckpt_writes_one_folder_per_run(exported, tmp_path, capsys):
+    """The default folder is named after the run (``probe-<run>-last``): probing a second run's ``last.ckpt`` does not
+    meet the first one's ``probe.json``; ``--name`` still chooses the folder."""
+    runs = exported.parent / "runs"
+    run_cli(*tiny(runs, "other", "--trainer.max_steps=1"))
+    common = ["--recipe", str(tiny(tmp_path, "x")[2]), *NEW_TASK, f"--runs-dir={tmp_path / 'probes'}", "--k=5"]
+    for run in ("pre", "other"):
+        ckpt = runs / run / "checkpoints" / "last.ckpt"
+        assert main(["probe", str(ckpt), *common]) == 0, capsys.readouterr().err[-2000:]
+        assert json.loads((tmp_path / "probes" / f"probe-{run}-last" / "probe.json").read_text())["source"] == \
+            str(ckpt)
+    assert main(["probe", str(runs / "other" / "checkpoints" / "last.ckpt"), *common, "--name=mine"]) == 0
+    assert (tmp_path / "probes" / "mine" / "probe.json").is_file()
+    assert sorted(p.name for p in (tmp_path / "probes").iterdir()) == ["mine", "probe-other-last", "probe-pre-last"]
+
+
 def test_knn_and_linear_probe_on_separable_features():
     """DINO's weighted vote and the logistic regression on features whose classes are known: perfect on separable
     clusters, chance-level on noise (a wrong vote or a leak between splits would show)."""

@@ -50,11 +50,12 @@ def layer_table() -> dict[str, int]:
 
 def folder(name: str) -> str:
     """The entry of the layer table that holds module ``name``: its top folder under ``impulsevit/`` (``training/``),
-    ``*.py`` for a file at the root, ``__init__.py`` for the root package itself."""
+    ``*.py`` for a file at the root, ``__init__.py`` / ``__main__.py`` for the root package itself and its
+    ``python -m`` entry."""
     parts = MODULES[name].relative_to(PKG).parts
     if len(parts) > 1:
         return parts[0] + "/"
-    return "__init__.py" if parts[0] == "__init__.py" else "*.py"
+    return parts[0] if parts[0] in ("__init__.py", "__main__.py") else "*.py"
 
 
 def layer(name: str) -> int:

@@ -51,6 +51,19 @@ def test_import_impulsevit_installs_no_import_hook():
     assert proc.returncode == 1 and "No module named 'impulsevit.module'" in proc.stderr, proc.stderr
 
 
+def test_the_changelog_states_that_plain_imports_of_the_old_paths_are_gone():
+    """What the test above checks is what the CHANGELOG tells users: the unreleased section says plain Python imports
+    of the old paths fail (a break against 0.1.0, which had them), and the 0.1.0 entry no longer promises that they
+    stay importable until the removal."""
+    text = (REPO / "CHANGELOG.md").read_text()
+    unreleased, released = text.split("## [0.1.0]", 1)
+    changed = unreleased.split("### Changed", 1)[1].split("\n### ", 1)[0]
+    assert "`from impulsevit.module import ImageClassifier` or `import impulsevit.module` is `ModuleNotFoundError`" in \
+        " ".join(changed.split()), changed
+    assert f"until {REMOVED_IN}" in changed
+    assert "stay importable" not in released and "in 0.1.0 only" in released
+
+
 def test_the_aliases_end_with_the_outermost_block():
     with old_module_paths():
         with old_module_paths():

@@ -66,7 +66,8 @@ class DataSpec:
     class count (from a given ``.beton``'s or the training shard set's manifest, or the data tree when the registry
     has none), ``betons`` the given ``.beton`` files by split (empty: converted into ``cache_dir``, which is also
     where the litdata backend caches remote chunks), ``explicit_norm`` whether ``mean`` / ``std`` were given,
-    ``download`` whether ``prepare_data`` fetches a missing dataset into ``root`` (never for a shard set). The
+    ``download`` whether ``prepare_data`` fetches a missing dataset into ``root`` (never for a shard set or a
+    dataset without a download function). The
     batch size is not part of it: it is passed to each loader (callers such as ``impulsevit data preview`` change it
     after construction)."""
 
@@ -186,6 +187,9 @@ def resolve_spec(*, dataset: str, root: str | None, backend: str, image_size: in
             raise ConfigError("backend='litdata' reads a shard set written by `impulsevit convert ... --format "
                               "litdata`: set data.root to its folder or s3:// URL")
         download = False  # the recipes' data.download (fetch the raw dataset) does not apply to a shard set
+    # download: true is "fetch when missing and fetchable": a dataset without a download function (imagefolder,
+    # digits, ImageNet) is read from its root as with download: false, so the root is checked below, before any work
+    download = bool(download) and info.download is not None
     if backend == "ffcv" and interpolation not in ("bicubic", "bilinear"):
         raise ConfigError(f"interpolation {interpolation!r} is not supported on the ffcv backend (bicubic or "
                           f"bilinear); use backend='torchvision' for other filters")

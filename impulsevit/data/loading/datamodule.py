@@ -134,7 +134,9 @@ class ImageDataModule(BaseImageDataModule):
         mean / std: override the registry's normalisation statistics (per channel, 0–1 scale).
         download: fetch the dataset with ``torchvision.datasets`` in ``prepare_data`` when its files are missing
             (:mod:`impulsevit.data.sources.download`; CIFAR-10/100, STL-10, Flowers-102, Pets, Food-101, Fashion-MNIST);
-            without ``root`` it goes to ``<cache>/datasets/<name>``.
+            without ``root`` it goes to ``<cache>/datasets/<name>``. A dataset that cannot be fetched
+            (``imagefolder``, ``digits``, ImageNet) is read from ``root`` as with ``download=False`` (its root is
+            checked); a failed download removes what it created and is one line.
         augment: train-time augmentation (:class:`~impulsevit.data.loading.config.AugmentConfig`: crop scale / ratio,
             flip, RandAugment, colour jitter, random erasing, repeated augmentation); a mapping or None (the defaults).
         resample_on: where the ffcv backend's training crops are resized to S × S: ``workers`` (FFCV's threads,

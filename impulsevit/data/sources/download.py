@@ -22,25 +22,37 @@ fetched the same way. After the download every split is read back through the re
 ImageNet-1K and ImageNet-21K cannot be downloaded without an account: :func:`download` raises
 :class:`ManualDownloadError` with their registration's ``manual_download`` text (what to obtain and which layouts are
 read). The datamodule's ``download: true`` calls :func:`ensure_dataset` from ``prepare_data`` (serialised across
-processes with a lock file next to ROOT).
+processes with a lock file next to ROOT). ``download: true`` means "fetch the dataset when it is missing and can be
+fetched": a dataset without a ``download`` (``imagefolder``, ``digits``, ImageNet) is read from its root as with
+``download: false``, which checks that root. A root that does not exist is created for the download, as
+``torchvision.datasets`` does; a download that fails removes what it created (the root and the folders above it that
+it made, or the new entries of a root that existed) and raises :class:`DownloadError`: one line naming the dataset,
+the root and the cause.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
 import sys
 from pathlib import Path
 
 from impulsevit.argparser import ArgumentParser
 from impulsevit.data.sources.registry import DatasetInfo, Verify, downloadable, get_dataset
-from impulsevit.errors import ConfigError
+from impulsevit.errors import ConfigError, DataError
 from impulsevit.io import claim_output
 
-__all__ = ["ManualDownloadError", "download", "ensure_dataset", "main"]
+__all__ = ["DownloadError", "ManualDownloadError", "download", "ensure_dataset", "main"]
 
 class ManualDownloadError(RuntimeError):
     """The dataset cannot be fetched automatically; the message says what to obtain and how to lay it out."""
+
+
+class DownloadError(DataError):
+    """A download failed (network, checksum, or the files fetched do not read back); the message names the dataset,
+    the root and the cause. What the download created was removed. Exit status 1, as ``impulsevit download``'s."""
 
 
 def _present(info: DatasetInfo, root: Path) -> bool:
@@ -68,23 +80,68 @@ def download(name: str, root: str | os.PathLike, verify: Verify = "error") -> di
     return {split: len(info.load(root, split, verify=verify)) for split in info.split_sizes}
 
 
+def _created_by(root: Path) -> Path | None:
+    """The outermost of ``root`` and its parents that does not exist yet (what a ``mkdir -p root`` would create),
+    else None."""
+    top = None
+    for p in (root, *root.parents):
+        if p.exists() or p.is_symlink():
+            break
+        top = p
+    return top
+
+
+def _take_back(root: Path, created: Path | None, before: set[str]) -> None:
+    """Remove what a failed download made: the folder ``created`` (with everything in it), or, when ``root`` existed,
+    the entries of ``root`` that were not in ``before``."""
+    if created is not None:
+        shutil.rmtree(created, ignore_errors=True)
+        return
+    with contextlib.suppress(OSError):
+        for entry in root.iterdir():
+            if entry.name not in before:
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+
+
 def ensure_dataset(info: DatasetInfo, root: str | os.PathLike, verify: Verify = "error",
                    log=print) -> None:  # noqa: ANN001 - any print-like callable
     """Download ``info`` into ``root`` unless its marker files are already there; concurrent callers (ranks of
     several nodes sharing ``root``) are serialised by a lock file ``<root>.lock``: one downloads, the others wait and
-    find the files."""
+    find the files. A dataset without a ``download`` function is left to its reader (nothing is fetched or created).
+
+    Raises:
+        DownloadError: the download or the read-back failed (one line: dataset, root, cause); what it created under
+            (or as) ``root`` was removed first. The registry's ``DatasetMismatchError`` (``verify='error'``) is kept
+            as it is.
+    """
     from impulsevit.data.locking import file_lock
 
+    if info.download is None:  # "fetch if missing and fetchable": a folder dataset is checked by its reader
+        return
     root = Path(root)
     claim_output(root, False, "into", what="data root")
     if _present(info, root):
         return
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with file_lock(root.with_name(root.name + ".lock"), what=f"download of {info.name} into {root}", log=log):
-        if _present(info, root):
-            return
-        log(f"[impulsevit] downloading {info.name} into {root}")
-        download(info.name, root, verify=verify)
+    created = _created_by(root)
+    before = set() if created is not None else {e.name for e in root.iterdir()}
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        with file_lock(root.with_name(root.name + ".lock"), what=f"download of {info.name} into {root}", log=log):
+            if _present(info, root):
+                return
+            log(f"[impulsevit] downloading {info.name} into {root}")
+            download(info.name, root, verify=verify)
+    except (OSError, RuntimeError, ValueError) as exc:  # torchvision: URLError (an OSError) or RuntimeError
+        if type(exc).__name__ == "DatasetMismatchError" or isinstance(exc, ConfigError):
+            raise
+        _take_back(root, created, before)
+        cause = " ".join(str(exc).split()) or type(exc).__name__
+        raise DownloadError(f"download of {info.name} into {root} failed ({cause}); nothing was left there: check "
+                            f"the network, or fetch it elsewhere (`impulsevit download {info.name} DIR`) and pass "
+                            f"--data.init_args.root=DIR") from exc
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -52,6 +52,11 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 Verify = Literal["error", "warn", "off"]
 
 
+_USE_A_MODIFIED_COPY = ("; to use a modified copy pass --data.init_args.verify=warn (impulsevit download / convert: "
+                        "--verify warn)")
+"""The end of a count mismatch's message: the setting that accepts a modified copy, as each command spells it."""
+
+
 class DatasetMismatchError(ValueError):
     """The files on disk do not hold the dataset the registry describes (wrong counts or class count)."""
 
@@ -135,7 +140,7 @@ class DatasetInfo:
         if verify != "off" and self.releases:
             msg = self._release_mismatch(resolved)
             if msg and verify == "error":
-                raise DatasetMismatchError(msg + "; pass verify='warn' to use a modified copy")
+                raise DatasetMismatchError(msg + _USE_A_MODIFIED_COPY)
             if msg:
                 warnings.warn(msg, stacklevel=2)
         elif verify != "off" and self.split_sizes:
@@ -148,7 +153,7 @@ class DatasetInfo:
                 msg = (f"{self.name} split {split!r} at {resolved}: found {' and '.join(problems)} "
                        f"(the published {self.description or self.name})")
                 if verify == "error":
-                    raise DatasetMismatchError(msg + "; pass verify='warn' to use a modified copy")
+                    raise DatasetMismatchError(msg + _USE_A_MODIFIED_COPY)
                 warnings.warn(msg, stacklevel=2)
         return source
 

@@ -180,9 +180,6 @@ def write_shards(source: ImageSource, dst: str, preset: Preset, *, on_error: OnE
         staging_parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{Path(dst).name}.tmp-{socket.gethostname()}-{os.getpid()}-",
                                     dir=staging_parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would become the committed folder's mode
     try:
         _write_local(source, good, written, scan.sizes, staging, chunk_bytes)
         files = {p.name: p.stat().st_size for p in sorted(staging.iterdir())}
