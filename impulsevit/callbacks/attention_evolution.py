@@ -9,9 +9,16 @@ its shift from the reference. The reference is the head's initial impulse offset
 method without offsets (torch, mimetic, …) takes the best one-tap offset of the first probe instead, kept in the
 checkpoint so a resumed run measures against the same one.
 
+For a ViT (the ``vit`` family with a LayerNorm pre-norm) every record also holds ``logit_terms``: per layer the split
+of the attention logits on the probe batch into position and content terms, with the mass on the reference offset on
+the images, with the position–position term alone and on a zero image (:mod:`impulsevit.init.logit_terms`; one more
+forward of the probe batch and three of one zero image) — at the ``init`` point it says why the structure on real images
+is weaker than on the pseudo-input, layer by layer.
+
 Written from global rank 0: TensorBoard scalars ``attention_evolution/<source>/<metric>/layer_<i>`` (means over
-heads), one image grid per layer and logging point (``attention_evolution/images/layer_<i>``), and the raw per-head
-numbers as one JSON file per logging point, ``<run dir>/attention/step_<step>.json`` (the run directory of
+heads) and ``attention_evolution/logit_terms/<field>/layer_<i>``, one image grid per layer and logging point
+(``attention_evolution/images/layer_<i>``), and the raw per-head numbers as one JSON file per logging point,
+``<run dir>/attention/step_<step>.json`` (the run directory of
 :func:`impulsevit.training.trackers.run_directory`, whatever loggers are added; atomic; a resumed run rewrites a point
 it reaches again with the same numbers, and removes a record of the same point that an earlier life of the run left
 at another step, so a run directory holds exactly one record per point). Every logger gets the scalars; the image
@@ -182,6 +189,9 @@ class AttentionEvolution(L.Callback):
                                          "kind": getattr(maps, "source", source),
                                          "layers": [[h.to_dict() for h in layer] for layer in heads],
                                          "means": layer_means(heads)}
+        terms = self._logit_terms(model)
+        if terms is not None:
+            record["logit_terms"] = terms
         # collective for a plain Trainer (broadcast from rank 0): every rank calls it; without a logger or the CLI there
         # is no run directory, and nothing is written (Lightning's log_dir would be the default root, usually the
         # working directory)
@@ -189,6 +199,21 @@ class AttentionEvolution(L.Callback):
         if trainer.is_global_zero:
             self._write(trainer, record, maps_of.get("images"), log_dir)
         return record
+
+    def _logit_terms(self, model: torch.nn.Module) -> list[dict[str, float]] | None:
+        """Per layer, :func:`impulsevit.init.logit_terms.logit_terms` on the probe batch against the image
+        references (``None`` without a probe, or for a model the split does not apply to: Swin, Mixer, RMSNorm).
+        Collective under FSDP2 (every rank calls it)."""
+        from impulsevit.init.logit_terms import logit_terms
+
+        refs = self.references.get("images")
+        if self.probe is None or not refs:
+            return None
+        try:
+            with torch.no_grad(), full_parameters(model):
+                return logit_terms(model, self.probe, [[tuple(o) for o in layer] for layer in refs]).to_dict()
+        except (ValueError, TypeError, NotImplementedError):
+            return None
 
     def _write(self, trainer: L.Trainer, record: dict, image_maps: Any, log_dir: Path | None) -> None:
         step = record["step"]
@@ -198,6 +223,10 @@ class AttentionEvolution(L.Callback):
                 for li, v in enumerate(per_layer):
                     if math.isfinite(v):
                         scalars[f"attention_evolution/{source}/{metric}/layer_{li:02d}"] = v
+        for row in record.get("logit_terms", []):
+            for key, v in row.items():
+                if key != "layer" and math.isfinite(v):
+                    scalars[f"attention_evolution/logit_terms/{key}/layer_{row['layer']:02d}"] = v
         for lg in trainer.loggers:
             lg.log_metrics(scalars, step=step)
         if trainer.loggers and image_maps is not None:

@@ -42,7 +42,7 @@ from impulsevit.init.diagnostics import AttentionMaps, register_attention_maps
 from impulsevit.init.impulse import impulse_indicator, impulse_offsets
 from impulsevit.init.options import BaseOptions, OffsetOptions, as_dict, check_range
 
-__all__ = ["is_mixer", "mixer_token_mlps", "mixer_token_kernel", "mixer_kernel_summary"]
+__all__ = ["is_mixer", "mixer_token_mlps", "mixer_token_kernel", "mixer_token_jacobians", "mixer_kernel_summary"]
 
 
 def is_mixer(model: nn.Module) -> bool:
@@ -274,6 +274,32 @@ def mixer_token_kernel(model: nn.Module, eps: float = 1e-3) -> list[torch.Tensor
             probe = (eps * torch.eye(n, dtype=torch.float64)).to(device=p.device, dtype=p.dtype)
             diff = (mlp(probe) - mlp(-probe)).to(torch.float64).cpu() / (2 * eps)  # row s = response to e_s
             out.append(diff.T.contiguous())
+    return out
+
+
+def mixer_token_jacobians(model: nn.Module, images: torch.Tensor) -> list[torch.Tensor]:
+    """Per block, the token-mixing MLP's composite response on real inputs: its Jacobian ``J[t, s] = ∂f_t/∂u_s`` at
+    the input it receives in the eval-mode forward of ``images`` (each channel's ``N`` tokens after ``norm1``), one
+    per image and channel, ``(B·C, N, N)`` float32 (``torch.func.jacrev`` through the module's own GELU). Their mean
+    over images and channels is the mean response; :func:`mixer_token_kernel` is the same Jacobian at the zero input
+    (the pseudo-input kernel), so the two compare directly with :func:`mixer_kernel_summary`. The model's mode is
+    restored."""
+    mlps = mixer_token_mlps(model)
+    inputs: list[torch.Tensor] = []
+    hooks = [mlp.register_forward_pre_hook(lambda m, args: inputs.append(args[0].detach())) for _, mlp in mlps]
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(images)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        model.train(was_training)
+    out = []
+    for (_, mlp), u in zip(mlps, inputs, strict=True):
+        rows = u.reshape(-1, u.shape[-1])  # (B·C, N): the token MLP acts on each channel's token vector
+        out.append(torch.func.vmap(torch.func.jacrev(mlp))(rows).detach().float())
     return out
 
 

@@ -33,7 +33,12 @@ __all__ = ["VitLayout", "vit_layout", "is_vit", "VitImpulseOptions", "VitMimetic
 @dataclasses.dataclass(frozen=True)
 class VitImpulseOptions(BaseOptions, OffsetOptions):
     """Options of ``impulse`` on a ViT; the defaults are the released algorithm (``impulsevit/init/README.md`` has
-    the card: what each option changes and which were measured). Every float is >= 0."""
+    the card: what each option changes and which were measured). Every float is >= 0.
+
+    ``pseudo_input``: ``"pos_embed"`` (released) solves every block's Q/K for ``LN0(pe)``; ``"propagated"`` (not the
+    default: measured at init only, no training comparison yet) solves block ``l``'s Q/K for ``LN0`` of the
+    pseudo-input carried through blocks ``0..l-1`` as they are initialised (:func:`_propagated_solves`).
+    """
 
     replacement: bool = True
     offsets_per_layer: bool = False
@@ -52,6 +57,7 @@ class VitImpulseOptions(BaseOptions, OffsetOptions):
     qk_normalize: Literal["frobenius", "logit"] = "frobenius"
     target_logit: float = 10.0
     grid: tuple[int, int] | None = None
+    pseudo_input: Literal["pos_embed", "propagated"] = "pos_embed"
 
     def __post_init__(self) -> None:
         _non_negative_floats(self)
@@ -232,6 +238,104 @@ def _draw_and_solve_layers(
     return layer_offsets, qk_solutions, value_projs
 
 
+def _block_forward(model: nn.Module, values: dict[str, Value], index: int, x: torch.Tensor) -> torch.Tensor:
+    """Block ``index`` of ``model`` applied to tokens ``x`` ``(1, N, D)`` with the values this initializer has decided
+    so far (:func:`_current`: base or written values, else the model's own), in eval semantics (no dropout / drop path):
+    ``x + ls1(attn(norm1(x)))`` then ``+ ls2(mlp(norm2(·)))``, timm ``Block``'s forward, each part through
+    ``torch.func.functional_call`` on full float32 CPU tensors (so it also runs on FSDP2 ``DTensor`` parameters: the
+    sharded block's own hooks are not called).
+
+    Raises:
+        ValueError: the block is not a timm ``vision_transformer.Block`` (a residual-post or parallel block would need
+            its own forward).
+    """
+    from timm.models.vision_transformer import Block
+
+    block = model.blocks[index]
+    if not isinstance(block, Block):
+        raise ValueError(f"{type(model).__name__}.blocks.{index} is {type(block).__name__}, not timm's Block: "
+                         "pseudo_input='propagated' needs the plain pre-norm block")
+
+    def call(part: str, t: torch.Tensor) -> torch.Tensor:
+        sub = getattr(block, part)
+        names = [n for n, _ in [*sub.named_parameters(), *sub.named_buffers()]]
+        state = {n: _current(model, values, f"blocks.{index}.{part}.{n}") for n in names}
+        was_training = sub.training
+        sub.eval()
+        try:
+            return torch.func.functional_call(sub, state, (t,))
+        finally:
+            sub.train(was_training)
+
+    x = x + call("ls1", call("attn", call("norm1", x)))
+    return x + call("ls2", call("mlp", call("norm2", x)))
+
+
+def _propagated_solves(
+    model: nn.Module,
+    layout: VitLayout,
+    values: dict[str, Value],
+    generator: torch.Generator,
+    pos: torch.Tensor,
+    pseudo0: impulse.PseudoInput,
+    opts: VitImpulseOptions,
+) -> tuple[list[list[impulse.Offset]], list[impulse.QKSolution], list[tuple[torch.Tensor, torch.Tensor]], list[int]]:
+    """``pseudo_input='propagated'``: the draws of :func:`_draw_and_solve_layers`, in its order and from the same
+    ``generator`` (so the offsets, noise and value matrices are the default's), then block by block: solve block
+    ``l``'s Q/K for ``P_l = LN0(x_l)``, where ``x_0`` are the patch rows of the (scaled) ``pos_embed`` — so block 0 is
+    the default's — and ``x_{l+1}`` is block ``l`` applied to ``x_l`` with its new Q/K/V/proj and its base values of
+    everything else (:func:`_block_forward`; biases included, no patch content, no prefix tokens).
+
+    Why: the released solve designs every block for ``LN0(pe)``, but block ``l`` sees the position embedding only
+    after the blocks before it have transformed it; the logit-term split (:mod:`impulsevit.init.logit_terms`) measures
+    the structure on that propagated positional stream alone falling from 1.00 (block 0) to 0.39 (block 1) on
+    ``cpu_fmnist_vit_smallimg``'s model. Sequential (each block needs the previous ones), on one intra-op thread as
+    every solve here (bit-reproducible whatever the thread count). A pure function of the model and the generator.
+
+    Returns:
+        As :func:`_draw_and_solve_layers`, plus the solve rank of every block.
+    """
+    H, W = layout.grid
+    num_layers = len(layout.attn_names)
+    shared = impulse.impulse_offsets(layout.num_heads, opts.kernel_size, opts.offsets, generator=generator,
+                                     replacement=opts.replacement)
+    redraw = opts.offsets_per_layer and opts.offsets == "random"
+    layer_offsets, noises, value_matrices = [], [], []
+    for layer in range(num_layers):  # the draws, in _draw_and_solve_layers' order
+        layer_offsets.append(
+            impulse.impulse_offsets(layout.num_heads, opts.kernel_size, opts.offsets, generator=generator,
+                                    replacement=opts.replacement) if (redraw and layer) else shared
+        )
+        noises.append(impulse.draw_noise(layout.num_heads, H * W, generator, std=opts.noise_std, clip=opts.noise_clip))
+        if opts.value == "mimetic":
+            value_matrices.append(impulse.draw_value_matrix(layout.dim, generator, opts.value_alpha, opts.value_beta))
+    qk_solutions, value_projs, ranks = [], [], []
+    x = pos[:, layout.patch_rows].float()
+    width, dim = layout.attn_width, layout.dim
+    with solver_threads():  # one intra-op thread on this thread too: the block forwards' bits do not follow the count
+        for layer, attn_name in enumerate(layout.attn_names):
+            pseudo = pseudo0 if layer == 0 else impulse.factor_pseudo_input(
+                impulse.layer_norm_rows(x[0].to(torch.float64)), layout.head_dim, rtol=opts.rank_rtol
+            )
+            ranks.append(pseudo.rank)
+            qk = impulse.solve_qk(
+                pseudo, H, W, layer_offsets[layer], noises[layer], layout.head_dim,
+                on_value=opts.on_value, noise_scale=opts.noise_scale, boundary=opts.boundary,
+                gain=opts.gain_qk, normalize=opts.qk_normalize, target_logit=opts.target_logit,
+                dtype=torch.float32,
+            )  # fmt: skip
+            qk_solutions.append(qk)
+            value_proj = _value_proj(value_matrices[layer], opts.gain_v) if value_matrices else None
+            if value_proj is not None:
+                value_projs.append(value_proj)
+            _set_attention_values(
+                model, layout, values, attn_name, qk.wq.reshape(width, dim), qk.wk.reshape(width, dim), value_proj
+            )
+            if layer + 1 < num_layers:
+                x = _block_forward(model, values, layer, x)
+    return layer_offsets, qk_solutions, value_projs, ranks
+
+
 @register("impulse", family="vit", matches=is_vit, options=VitImpulseOptions)
 def impulse_vit(model: nn.Module, generator: torch.Generator, options: VitImpulseOptions) -> InitResult:
     """Impulse init of a timm ViT (``docs/method.md`` §2 by default; options for §3 variants, see the README card).
@@ -259,7 +363,14 @@ def impulse_vit(model: nn.Module, generator: torch.Generator, options: VitImpuls
     if mimetic_value:
         _check_value_width(layout)
     # 3) per layer: offsets, noise and value matrix drawn, Q/K and V/proj solved
-    layer_offsets, qk_solutions, value_projs = _draw_and_solve_layers(layout, generator, pseudo, opts)
+    if opts.pseudo_input == "propagated":
+        layer_offsets, qk_solutions, value_projs, ranks = _propagated_solves(
+            model, layout, values, generator, pos, pseudo, opts
+        )
+        notes.append(f"pseudo_input='propagated': each block solved for LN0 of the pseudo-input carried through the "
+                     f"blocks before it (ranks per block {ranks})")
+    else:
+        layer_offsets, qk_solutions, value_projs = _draw_and_solve_layers(layout, generator, pseudo, opts)
     # 4) assemble qkv / proj and write everything at once
     width, dim = layout.attn_width, layout.dim
     for layer, attn_name in enumerate(layout.attn_names):

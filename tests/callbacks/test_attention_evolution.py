@@ -110,6 +110,14 @@ def test_callback_records_init_and_every_epoch(two_runs):
     # at init the pseudo-input attention is the designed one-tap convolution: (almost) all mass on the offset
     assert min(h["offset_mass"] for layer in init["pseudo_input"]["layers"] for h in layer) > 0.9
     assert init["images"]["num_prefix"] == 1 and init["images"]["grid"] == [8, 8]
+    # the logit-term split per layer, at every point; its mass is the images' mass on the reference offsets
+    terms = recs[0]["logit_terms"]
+    assert [t["layer"] for t in terms] == [0, 1] and all(len(recs[s]["logit_terms"]) == 2 for s in (4, 8))
+    for t in terms:
+        assert min(t[k] for k in ("pos_pos", "pos_content", "content_pos", "content_content", "logits")) > 0
+        assert 0.0 <= t["mass"] <= 1.0 and 0.0 <= t["mass_zero"] <= 1.0
+    assert terms[0]["mass_zero"] > 0.9  # block 0 on the zero image: the designed structure (plus biases)
+    assert [s for s, _ in scalars(two_runs / "a", "attention_evolution/logit_terms/pos_pos/layer_01")] == [0, 4, 8]
     logged = scalars(two_runs / "a", "attention_evolution/images/distance/layer_00")
     assert [s for s, _ in logged] == [0, 4, 8]
     assert [v for _, v in logged] == pytest.approx([recs[s]["sources"]["images"]["means"]["distance"][0]

@@ -48,6 +48,8 @@ def _convmixer():
 FAMILIES = {
     "vit": (_vit, "impulse", {}, ("attn.qkv.weight", "attn.proj.weight", "pos_embed")),
     "vit-mimetic": (_vit, "mimetic", {}, ("attn.qkv.weight", "attn.proj.weight")),
+    "vit-propagated": (_vit, "impulse", {"pseudo_input": "propagated"},
+                       ("attn.qkv.weight", "attn.proj.weight", "pos_embed")),
     "rope": (_rope, "impulse", {}, ("attn.qkv.", "attn.q_proj.", "attn.k_proj.", "attn.v_proj.", "attn.q_bias",
                                     "attn.k_bias", "norm1.bias")),
     "relbias": (_beit, "impulse", {}, ("relative_position_bias_table",)),
@@ -89,7 +91,7 @@ def test_torch_base_agrees_with_the_torch_method_outside_the_structure(family):
     assert len(untouched) > 5  # the check is not vacuous
 
 
-@pytest.mark.parametrize("family", ["vit", "rope", "swin", "mixer", "convmixer"])
+@pytest.mark.parametrize("family", ["vit", "vit-propagated", "rope", "swin", "mixer", "convmixer"])
 def test_keep_base_leaves_the_model_init_outside_the_structure(family):
     builder, method, options, structured = FAMILIES[family]
     built = _tensors(_build(builder))

@@ -178,3 +178,33 @@ def test_one_tap_layout_is_one_tap_per_block_carried_by_every_hidden_unit(token_
     if box is not None:
         notes = ii.initialize(box, "impulse", layout="factored", generator=0).notes
         assert "[+0.17 +0.17 +0.17 | +0.17 +0.17 +0.17 | +0.17 +0.17 +0.17]" in notes[-1]
+
+
+def test_token_jacobians_on_real_inputs():
+    """The composite response on real inputs: one Jacobian per image and channel, equal to central differences of
+    the token MLP at the input the forward gave it (captured here independently), with the kernel's support."""
+    from _real_images import real_images
+
+    from impulsevit.init.mixer import mixer_token_jacobians
+
+    model = make(embed_dim=32)
+    report = ii.initialize(model, "impulse", generator=0, layout="factored")
+    model.train()
+    images = real_images(2, 32)
+    captured = []
+    hook = model.blocks[1].mlp_tokens.register_forward_pre_hook(lambda m, args: captured.append(args[0]))
+    jacobians = mixer_token_jacobians(model, images)
+    hook.remove()
+    assert model.training and len(jacobians) == 2 and jacobians[1].shape == (2 * 32, 64, 64)
+    mlp, eps = model.blocks[1].mlp_tokens, 1e-3
+    u = captured[0].reshape(-1, 64)[5].double()
+    with torch.no_grad():
+        probe = eps * torch.eye(64, dtype=torch.float64)
+        fd = (mlp.double()(u + probe) - mlp(u - probe)).T / (2 * eps)  # column s = response to token s
+        mlp.float()
+    torch.testing.assert_close(jacobians[1][5].double(), fd, rtol=1e-3, atol=1e-5)
+    assert not torch.allclose(jacobians[1][5], jacobians[1][6])  # a response per input, not the zero-input kernel
+    kernel = mixer_token_kernel(model)[1]
+    for j in jacobians[1][:4]:  # the construction's support holds on every input
+        assert mixer_kernel_summary([j.double()], GRID, report.offsets[1])[0]["offset_mass"] > 0.999
+    assert not torch.allclose(jacobians[1].mean(0).double(), kernel, rtol=1e-2, atol=1e-4)

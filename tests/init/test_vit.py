@@ -307,3 +307,87 @@ def test_mimetic_value_layout_released_writes_factors_untransposed():
     c_rel = (wv_b.T @ wp_b.T).double()
     assert torch.trace(c_row).item() == pytest.approx(torch.trace(c_rel).item(), rel=1e-4)
     assert (c_row - c_rel).abs().max().item() > 1e-2  # a different map
+
+
+def _target_logit_spread(model, offsets):
+    """Per block, the largest relative spread (std / mean over queries, per head) of the logits on the target keys
+    on ``LN0`` of the pos_embed patch rows carried through the blocks before it by timm's own ``Block.forward``
+    (eval mode; logits without bias, float64): what ``pseudo_input='propagated'`` designs for, computed independently
+    of the handler. At full rank (49 tokens < head_dim 64) the solve fits ``c·T_i`` exactly, so every target logit of
+    a head is the same ``1000·c``: the spread is rounding (~1e-8) where a block was solved for this input."""
+    model.eval()
+    x = model.pos_embed.detach()[:, model.num_prefix_tokens:]
+    grid = tuple(model.patch_embed.grid_size)
+    spreads = []
+    with torch.no_grad():
+        for layer, block in enumerate(model.blocks):
+            p = imp.layer_norm_rows(x[0].double())
+            attn = block.attn
+            w = attn.qkv.weight.detach().double()
+            width = attn.num_heads * attn.head_dim
+            q = (p @ w[:width].T).reshape(-1, attn.num_heads, attn.head_dim).transpose(0, 1)
+            k = (p @ w[width:2 * width].T).reshape(-1, attn.num_heads, attn.head_dim).transpose(0, 1)
+            logits = attn.scale * q @ k.transpose(-2, -1)
+            worst = 0.0
+            for head, offset in enumerate(offsets[layer]):
+                target = imp.shift_index(*grid, offset)
+                queries = torch.nonzero(target >= 0).squeeze(1)
+                on_target = logits[head, queries, target[queries]]
+                worst = max(worst, float(on_target.std() / on_target.mean()))
+            spreads.append(worst)
+            x = block(x)
+    return spreads
+
+
+@pytest.fixture(scope="module")
+def default_and_propagated():
+    out = {}
+    for name in ("pos_embed", "propagated"):
+        m = vit(img=28, patch=4, dim=192, depth=3, heads=3)  # ViT-Ti width: head_dim 64 > 49 tokens
+        g = torch.Generator().manual_seed(3)
+        report = ii.initialize(m, "impulse", generator=g, pseudo_input=name)
+        out[name] = (m, report, g.get_state())
+    return out
+
+
+def test_propagated_pseudo_input_keeps_the_structure_through_the_blocks(default_and_propagated):
+    """Each block is solved for the pseudo-input as the blocks before it have transformed it: on that input every
+    block realises its designed logits exactly; the released solve (one pseudo-input for every block) does not from
+    block 1 on (the control that makes the check discriminate)."""
+    m, report, _ = default_and_propagated["propagated"]
+    assert report.options["pseudo_input"] == "propagated"
+    assert any("pseudo_input='propagated'" in n for n in report.notes)
+    assert max(_target_logit_spread(m, report.offsets)) < 1e-5
+    m0, report0, _ = default_and_propagated["pos_embed"]
+    released = _target_logit_spread(m0, report0.offsets)
+    assert released[0] < 1e-5 and min(released[1:]) > 1e-2
+
+
+def test_propagated_pseudo_input_changes_only_the_qk_rows_of_blocks_after_the_first(default_and_propagated):
+    """Same draws as the default (the generator ends in the same state), block 0 and every other tensor bit-identical:
+    only the Q and K rows of blocks 1.. differ."""
+    (m0, _, state0), (m1, _, state1) = default_and_propagated["pos_embed"], default_and_propagated["propagated"]
+    assert torch.equal(state0, state1)
+    a, b = m0.state_dict(), m1.state_dict()
+    differ = sorted(k for k in a if not torch.equal(a[k], b[k]))
+    assert differ == ["blocks.1.attn.qkv.weight", "blocks.2.attn.qkv.weight"]
+    width = m0.blocks[0].attn.qkv.out_features // 3
+    for name in differ:
+        assert torch.equal(a[name][2 * width:], b[name][2 * width:])  # the V rows are the default's
+
+
+def test_propagated_pseudo_input_is_a_pure_function_of_model_and_generator():
+    """The same seed gives the same bits, whatever the thread count (the block forwards run on one intra-op thread)."""
+    threads = torch.get_num_threads()
+    digests = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            m = vit(img=28, patch=4, dim=96, depth=3, heads=2)
+            ii.initialize(m, "impulse", generator=5, pseudo_input="propagated")
+            digests.append(state_digest(m))
+    finally:
+        torch.set_num_threads(threads)
+    assert digests[0] == digests[1]
+    with pytest.raises(ValueError, match=r"'pseudo_input'.*\('pos_embed', 'propagated'\)"):
+        ii.initialize(vit(), "impulse", pseudo_input="layer")

@@ -1,0 +1,188 @@
+"""Why impulse structure fades with depth: the attention-logit term split per block on real images, at init.
+
+Builds the model of a recipe (default ``cpu_fmnist_vit_smallimg``: its ``model.backbone``, ``model.backbone_kwargs``,
+``data.image_size``, 10 classes), initialises it with ``impulse`` (seed ``--seed``) once per ``--variant`` and prints,
+per block, :func:`impulsevit.init.logit_terms.logit_terms` on the first ``--images`` Fashion-MNIST test images
+(Debian's ``dataset-fashion-mnist``, normalised with the dataset's registered mean / std as the recipe's pipeline
+does). ``--figure PATH`` draws the mass per block (real images and the zero image) of every variant and the term
+scales of the first (PNG, written atomically).
+
+Run: ``python scripts/depth_profile.py [--figure docs/results/depth_terms.png] [--markdown]`` (about 40 s on one
+core). ``--recipe cpu_fmnist_mixer --mixer [LAYOUT ...]`` prints the Mixer's analogue instead
+(:func:`mixer_profile`). A variant is ``name`` or ``name:key=value,key=value`` of impulse options
+(``propagated:gain_qk=10``). Exit 2 with one line on bad input (an unknown recipe, a missing dataset, a malformed
+variant, an unknown option).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+
+VARIANTS = {"default": {}, "propagated": {"pseudo_input": "propagated"}}
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """``name`` or ``name:key=value,...`` → ``(label, impulse options)``; values parsed as YAML scalars."""
+    name, _, rest = text.partition(":")
+    if name not in VARIANTS:
+        raise ValueError(f"--variant {text!r}: unknown name {name!r}, expected one of {sorted(VARIANTS)}")
+    options = dict(VARIANTS[name])
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--variant {text!r}: {item!r} is not key=value")
+        options[key] = yaml.safe_load(value)
+    return text, options
+
+
+def fashion_mnist(n: int, size: int) -> torch.Tensor:
+    """The first ``n`` Fashion-MNIST test images (Debian's copy), ``(n, 3, size, size)``, normalised with the
+    dataset's registered mean / std as the datamodule does."""
+    from impulsevit.data.sources.formats import read_fashion_mnist
+    from impulsevit.data.sources.registry import get_dataset
+
+    source = read_fashion_mnist(None, "test")
+    imgs = torch.tensor(source.images[:n]).float().reshape(-1, 1, 28, 28) / 255
+    if size != 28:
+        imgs = torch.nn.functional.interpolate(imgs, size=(size, size), mode="bilinear", align_corners=False)
+    info = get_dataset("fashion_mnist")
+    return (imgs.repeat(1, 3, 1, 1) - info.mean[0]) / info.std[0]
+
+
+def build(recipe: str) -> torch.nn.Module:
+    import impulsevit.models  # noqa: F401  (registers the project's timm models: mixer_any, convmixer_cifar)
+    from impulsevit.run.recipes import resolve_recipe
+    from impulsevit.training.backbone import create_backbone, timm_kwargs
+
+    cfg = yaml.safe_load(resolve_recipe(recipe).read_text())
+    model, data = cfg["model"], cfg["data"]["init_args"]
+    kwargs = timm_kwargs(model["backbone"], model.get("backbone_kwargs"), 10, data.get("image_size"))
+    return create_backbone(model["backbone"], kwargs)
+
+
+def profile(recipe: str, variants: list[tuple[str, dict]], images: torch.Tensor, seed: int) -> dict:
+    """Per variant: the :class:`~impulsevit.init.logit_terms.TermTable` and the pseudo-input mass per block."""
+    import impulsevit.init as ii
+    from impulsevit.init.logit_terms import logit_terms
+
+    out = {}
+    for label, options in variants:
+        torch.manual_seed(0)
+        model = build(recipe)
+        report = ii.initialize(model, "impulse", generator=seed, **options)
+        table = logit_terms(model, images, report.offsets)
+        out[label] = table
+    return out
+
+
+def mixer_profile(recipe: str, layouts: list[str], images: torch.Tensor, seed: int) -> str:
+    """Markdown: per Mixer layout and block, the token MLP's composite response on real inputs
+    (:func:`impulsevit.init.mixer.mixer_token_jacobians`) against its pseudo-input kernel (the response at the zero
+    input, :func:`impulsevit.init.mixer.mixer_token_kernel`): offset mass of the mean response and, averaged, of one
+    response per image (first channel), gain ``‖mean J‖/‖K‖``, cosine(mean J, K), mean ``‖J − K‖/‖K‖`` per input."""
+    import impulsevit.init as ii
+    from impulsevit.init.mixer import mixer_kernel_summary, mixer_token_jacobians, mixer_token_kernel
+
+    lines = ["| layout | block | offset mass, mean response | offset mass, per input | gain | cosine to K | "
+             "per-input ‖J − K‖/‖K‖ |", "|---|---|---|---|---|---|---|"]
+    for layout in layouts:
+        torch.manual_seed(0)
+        model = build(recipe)
+        report = ii.initialize(model, "impulse", generator=seed, layout=layout)
+        grid = tuple(model.stem.grid_size)
+        channels = model.blocks[0].norm1.normalized_shape[0]
+        for block, (kernel, jac, offsets) in enumerate(
+            zip(mixer_token_kernel(model), mixer_token_jacobians(model, images), report.offsets, strict=True)
+        ):
+            k, mean = kernel.float(), jac.mean(0)
+            mass = mixer_kernel_summary([mean.double()], grid, offsets)[0]["offset_mass"]
+            firsts = jac[::channels].double()
+            per = sum(mixer_kernel_summary([j], grid, offsets)[0]["offset_mass"] for j in firsts) / len(firsts)
+            gain = float(mean.norm() / k.norm())
+            cos = float((mean * k).sum() / (mean.norm() * k.norm()))
+            dev = float(((jac - k).flatten(1).norm(dim=1) / k.norm()).mean())
+            lines.append(f"| {layout} | {block} | {mass:.3f} | {per:.3f} | {gain:.2f} | {cos:.3f} | {dev:.2f} |")
+    return "\n".join(lines)
+
+
+def figure(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from impulsevit.io import atomic_write
+
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for i, (label, table) in enumerate(results.items()):
+        layers = [t.layer for t in table]
+        color = f"C{i}"
+        ax0.plot(layers, [t.mass for t in table], "-o", color=color, label=f"{label}: real images")
+        ax0.plot(layers, [t.mass_zero for t in table], "--s", color=color, label=f"{label}: zero image")
+        if i == 0:
+            for k, style in (("pos_pos", "-o"), ("pos_content", "-^"), ("content_pos", "-v"),
+                             ("content_content", "-s")):
+                ax1.plot(layers, [getattr(t, k) for t in table], style, label=k.replace("_", "–"))
+    ax0.set(xlabel="block", ylabel="mean mass on the target offset", ylim=(0, 1.05),
+            title="structure through depth, at init")
+    ax0.legend(fontsize=7)
+    first = next(iter(results))
+    ax1.set(xlabel="block", ylabel="key-centred RMS (logit units)", title=f"logit terms ({first})")
+    ax1.legend(fontsize=7)
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipe", default="cpu_fmnist_vit_smallimg")
+    ap.add_argument("--images", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--variant", action="append", help="default, propagated, or name:key=value,... (repeatable)")
+    ap.add_argument("--figure", type=Path)
+    ap.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    ap.add_argument("--mixer", nargs="*", metavar="LAYOUT",
+                    help="instead: the Mixer table of the recipe (e.g. --recipe cpu_fmnist_mixer --mixer factored "
+                         "one_tap)")
+    args = ap.parse_args(argv)
+    if args.mixer is not None:
+        try:
+            model = build(args.recipe)
+            images = fashion_mnist(args.images, int(model.stem.img_size[0]))
+            print(mixer_profile(args.recipe, args.mixer or ["factored", "one_tap"], images, args.seed))
+        except (ValueError, TypeError, FileNotFoundError, KeyError, AttributeError) as e:
+            print(f"depth_profile: {' '.join(str(e).split())}", file=sys.stderr)
+            return 2
+        return 0
+    try:
+        variants = [parse_variant(v) for v in (args.variant or ["default", "propagated"])]
+        if args.images < 1:
+            raise ValueError(f"--images must be >= 1, got {args.images}")
+        model = build(args.recipe)
+        from impulsevit.init.api import check_options_for
+
+        for _, options in variants:  # every variant's options checked before any work
+            check_options_for(model, "impulse", options)
+        size = int(model.patch_embed.img_size[0])
+        images = fashion_mnist(args.images, size)
+        results = profile(args.recipe, variants, images, args.seed)
+    except (ValueError, TypeError, FileNotFoundError, KeyError) as e:
+        print(f"depth_profile: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    for label, table in results.items():
+        print(f"\n{label} (impulse seed {args.seed}, {args.images} Fashion-MNIST test images, {args.recipe})")
+        print(table.markdown() if args.markdown else table.table())
+    if args.figure:
+        figure(results, args.figure)
+        print(f"\nwrote {args.figure}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
