@@ -13,7 +13,7 @@ Overhead per epoch = probe time ÷ (steps per epoch × step time), with the reci
 default: one point per epoch) and its training-set size (``--train-size``, default Fashion-MNIST's 60,000).
 Medians over rounds. The last line is ``ratio: X`` = that overhead (target X <= 0.02).
 
-    python benchmarks/attention_overhead.py [--recipe quickstart] [--rounds 5] [--train-size 60000]
+    python benchmarks/attention_overhead.py [--recipe quickstart] [--rounds 5] [--train-size 60000] [--smoke]
 """
 
 from __future__ import annotations
@@ -40,13 +40,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5, help="optimizer steps timed per round")
     ap.add_argument("--train-size", type=int, default=60000)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny sizes, in seconds: checks that the script runs and prints its table, not its speed")
     args = ap.parse_args()
+    if args.smoke:  # one round of one step at a batch of the probe's 16 images, one thread
+        args.rounds, args.steps, args.threads = 1, 1, 1
     torch.set_num_threads(args.threads)
     cfg = yaml.safe_load(resolve_recipe(args.recipe).read_text())
     data = cfg["data"]["init_args"]
     size, batch = int(data["image_size"]), int(data["batch_size"])
+    if args.smoke:
+        batch = min(batch, AttentionEvolution().num_images)
     model_cfg = {k: v for k, v in cfg["model"].items() if k not in ("compile",)}
-    module = ImageClassifier(**model_cfg, num_classes=10)
+    module = ImageClassifier(**model_cfg, num_classes=10, img_size=size)  # the CLI links data.image_size to it
     initialize(module.backbone, "impulse", generator=0)
     opt = torch.optim.AdamW(module.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(0)

@@ -22,7 +22,7 @@ variation distance instead of KS), the magnitudes of the applied ops, and timm `
 Each distance is compared with its limit ``max(2 × floor, 0.12)`` (at 400 samples; see :func:`compare`); the last
 line is ``ratio: X``, the worst distance / limit (``<= 1``: equal in distribution).
 
-Usage: ``python benchmarks/aug_fidelity.py [--n 400] [--size 224] [--break fill0|p1|bilinear|mstd0]``
+Usage: ``python benchmarks/aug_fidelity.py [--n 400] [--size 224] [--break fill0|p1|bilinear|mstd0] [--smoke]``
 (``--break`` deliberately damages the ffcv pipeline, to show that the benchmark catches it: ``fill0``, ``p1`` and
 ``mstd0`` exceed the limit; ``bilinear`` for bicubic changes too few pixels to show in these statistics, which is what
 ``tests/data/augment/test_augment.py``'s per-op comparison with PIL is for).
@@ -352,7 +352,11 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=224, help="image side in px (default 224)")
     ap.add_argument("--break", dest="broken", choices=BREAKS, default=None,
                     help="damage the ffcv pipeline on purpose (the ratio should exceed 1)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny sizes, in seconds: checks that the script runs and prints its table, not its speed")
     args = ap.parse_args()
+    if args.smoke:  # 20 samples of 32 px: every pipeline and statistic, limits scaled to the sample size
+        args.n, args.size = 20, 32
     torch.set_num_threads(min(torch.get_num_threads(), 4))
     ratio = compare(args.n, args.size, args.broken)
     print(f"ratio: {ratio:.3f}")

@@ -20,7 +20,7 @@ Both are the median over ``--rounds`` timed passes (after one warm-up) of ``--ba
 reported in µs per image. The crop in timm's chain is a near no-op at the image's own size; the ffcv backend does its
 crop in the loader (``benchmarks/loader_speed.py``), so the ``device`` column is the augmentation alone.
 
-    python benchmarks/augment_cost.py [--sizes 28 32 224] [--device cpu] [--threads 1]
+    python benchmarks/augment_cost.py [--sizes 28 32 224] [--device cpu] [--threads 1] [--smoke]
 
 The last line is ``ratio: X`` = timm's µs per image / DeviceAugment's (in the strategy it picks) at the first size
 (> 1: the device augmentation costs less per image than timm's PIL chain).
@@ -90,7 +90,11 @@ def main(argv: list[str] | None = None) -> float:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads for DeviceAugment on the CPU")
     p.add_argument("--auto-augment", default="rand-m9-mstd0.5-inc1")
     p.add_argument("--re-prob", type=float, default=0.25)
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny sizes, in seconds: checks that the script runs and prints its table, not its speed")
     args = p.parse_args(argv)
+    if args.smoke:  # one round of one batch of 8 images at 28 px
+        args.sizes, args.batch_size, args.batches, args.rounds = [28], [8], 1, 1
     from timm.data import create_transform
 
     torch.set_num_threads(args.threads)

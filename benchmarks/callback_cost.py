@@ -14,7 +14,7 @@ callbacks cost 1 % of a step). The contender without callbacks is not run separa
 would also remove what they guard (the NaN check, the per-batch RNG streams), which ``benchmarks/loop_overhead.py``
 compares against a plain loop as a whole.
 
-Run: ``python benchmarks/callback_cost.py [--steps 60 --batch 32 --threads 2]``.
+Run: ``python benchmarks/callback_cost.py [--steps 60 --batch 32 --threads 2] [--smoke]``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny sizes, in seconds: checks that the script runs and prints its table, not its speed")
     args = ap.parse_args()
+    if args.smoke:  # 6 steps of 4 images, one thread
+        args.steps, args.batch, args.threads = 6, 4, 1
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         cli = impulsevit_fit_cli(args.steps, args.batch, 5, Path(tmp) / "profiled", ["--trainer.profiler=simple"])

@@ -11,7 +11,7 @@ image, one call per image from Python (the decoder calls it from compiled code; 
 Also checks that both give the same bytes.
 
     python benchmarks/device_resample_speed.py [--device cuda] [--sizes 224 64] [--batch-size 128] [--rounds 5]
-                                                [--threads 1]
+                                                [--threads 1] [--smoke]
 
 ``--threads``: torch's intra-op threads for a CPU device (1: per core, as the numba column). Rows: ``size batch
 device_µs numba_µs ratio``; the last line is ``ratio: X`` = numba µs / device µs per image at the first size (> 1:
@@ -94,7 +94,11 @@ def main(argv: list[str] | None = None) -> float:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads on a CPU device")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny sizes, in seconds: checks that the script runs and prints its table, not its speed")
     args = p.parse_args(argv)
+    if args.smoke:  # 4 boxes to 32 px, one round (the bytes are still checked equal)
+        args.sizes, args.batch_size, args.rounds = [32], 4, 1
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)

@@ -8,10 +8,11 @@ synchronize at both ends only. MFU = measured FLOP/s ÷ the device's dense peak 
 backward FLOPs of one batch from ``torch.utils.flop_counter`` on the meta device); on CPU there is no peak (``-``).
 
     python benchmarks/gpu_throughput.py [--model vit_base_patch16_224] [--image-size 224] [--batch 128]
-        [--steps 40] [--warmup 10] [--device cuda|cpu] [--contenders timm,fit,fit_fsdp2] [--compile]
+        [--steps 40] [--warmup 10] [--device cuda|cpu] [--contenders timm,fit,fit_fsdp2] [--compile] [--smoke]
 
-Prints one ``row`` line per contender (``row <name> <img/s> <mfu>``, read by ``benchmarks/gpu_check.sh``) and, as the
-last line, ``ratio: X`` = impulsevit fit img/s ÷ timm loop img/s (1.0: no framework overhead).
+Prints a ``columns:`` header, one ``row`` line per contender (``row <name> <img/s> <mfu>``, read by
+``benchmarks/gpu_check.sh``) and, as the last line, ``ratio: X`` = impulsevit fit img/s ÷ timm loop img/s (1.0: no
+framework overhead).
 """
 
 from __future__ import annotations
@@ -142,11 +143,16 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--contenders", default="timm,fit,fit_fsdp2")
     p.add_argument("--compile", action="store_true", help="torch.compile both contenders' models")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny sizes, in seconds: checks that the script runs and prints its table, not its speed")
     args = p.parse_args()
+    if args.smoke:  # ViT-Ti at 64 px (a 4x4 grid: impulse needs 3x3), batch 2, 3 steps after 1 warm-up, on --device
+        args.model, args.image_size, args.batch, args.steps, args.warmup = "vit_tiny_patch16_224", 64, 2, 3, 1
     if args.device == "cuda":
         torch.set_float32_matmul_precision("high")
     data = batch(args)
     per_batch, top = flops(args), peak(args)
+    print("columns: row <contender>[<model>@<image size>,b<batch>,<device>] <img/s> <MFU>")
     rates: dict[str, float] = {}
     for name in args.contenders.split(","):
         if name == "timm":

@@ -6,14 +6,17 @@ For ViT-Ti/S/B/16 at 224 and ViT-Ti at 32 px / patch 2, in one process:
   base init, pos_embed ×18, Q/K solve, mimetic V/proj);
 * ``per-head``: the same init written the straightforward way: ``G = PᵀP`` eigendecomposition,
   ``P⁺ = G⁺_r Pᵀ``, then per layer and head a dense ``T_i``, ``B_i = P⁺ T_i P⁺ᵀ`` and one ``D × D`` SVD; V/proj by one
-  ``D × D`` SVD per layer. It draws the same random numbers in the same order, so both produce the same model.
+  ``D × D`` SVD per layer. It draws the same random numbers in the same order, so both produce the same model: its
+  base init is :func:`~impulsevit.init.baselines.base_values` (``base='torch'``), the function ``impulse`` calls,
+  so the check follows that code.
 
 Asserts that every head's ``W_qᵀ W_k`` (and every layer's ``W_vᵀ W_projᵀ``) agree, prints both times (impulsevit: the
 median of 3 calls after a warm-up call; per-head: one call), the Q/K-solve times alone, the time of the V/proj balanced
 splits alone (the spec's one ``D × D`` SVD per layer, shared by both formulations — the floor of the whole call), and
-ends with ``ratio: X`` = per-head time / impulsevit time for ViT-B/16 (the whole init call).
+ends with ``ratio: X`` = per-head time / impulsevit time for ViT-B/16 (the whole init call; with ``--only`` or
+``--smoke``, of the model run).
 
-Run: ``.venv/bin/python benchmarks/init_speed.py [--only vit_base_patch16_224]``.
+Run: ``.venv/bin/python benchmarks/init_speed.py [--only vit_base_patch16_224] [--smoke]``.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 
 import impulsevit.init as ii
 from impulsevit.init import impulse as imp
-from impulsevit.init.baselines import torch_defaults, write_values
+from impulsevit.init.baselines import as_tensor, base_values, write_values
 from impulsevit.init.vit_layout import vit_layout
 
 CONFIGS = [
@@ -36,10 +39,12 @@ CONFIGS = [
     ("vit_tiny_patch2_32", {"img_size": 32, "patch_size": 2}),
     ("vit_base_patch16_224", {}),
 ]
+SMOKE_CONFIGS = [("vit_tiny_patch4_32_depth2", {"img_size": 32, "patch_size": 4, "depth": 2})]
+"""``--smoke``: the same code path on a 2-block ViT-Ti of 64 tokens, in seconds (the test suite runs it)."""
 
 
 def build(name: str, kw: dict) -> torch.nn.Module:
-    arch = "vit_tiny_patch16_224" if name == "vit_tiny_patch2_32" else name
+    arch = "vit_tiny_patch16_224" if name.startswith("vit_tiny") else name
     return timm.create_model(arch, weight_init="skip", **kw)
 
 
@@ -49,8 +54,9 @@ def per_head_impulse(model: torch.nn.Module, g: torch.Generator) -> float:
     (hh, ww), h, d, dim = lay.grid, lay.num_heads, lay.head_dim, lay.dim
     n = hh * ww
     full = {f"{a}.qkv.weight" for a in lay.attn_names} | {f"{a}.proj.weight" for a in lay.attn_names}
-    values, _ = torch_defaults(model, g, skip=full)
-    pos = values["pos_embed"] * 18.0
+    # the base init exactly as impulsevit's base='torch' draws it (its function, so this check follows that code)
+    values, _ = base_values(model, g, "torch", full)
+    pos = as_tensor(values["pos_embed"]) * 18.0
     values["pos_embed"] = pos
     qk_seconds = 0.0
     t0 = time.perf_counter()
@@ -125,7 +131,9 @@ def main() -> None:
     parser.add_argument("--only", default=None, help="run a single config (name as printed)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--smoke", action="store_true", help="one tiny ViT, in seconds (checks the script, not speed)")
     args = parser.parse_args()
+    configs = SMOKE_CONFIGS if args.smoke else CONFIGS
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
@@ -134,8 +142,8 @@ def main() -> None:
         f" {'qk ratio':>9} {'v/proj s':>9} {'max rel diff':>13}"
     )
     ratio = float("nan")
-    ii.initialize(build("vit_tiny_patch16_224", {}), "impulse", generator=args.seed)  # warm-up: threads, LAPACK
-    for name, kw in CONFIGS:
+    ii.initialize(build(*configs[0]), "impulse", generator=args.seed)  # warm-up: threads, LAPACK
+    for name, kw in configs:
         if args.only and name != args.only:
             continue
         ours, ref = build(name, kw), build(name, kw)
@@ -155,7 +163,7 @@ def main() -> None:
             f" {ref_qk / ours_qk:>9.1f} {vp:>9.3f} {diff:>13.1e}",
             flush=True,
         )
-        if name == "vit_base_patch16_224" or args.only:
+        if name == "vit_base_patch16_224" or args.only or args.smoke:
             ratio = r
     print(f"ratio: {ratio:.1f}")
 

@@ -23,7 +23,7 @@ Each stage is the median CPU time of ``--repeats`` passes over all samples, repo
 its kind for the decodes) and as images/s on one core. The last line is ``ratio: X`` = (decode of the stored images)
 / (whole decoder path) per image: the share of the decoder's time the unavoidable decode takes.
 
-    python benchmarks/loader_profile.py [--num-images 300] [--repeats 5] [--size 224]
+    python benchmarks/loader_profile.py [--num-images 300] [--repeats 5] [--size 224] [--smoke]
 """
 
 from __future__ import annotations
@@ -189,7 +189,11 @@ def main(argv: list[str] | None = None) -> float:
     p.add_argument("--num-images", type=int, default=300)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--size", type=int, default=224)
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny sizes, in seconds: checks that the script runs and prints its table, not its speed")
     args = p.parse_args(argv)
+    if args.smoke:  # 20 images to 32 px, one pass per stage (every stage is still compiled and run)
+        args.num_images, args.repeats, args.size = 20, 1, 32
     size, kind = args.size, rs.BICUBIC
     with tempfile.TemporaryDirectory(prefix="loader-profile-") as tmp:
         tmp = Path(tmp)
@@ -251,11 +255,11 @@ def main(argv: list[str] | None = None) -> float:
         lambda: st["passes"](scratch, hs, ws, idx_all, box, 1), args.repeats), n)
     row("  filter coefficients (both axes)", timed(
         lambda: st["coefficients"](hs, ws, idx_all, box), args.repeats), n)
-    row("eval: short side 256, centre 224", timed(
+    row(f"eval: short side {round(size / 0.875)}, centre {size}", timed(
         lambda: st["evaluate"](scratch, hs, ws, idx_all, dst), args.repeats), n)
     row("flip as a separate pass (ref.)", timed(lambda: st["flips"](n, dst), args.repeats), n)
     src = np.ascontiguousarray(dst[::-1])
-    row("copy 224² × 3 into batch (ref.)", timed(lambda: st["copies"](n, src, dst), args.repeats), n)
+    row(f"copy {size}² × 3 into batch (ref.)", timed(lambda: st["copies"](n, src, dst), args.repeats), n)
     decode_us = (jpg_us * len(idx_jpg) + raw_us * len(idx_raw)) / n
     path_us = decode_us + box_us + res_us
     print(f"\nper stored image: decode {decode_us:.0f} µs (mix of {len(idx_jpg)} JPEG / {len(idx_raw)} raw), "

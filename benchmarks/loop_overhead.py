@@ -18,7 +18,8 @@ end of the last step (Lightning: ``on_train_batch_start`` → ``on_train_batch_e
 initializer, the end-of-epoch validation / checkpoint — are outside the window in both).
 
 Prints steps/s of both and ends with ``ratio: X`` = plain time per step / impulsevit time per step (X > 1: impulsevit
-faster; the target is X >= 0.95). Run: ``.venv/bin/python benchmarks/loop_overhead.py [--steps 30 --threads 2]``.
+faster; the target is X >= 0.95). Run: ``.venv/bin/python benchmarks/loop_overhead.py [--steps 30 --threads 2]
+[--smoke]``.
 """
 
 from __future__ import annotations
@@ -128,7 +129,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2, help="alternating runs of each contender; the best is kept")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny sizes, in seconds: checks that the script runs and prints its table, not its speed")
     args = ap.parse_args()
+    if args.smoke:  # one round of each contender: 2 untimed + 2 timed steps of 4 images, one thread
+        args.steps, args.warmup, args.batch, args.rounds, args.threads = 4, 2, 4, 1, 1
     torch.set_num_threads(args.threads)
     plain, ours = [], []
     with tempfile.TemporaryDirectory() as tmp:

@@ -4,7 +4,7 @@ which resource bounds each recipe on A100 and H100 nodes. Nothing is measured he
 docs/benchmarks.md ("Scaling model") and can be changed on the command line.
 
     python benchmarks/scaling_model.py [--per-core 990] [--per-core-device 2505] [--a100-cores 128] [--h100-cores 112]
-        [--in21k-tb 1.1] [--staging-gb-s 1.25 3 12.5] [--gpu-figure h100:vit_base_patch16_224=IMG_S ...]
+        [--in21k-tb 1.1] [--staging-gb-s 1.25 3 12.5] [--gpu-figure h100:vit_base_patch16_224=IMG_S ...] [--smoke]
 
 Prints three tables (recipes, all-reduce by model and link, IN-21K staging) and, as the last line, ``ratio: X`` =
 CPU cores per node that the worst recipe's GPUs need ÷ the cores an H100 node has (above 1: even every core of the
@@ -37,6 +37,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--gpu-figure", action="append", default=[], metavar="GPU:MODEL=IMG_S",
                    help="a measured training img/s per GPU (e.g. from benchmarks/gpu_check.sh: "
                         "h100:vit_base_patch16_224=2950) replacing that GPU's cited figure; repeatable")
+    p.add_argument("--smoke", action="store_true",
+                   help="accepted for the suite's smoke run: this script measures nothing and already takes seconds")
     args = p.parse_args()
     args.anchors = {}
     for spec in args.gpu_figure:
