@@ -43,7 +43,14 @@ from impulsevit.safe_load import (
 )
 from impulsevit.training.checkpointing import AtomicCheckpointIO
 from impulsevit.training.strategies import check_strategy, default_precision
-from impulsevit.training.trackers import check_trackers, describe, place_logger_config, resume_ids, tracker_loggers
+from impulsevit.training.trackers import (
+    check_logger_config,
+    check_trackers,
+    describe,
+    place_logger_config,
+    resume_ids,
+    tracker_loggers,
+)
 
 log = logging.getLogger("impulsevit")
 
@@ -263,6 +270,7 @@ class ImpulseCLI(SubcommandRunHookCLI):
         self._trackers = check_trackers(self._value(self.config, "tracker"))
         self._tracker_ids = resume_ids(self.run_dir) if self._resumes() else {}
         trainer = self._value(self.config, "trainer")
+        check_logger_config(trainer.get("logger") if trainer is not None else None, self._trackers)
         if trainer is not None and trainer.get("logger") not in (None, True, False):
             place_logger_config(trainer.get("logger"), self.files_dir, self._tracker_ids)
 

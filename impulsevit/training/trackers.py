@@ -27,7 +27,6 @@ Neither ``wandb`` nor ``mlflow`` is a dependency (extras ``impulsevit[wandb]``, 
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import logging
@@ -41,7 +40,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
 from impulsevit._compat.lightning import flat_hyperparams, mlflow_tracking_uri
-from impulsevit.errors import ConfigError
+from impulsevit.errors import ConfigError, MissingExtraError, missing_extra
 from impulsevit.io import atomic_write_json
 
 log = logging.getLogger("impulsevit")
@@ -50,6 +49,7 @@ __all__ = [
     "cli_run_directory",
     "TRACKERS",
     "TRACKERS_FILE",
+    "check_logger_config",
     "check_tracker_ready",
     "check_trackers",
     "describe",
@@ -125,14 +125,50 @@ def check_trackers(spec: str | Sequence[str] | None) -> list[str]:
             raise ConfigError(f"--tracker {name!r}: unknown tracker; expected one or more of {', '.join(TRACKERS)} "
                               f"(comma-separated), or any Lightning logger with --trainer.logger+=CLASS")
         package = TRACKERS[name]
-        if package is not None and importlib.util.find_spec(package) is None:
-            raise ConfigError(f"--tracker {name}: the {package!r} package is not installed; "
-                              f"pip install 'impulsevit[{name}]'")
+        if package is not None and not _installed(package):
+            raise MissingExtraError(f"--tracker {name}: {missing_extra(package)}")
     if len(set(names)) != len(names):
         raise ConfigError(f"--tracker {','.join(names)}: a tracker named twice")
     for name in names:
         check_tracker_ready(name)
     return names
+
+
+def _installed(package: str) -> bool:
+    """Whether ``package`` can be imported and its distribution is installed (Lightning's loggers check the latter:
+    without it ``WandbLogger`` / ``MLFlowLogger`` refuse to start)."""
+    import importlib.metadata
+
+    try:
+        if importlib.util.find_spec(package) is None:
+            return False
+        importlib.metadata.version(package)
+    except (ImportError, ValueError, importlib.metadata.PackageNotFoundError):
+        return False
+    return True
+
+
+def check_logger_config(logger_cfg: Any, trackers: Sequence[str]) -> None:
+    """Refuse, before any work, a ``trainer.logger`` (the parsed value: ``False`` / ``True`` / ``None``, a
+    ``class_path`` namespace or a list of them) that cannot work with the ``--tracker`` names ``trackers``: every
+    logger off (``--trainer.logger=false``) with a ``--tracker`` asked for (a contradiction), or a W&B / MLflow
+    logger (``--trainer.logger+=WandbLogger``) whose package is not installed (the extra to install; Lightning
+    would say only "Not a valid subclass of Logger").
+
+    Raises:
+        ConfigError: one line naming the setting (:class:`~impulsevit.errors.MissingExtraError` for a package).
+    """
+    if logger_cfg is False and trackers:
+        raise ConfigError(f"--tracker {','.join(trackers)} with --trainer.logger=false: trainer.logger=false turns "
+                          f"every logger off, the trackers too; drop one of the two")
+    entries = logger_cfg if isinstance(logger_cfg, list) else [logger_cfg]
+    for entry in entries:
+        class_path = getattr(entry, "class_path", None) if not isinstance(entry, Logger) else None
+        kind = kind_of(class_path) if isinstance(class_path, str) else None
+        package = TRACKERS.get(kind) if kind else None
+        if package is not None and not _installed(package):
+            raise MissingExtraError(f"--trainer.logger {class_path.rsplit('.', 1)[-1]}: "
+                                    f"{missing_extra(package, needed_for=class_path)}")
 
 
 _WANDB_NO_LOGIN = frozenset({"offline", "disabled", "dryrun"})

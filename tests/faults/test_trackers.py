@@ -5,7 +5,10 @@ tests/training/test_trackers.py, whose preempted runs go through this harness.)"
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.metadata
 import socket
+import sys
 
 import pytest
 
@@ -60,3 +63,48 @@ def test_mlflow_at_a_server_that_does_not_answer_is_refused_before_work_naming_t
                                   "answer", "refused")
     assert_no_survivors(res.sid)
     assert snapshot(tmp_path) == before
+
+
+def test_a_tracker_with_every_logger_off_is_a_contradiction_refused_before_work(tmp_path):
+    before = snapshot(tmp_path)
+    res = run("fit", "--recipe", TINY, "--runs_dir=runs", "--name=t", "--tracker=wandb", "--trainer.logger=false",
+              cwd=tmp_path, extra_env={"WANDB_MODE": "offline"})
+    assert_one_line_error(res, 2, "--tracker wandb with --trainer.logger=false")
+    assert_no_survivors(res.sid)
+    assert snapshot(tmp_path) == before
+
+
+class _NoWandb(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):  # noqa: ANN001, ANN201
+        if name.split(".")[0] == "wandb":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+def test_a_logger_class_whose_package_is_not_installed_names_the_extra_before_work(tmp_path, monkeypatch, capsys):
+    """``--trainer.logger+=WandbLogger`` (as docs/usage.md shows) on a machine where wandb was never installed (its
+    import fails and its distribution is unknown, which is what Lightning's ``WandbLogger`` checks): the extra to
+    install, not jsonargparse's "Not a valid subclass of Logger". In this process (``main``, the real command's
+    entry), where the package can be hidden."""
+    from impulsevit.cli import main
+
+    for mod in [m for m in sys.modules if m.split(".")[0] == "wandb"]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setattr(sys, "meta_path", [_NoWandb(), *sys.meta_path])
+    version = importlib.metadata.version
+
+    def without_wandb(name: str) -> str:
+        if name == "wandb":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return version(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", without_wandb)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.chdir(tmp_path)
+    rc = main(["fit", "--recipe", str(TINY), "--runs_dir=runs", "--name=t", "--trainer.logger+=WandbLogger"])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 2 and err[-1].startswith("impulsevit fit: error: --trainer.logger WandbLogger: "), err
+    assert "the 'wandb' package is not installed" in err[-1] and "pip install 'impulsevit[wandb]'" in err[-1], err
+    assert "Not a valid subclass" not in "\n".join(err)
+    assert not [ln for ln in err if "GPU available" in ln], err  # refused before the trainer was built
+    assert snapshot(tmp_path) == {}
