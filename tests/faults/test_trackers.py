@@ -108,3 +108,19 @@ def test_a_logger_class_whose_package_is_not_installed_names_the_extra_before_wo
     assert "Not a valid subclass" not in "\n".join(err)
     assert not [ln for ln in err if "GPU available" in ln], err  # refused before the trainer was built
     assert snapshot(tmp_path) == {}
+
+
+@pytest.mark.parametrize("where", ["fit overrides", "--then-args"])
+def test_study_checks_the_tracker_once_before_the_first_run(tmp_path, where):
+    """``study --tracker wandb`` without a W&B login: fit's one line, exit 2, before any run starts (no study folder,
+    no ``study_fit.log``), not one failure per run with the reason in each run's log."""
+    env = _new_user(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    tracker = ["--tracker", "wandb"] if where == "fit overrides" else ["--then", str(TINY),
+                                                                       "--then-args=--tracker wandb"]
+    res = run("study", "--recipe", TINY, "--runs-dir=runs", "--methods=impulse,random", "--seeds=1", *tracker,
+              cwd=work, extra_env=env)
+    assert_one_line_error(res, 2, "impulsevit study: error: --tracker wandb: W&B has no API key here")
+    assert_no_survivors(res.sid)
+    assert snapshot(work) == {}
