@@ -47,6 +47,7 @@ from impulsevit.training.trackers import (
     check_logger_config,
     check_trackers,
     describe,
+    guard_tracker,
     place_logger_config,
     resume_ids,
     tracker_loggers,
@@ -308,12 +309,15 @@ class ImpulseCLI(SubcommandRunHookCLI):
         if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath is None:
             checkpoint.dirpath = os.path.realpath(self.run_dir / "checkpoints")
         try:
-            return super().instantiate_trainer(**kwargs)
+            trainer = super().instantiate_trainer(**kwargs)
         except MisconfigurationException as e:  # e.g. accelerator=gpu where no GPU is visible: the settings' fault
             acc, dev = trainer_cfg.get("accelerator"), trainer_cfg.get("devices")
             raise ConfigError(f"trainer.accelerator={acc!r} / trainer.devices={dev!r} cannot run here: {one_line(e)} "
                               f"(torch sees {_visible_devices()}; set --trainer.accelerator / --trainer.devices to "
                               f"what this machine has)") from e
+        for lg in trainer.loggers:
+            guard_tracker(lg)  # an MLflow server that stops answering mid-run: dropped with one line, bounded waits
+        return trainer
 
     def _trainer_defaults(self, trainer_cfg: Any) -> dict[str, Any]:
         """Root dir, logger, atomic checkpoint writes and precision, each where ``trainer_cfg`` does not set them."""
