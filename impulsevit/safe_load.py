@@ -32,6 +32,7 @@ import io
 import os
 import pickle
 import re
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -40,7 +41,8 @@ from impulsevit._aliases import old_module_paths
 from impulsevit._compat.checkpoint import distributed_meta_file
 from impulsevit.errors import ConfigError
 
-__all__ = ["DCP_METADATA_GLOBALS", "SAFE_GLOBALS", "TRUST_ENV", "TRUST_FLAG", "TRUST_HELP", "UntrustedFileError",
+__all__ = ["DCP_METADATA_GLOBALS", "SAFE_GLOBALS", "TRUST_ENV", "TRUST_FLAG", "TRUST_HELP", "NotACheckpointError",
+           "UntrustedFileError",
            "check_distributed_checkpoint", "load_checkpoint", "load_distributed_checkpoint", "load_restricted_pickle",
            "read_dcp_metadata", "split_trust_flag", "trust_requested", "trusting"]
 
@@ -129,19 +131,107 @@ def _weights_only_detail(exc: BaseException) -> str:
     found = _GLOBAL_RE.search(text)
     if found:
         return f"it would call {found.group(1)} while loading"
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("Weights only load failed")]
-    return lines[0] if lines else "it holds objects that are not tensors or plain values"
+    boilerplate = ("Weights only load failed", "Please file an issue", "Check the documentation")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith(boilerplate)]
+    return (f"it holds what torch's weights-only loader cannot read ({lines[0]})" if lines
+            else "it holds objects that are not tensors or plain values")
+
+
+class NotACheckpointError(UntrustedFileError):
+    """torch's ``weights_only`` loader refused a file that is no ``torch.save`` file at all (random bytes, another
+    format) or a plain pickle that ``torch.load`` cannot read even when trusted: one line naming the file and what it
+    is, without the ``--trust-checkpoint`` hint (trusting would not help). A subclass of :class:`UntrustedFileError`,
+    so every caller that passes a refusal on unchanged passes this one too; exit status 2."""
 
 
 class _WeightsOnlyRefused(Exception):
     """torch's ``weights_only`` unpickler refused the file; ``args[0]`` says what it would have called."""
 
 
+_TORCH_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # the first pickle of a non-zip torch.save file (torch.serialization)
+_STRING_OPS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING", "BINSTRING",
+                         "STRING"})
+
+
+def _pickle_globals(data: bytes) -> tuple[list[str], Any] | None:
+    """``(globals named, first value pushed)`` of the first pickle in ``data``, read with :mod:`pickletools` (opcodes
+    only: nothing is imported or called); None when ``data`` does not start with a well-formed pickle. Globals are
+    those of ``GLOBAL`` / ``INST`` and of ``STACK_GLOBAL`` (its two strings, pushed or fetched from the memo)."""
+    import pickletools
+
+    found: list[str] = []
+    strings: list[str | None] = []  # what the last ops pushed, strings or None
+    memo: dict[Any, str | None] = {}
+    first: Any = None
+    try:
+        for i, (op, arg, _) in enumerate(pickletools.genops(io.BytesIO(data))):
+            if i <= 1 and op.name in ("BININT", "BININT1", "BININT2", "LONG1", "INT", "LONG") and first is None:
+                first = arg
+            if op.name in ("GLOBAL", "INST"):
+                found.append(".".join(str(arg).split(" ", 1)))
+            elif op.name == "STACK_GLOBAL":
+                module, name = (strings[-2:] + [None, None])[:2] if len(strings) >= 2 else (None, None)
+                found.append(f"{module}.{name}" if module and name else "a global")
+            if op.name in _STRING_OPS:
+                strings.append(arg if isinstance(arg, str) else str(arg))
+            elif op.name in ("BINGET", "LONG_BINGET", "GET"):
+                strings.append(memo.get(arg))
+            elif op.name in ("BINPUT", "LONG_BINPUT", "PUT"):
+                memo[arg] = strings[-1] if strings else None
+            elif op.name == "MEMOIZE":
+                memo[len(memo)] = strings[-1] if strings else None
+            elif op.name not in ("FRAME", "PROTO"):
+                strings.append(None)
+    except Exception:  # noqa: BLE001 - pickletools raises ValueError / others on bytes that are no pickle
+        return None
+    return found, first
+
+
+def _what_it_is(path: str | os.PathLike | IO[bytes]) -> tuple[str, bool] | None:
+    """Why torch's ``weights_only`` loader refused ``path`` when its message names no global: ``(detail, trusting
+    would help)``, read from the bytes alone; None when the file cannot be read here (a stream, an I/O error)."""
+    import zipfile
+
+    if not isinstance(path, str | os.PathLike):
+        return None
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+            fh.seek(0)
+            if head.startswith(b"PK"):
+                with zipfile.ZipFile(fh) as zf:
+                    pkl = next((n for n in zf.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
+                    if pkl is None:
+                        return "it is a zip archive, not a torch.save file (no data.pkl inside)", False
+                    data, torch_file = zf.read(pkl), True
+            else:
+                data, torch_file = fh.read(), False
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return None
+    parsed = _pickle_globals(data)
+    if parsed is None:
+        return ("it is not a checkpoint: neither a torch.save file nor a pickle (random or damaged bytes, or another "
+                "format)"), False
+    found, first = parsed
+    torch_file = torch_file or first == _TORCH_LEGACY_MAGIC
+    if found:
+        names = ", ".join(dict.fromkeys(found))
+        if torch_file:
+            return f"it would call {names} while loading", True
+        return (f"it is a plain pickle, not a torch.save file, and holds code that will not be run (it would call "
+                f"{names})"), False
+    if not torch_file:
+        return "it is a plain pickle, not a torch.save file", False
+    return None
+
+
 def _load_weights_only(src: str | os.PathLike | IO[bytes], map_location: Any, mmap: bool) -> Any:
     import torch
 
     try:
-        with torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+        with torch.serialization.safe_globals(list(SAFE_GLOBALS)), warnings.catch_warnings():
+            # a foreign pickle's protocol: torch warns before refusing it, and the refusal says it all
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
             return torch.load(src, map_location=map_location, mmap=mmap, weights_only=True)
     except pickle.UnpicklingError as exc:
         if "Weights only load failed" in str(exc):
@@ -168,7 +258,10 @@ def load_checkpoint(path: str | os.PathLike | IO[bytes], *, mmap: bool = False, 
         return _load_weights_only(path, map_location, mmap)
     except _WeightsOnlyRefused as exc:
         name = path if isinstance(path, str | os.PathLike) else getattr(path, "name", "<stream>")
-        raise _refusal(name, what, exc.args[0]) from None
+        known = _what_it_is(path)
+        if known is not None and not known[1]:
+            raise NotACheckpointError(f"{name}: refused to load this {what}: {known[0]}") from None
+        raise _refusal(name, what, known[0] if known is not None else exc.args[0]) from None
 
 
 # ---------------------------------------------------------------------------------------------- restricted pickles

@@ -43,7 +43,15 @@ from impulsevit.safe_load import (
 )
 from impulsevit.training.checkpointing import AtomicCheckpointIO
 from impulsevit.training.strategies import check_strategy, default_precision
-from impulsevit.training.trackers import check_trackers, describe, place_logger_config, resume_ids, tracker_loggers
+from impulsevit.training.trackers import (
+    check_logger_config,
+    check_trackers,
+    describe,
+    guard_tracker,
+    place_logger_config,
+    resume_ids,
+    tracker_loggers,
+)
 
 log = logging.getLogger("impulsevit")
 
@@ -263,6 +271,7 @@ class ImpulseCLI(SubcommandRunHookCLI):
         self._trackers = check_trackers(self._value(self.config, "tracker"))
         self._tracker_ids = resume_ids(self.run_dir) if self._resumes() else {}
         trainer = self._value(self.config, "trainer")
+        check_logger_config(trainer.get("logger") if trainer is not None else None, self._trackers)
         if trainer is not None and trainer.get("logger") not in (None, True, False):
             place_logger_config(trainer.get("logger"), self.files_dir, self._tracker_ids)
 
@@ -300,12 +309,15 @@ class ImpulseCLI(SubcommandRunHookCLI):
         if isinstance(checkpoint, ModelCheckpoint) and checkpoint.dirpath is None:
             checkpoint.dirpath = os.path.realpath(self.run_dir / "checkpoints")
         try:
-            return super().instantiate_trainer(**kwargs)
+            trainer = super().instantiate_trainer(**kwargs)
         except MisconfigurationException as e:  # e.g. accelerator=gpu where no GPU is visible: the settings' fault
             acc, dev = trainer_cfg.get("accelerator"), trainer_cfg.get("devices")
             raise ConfigError(f"trainer.accelerator={acc!r} / trainer.devices={dev!r} cannot run here: {one_line(e)} "
                               f"(torch sees {_visible_devices()}; set --trainer.accelerator / --trainer.devices to "
                               f"what this machine has)") from e
+        for lg in trainer.loggers:
+            guard_tracker(lg)  # an MLflow server that stops answering mid-run: dropped with one line, bounded waits
+        return trainer
 
     def _trainer_defaults(self, trainer_cfg: Any) -> dict[str, Any]:
         """Root dir, logger, atomic checkpoint writes and precision, each where ``trainer_cfg`` does not set them."""

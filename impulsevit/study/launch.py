@@ -184,6 +184,26 @@ def check_overrides(overrides: list[str]) -> None:
             raise ConfigError(f"{key} cannot be passed to a study: {_OWNED[key]}")
 
 
+def check_tracker_overrides(overrides: list[str]) -> None:
+    """The ``--tracker`` of the fit overrides (``--tracker X`` / ``--tracker=X``, the last one wins as in ``fit``),
+    checked once as ``fit`` checks it (:func:`~impulsevit.training.trackers.check_trackers`: known, installed, able to
+    start), so that a tracker that cannot start is one line before the first run, not a failure of every run.
+
+    Raises:
+        ConfigError: ``fit``'s one line.
+    """
+    spec = None
+    for i, arg in enumerate(overrides):
+        if arg == "--tracker" and i + 1 < len(overrides):
+            spec = overrides[i + 1]
+        elif arg.startswith("--tracker="):
+            spec = arg.split("=", 1)[1]
+    if spec:
+        from impulsevit.training.trackers import check_trackers
+
+        check_trackers(spec)
+
+
 def _new_plan(args: argparse.Namespace, recipe_path: Path, overrides: list[str]) -> dict[str, Any]:
     """The ``study.json`` content for these arguments (methods from ``--methods``, else the recipe's header)."""
     header = study_header(recipe_path)
@@ -199,6 +219,7 @@ def _new_plan(args: argparse.Namespace, recipe_path: Path, overrides: list[str])
 
         then_args = shlex.split(args.then_args)
         check_overrides(then_args)
+        check_tracker_overrides(then_args)
         plan["then"] = then_plan(resolve_recipe(args.then).resolve(), plan["runs"], then_args)
     return plan
 
@@ -291,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
         return _array_task(Path(argv[1]), argv[2:])
     args, overrides = _parser().parse_known_args(argv)
     check_overrides(overrides)
+    if not args.collect:
+        check_tracker_overrides(overrides)
     if args.then is None and args.then_args:
         raise ConfigError("--then-args: the downstream stage's overrides need --then RECIPE (the stage to run)")
     if args.then is not None and (args.submit or args.run_index is not None):

@@ -38,11 +38,13 @@ model's ``pretrained_cfg['classifier']``; changing ``in_chans`` (timm's input-co
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
+import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,6 +128,19 @@ def _folder_config(folder: Path) -> tuple[list[str] | None, SourceConfig | None]
     return (list(names) if isinstance(names, list) else None), config
 
 
+@contextlib.contextmanager
+def _quiet_hub() -> Iterator[None]:
+    """Within the block, huggingface_hub logs errors only: its retries on an unreachable endpoint (two warning lines
+    per retry, five retries) end in the one line :func:`resolve_source` raises, which says it all."""
+    hub = logging.getLogger("huggingface_hub")
+    level = hub.level
+    hub.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        hub.setLevel(level)
+
+
 def _hub_file(repo: str, spec: str) -> tuple[Path, Path | None]:
     """The weights file (and ``config.json`` when there) of hub repo ``ORG/NAME[@REV]``, downloaded to the cache."""
     from huggingface_hub import hf_hub_download
@@ -207,7 +222,8 @@ def resolve_source(spec: str) -> WeightsSource:
     labels: list[str] | None = None
     config: SourceConfig | None = None
     if spec.startswith("hf-hub:"):
-        path, cfg = _hub_file(spec[len("hf-hub:"):], spec)
+        with _quiet_hub():
+            path, cfg = _hub_file(spec[len("hf-hub:"):], spec)
         kind = "hf-hub"
         labels, config = _folder_config(cfg.parent) if cfg is not None else (None, None)
     elif spec.startswith("local-dir:") or Path(spec).is_dir():
@@ -219,7 +235,8 @@ def resolve_source(spec: str) -> WeightsSource:
     elif Path(spec).expanduser().is_file():
         path, kind = Path(spec).expanduser(), "file"  # a checkpoint's config is read with its tensors
     else:
-        found = _timm_tag_file(spec)
+        with _quiet_hub():
+            found = _timm_tag_file(spec)
         if found is None:
             raise ConfigError(f"{_KEY} {spec!r}: no such file or folder, and not hf-hub:ORG/NAME nor a timm "
                               f"pretrained tag ARCH.TAG (timm.list_pretrained())")

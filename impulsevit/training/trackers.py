@@ -27,7 +27,6 @@ Neither ``wandb`` nor ``mlflow`` is a dependency (extras ``impulsevit[wandb]``, 
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import logging
@@ -41,7 +40,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
 from impulsevit._compat.lightning import flat_hyperparams, mlflow_tracking_uri
-from impulsevit.errors import ConfigError
+from impulsevit.errors import ConfigError, MissingExtraError, missing_extra
 from impulsevit.io import atomic_write_json
 
 log = logging.getLogger("impulsevit")
@@ -50,12 +49,17 @@ __all__ = [
     "cli_run_directory",
     "TRACKERS",
     "TRACKERS_FILE",
+    "check_logger_config",
     "check_tracker_ready",
     "check_trackers",
     "describe",
+    "dropped",
+    "guard_tracker",
+    "guarded",
     "log_hyperparams",
     "log_image",
     "log_text",
+    "MLFLOW_HTTP_DEFAULTS",
     "mlflow_store",
     "place_logger_config",
     "record_trackers",
@@ -125,14 +129,50 @@ def check_trackers(spec: str | Sequence[str] | None) -> list[str]:
             raise ConfigError(f"--tracker {name!r}: unknown tracker; expected one or more of {', '.join(TRACKERS)} "
                               f"(comma-separated), or any Lightning logger with --trainer.logger+=CLASS")
         package = TRACKERS[name]
-        if package is not None and importlib.util.find_spec(package) is None:
-            raise ConfigError(f"--tracker {name}: the {package!r} package is not installed; "
-                              f"pip install 'impulsevit[{name}]'")
+        if package is not None and not _installed(package):
+            raise MissingExtraError(f"--tracker {name}: {missing_extra(package)}")
     if len(set(names)) != len(names):
         raise ConfigError(f"--tracker {','.join(names)}: a tracker named twice")
     for name in names:
         check_tracker_ready(name)
     return names
+
+
+def _installed(package: str) -> bool:
+    """Whether ``package`` can be imported and its distribution is installed (Lightning's loggers check the latter:
+    without it ``WandbLogger`` / ``MLFlowLogger`` refuse to start)."""
+    import importlib.metadata
+
+    try:
+        if importlib.util.find_spec(package) is None:
+            return False
+        importlib.metadata.version(package)
+    except (ImportError, ValueError, importlib.metadata.PackageNotFoundError):
+        return False
+    return True
+
+
+def check_logger_config(logger_cfg: Any, trackers: Sequence[str]) -> None:
+    """Refuse, before any work, a ``trainer.logger`` (the parsed value: ``False`` / ``True`` / ``None``, a
+    ``class_path`` namespace or a list of them) that cannot work with the ``--tracker`` names ``trackers``: every
+    logger off (``--trainer.logger=false``) with a ``--tracker`` asked for (a contradiction), or a W&B / MLflow
+    logger (``--trainer.logger+=WandbLogger``) whose package is not installed (the extra to install; Lightning
+    would say only "Not a valid subclass of Logger").
+
+    Raises:
+        ConfigError: one line naming the setting (:class:`~impulsevit.errors.MissingExtraError` for a package).
+    """
+    if logger_cfg is False and trackers:
+        raise ConfigError(f"--tracker {','.join(trackers)} with --trainer.logger=false: trainer.logger=false turns "
+                          f"every logger off, the trackers too; drop one of the two")
+    entries = logger_cfg if isinstance(logger_cfg, list) else [logger_cfg]
+    for entry in entries:
+        class_path = getattr(entry, "class_path", None) if not isinstance(entry, Logger) else None
+        kind = kind_of(class_path) if isinstance(class_path, str) else None
+        package = TRACKERS.get(kind) if kind else None
+        if package is not None and not _installed(package):
+            raise MissingExtraError(f"--trainer.logger {class_path.rsplit('.', 1)[-1]}: "
+                                    f"{missing_extra(package, needed_for=class_path)}")
 
 
 _WANDB_NO_LOGIN = frozenset({"offline", "disabled", "dryrun"})
@@ -183,10 +223,49 @@ def _unreachable(uri: str, timeout: float = 5.0) -> str | None:
         return str(reason) or type(reason).__name__
 
 
+def _not_mlflow(uri: str, timeout: float = 5.0) -> str | None:
+    """Why the ``http(s)://`` server at ``uri`` (which answers) is not an MLflow tracking server: its ``/health``
+    is 404 / 405 (a plain web server, another service; MLflow's answers ``OK``), else None."""
+    import urllib.error
+    import urllib.request
+
+    if not uri.lower().startswith(("http://", "https://")):
+        return None
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout):
+            return None
+    except urllib.error.HTTPError as e:
+        return f"GET /health answered {e.code} {e.reason}" if e.code in (404, 405) else None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def _unwritable_sqlite(uri: str) -> str | None:
+    """Why MLflow cannot write the SQLite store of a ``sqlite:///PATH`` URI (``sqlite:////abs`` absolute,
+    ``sqlite:///rel`` relative to the working directory): its folder is missing or not writable (SQLite writes a
+    journal beside the database), or the database file is read-only; else None (other schemes: None)."""
+    if not uri.lower().startswith("sqlite:///"):
+        return None
+    raw = uri[len("sqlite:///"):].split("?", 1)[0]
+    if not raw or raw == ":memory:":
+        return None
+    path = Path(raw)
+    folder = path.parent
+    if not folder.is_dir():
+        return f"the folder of its SQLite database, {folder}, does not exist"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"the folder of its SQLite database, {folder}, is not writable"
+    if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+        return f"its SQLite database {path} is read-only"
+    return None
+
+
 def check_tracker_ready(name: str, environ: Mapping[str, str] | None = None) -> None:
     """Refuse, before any work, a ``--tracker`` that is installed but cannot start: W&B online with no API key (no
     ``WANDB_API_KEY``, never ``wandb login``), MLflow at an ``MLFLOW_TRACKING_URI`` whose server does not answer
-    (probed with one ``GET /health``, 5 s). ``environ``: the environment (default ``os.environ``). An MLflow without
+    (probed with one ``GET /health``, 5 s), that answers as no MLflow server does (``/health`` 404: a plain web
+    server), or a ``sqlite:///`` store in a folder that cannot be written. ``environ``: the environment (default
+    ``os.environ``). An MLflow without
     a tracking URI needs nothing: it writes to ``<run>/mlflow.db`` (:func:`mlflow_store`).
 
     Raises:
@@ -206,6 +285,15 @@ def check_tracker_ready(name: str, environ: Mapping[str, str] | None = None) -> 
             raise ConfigError(f"--tracker mlflow: the MLflow tracking server MLFLOW_TRACKING_URI={uri} does not "
                               f"answer ({why}); start it, set MLFLOW_TRACKING_URI to one that runs, or unset it to "
                               f"write to <run>/mlflow.db")
+        why = _not_mlflow(uri) if uri else None
+        if why is not None:
+            raise ConfigError(f"--tracker mlflow: MLFLOW_TRACKING_URI={uri} is not an MLflow tracking server "
+                              f"({why}); set it to the address `mlflow server` prints, or unset it to write to "
+                              f"<run>/mlflow.db")
+        why = _unwritable_sqlite(uri) if uri else None
+        if why is not None:
+            raise ConfigError(f"--tracker mlflow: MLFLOW_TRACKING_URI={uri}: {why}; point it at a folder you can "
+                              f"write, or unset it to write to <run>/mlflow.db")
 
 
 def mlflow_store(run_dir: Path) -> tuple[str, str]:
@@ -289,6 +377,86 @@ def tracker_loggers(names: Iterable[str], run_dir: Path, run_name: str,
     return out
 
 
+# ------------------------------------------------------------------ a tracker that stops answering
+MLFLOW_HTTP_DEFAULTS: dict[str, str] = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+                                        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+"""MLflow's HTTP settings for a run's MLflow logger, each where the environment does not set it: a request gives up
+after a 10 s timeout and 2 retries (about 5 s of back-off) instead of MLflow's 120 s and 7 retries (minutes per
+call), so a tracking server that dies mid-run is noticed in seconds and a SIGTERM stops the run promptly."""
+_GUARDED = ("log_metrics", "log_hyperparams", "log_graph", "save", "finalize", "after_save_checkpoint")
+_DROPPED = "_impulsevit_dropped"
+
+
+def dropped(logger: Logger) -> bool:
+    """Whether :func:`guard_tracker` dropped ``logger`` (its server stopped answering)."""
+    return bool(getattr(logger, _DROPPED, False))
+
+
+def _tracker_failures() -> tuple[type[BaseException], ...]:
+    """What an MLflow client raises when its server stops answering (an ``MlflowException`` after its retries, a
+    ``requests`` error, an ``OSError``)."""
+    found: list[type[BaseException]] = [OSError]
+    try:
+        from mlflow.exceptions import MlflowException
+
+        found.append(MlflowException)
+    except ImportError:
+        pass
+    try:
+        from requests import RequestException
+
+        found.append(RequestException)
+    except ImportError:
+        pass
+    return tuple(found)
+
+
+def _drop(logger: Logger, exc: BaseException) -> None:
+    if dropped(logger):
+        return
+    setattr(logger, _DROPPED, True)
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    log.warning("impulsevit: the MLflow tracking server at %s stopped answering (%s: %s); training goes on without "
+                "it (the run's TensorBoard events and run.json keep every value)", mlflow_tracking_uri(logger),
+                type(exc).__name__, reason)
+
+
+def guarded(logger: Logger, call: Any, *args: Any, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)`` for ``logger`` unless it was dropped; an MLflow logger whose server fails the call
+    (:func:`_tracker_failures`) is dropped, with one warning, and None returned. Other loggers' calls run as they
+    are."""
+    if dropped(logger):
+        return None
+    if kind_of(logger) != "mlflow":
+        return call(*args, **kwargs)
+    try:
+        return call(*args, **kwargs)
+    except _tracker_failures() as e:
+        _drop(logger, e)
+        return None
+
+
+def guard_tracker(logger: Logger, environ: Any = None) -> None:
+    """In place: an MLflow logger (``--tracker mlflow`` or ``--trainer.logger+=MLFlowLogger``) whose server stops
+    answering mid-run is dropped, with one warning line, and training goes on (docs/guarantees.md); its requests are
+    bounded (:data:`MLFLOW_HTTP_DEFAULTS`, set in ``environ``, default ``os.environ``, where not set). The logger's
+    calls that reach the server (``log_metrics``, ``log_hyperparams``, ``finalize``, ...) go through
+    :func:`guarded`. Other loggers are left alone (W&B buffers offline by itself)."""
+    if kind_of(logger) != "mlflow":
+        return
+    environ = os.environ if environ is None else environ
+    for key, value in MLFLOW_HTTP_DEFAULTS.items():
+        environ.setdefault(key, value)
+    for name in _GUARDED:
+        method = getattr(logger, name, None)
+        if callable(method) and not getattr(method, "_impulsevit_guarded", False):
+            def call(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+                return guarded(logger, _method, *args, **kwargs)
+
+            call._impulsevit_guarded = True  # type: ignore[attr-defined]
+            setattr(logger, name, call)
+
+
 # ------------------------------------------------------------------ ids kept in the run directory
 def _tracker_id(logger: Logger) -> str | None:
     kind = kind_of(logger)
@@ -303,7 +471,8 @@ def describe(logger: Logger) -> str:
     """Where ``logger`` writes, in one phrase (for the end summary): a directory, or the MLflow run at its URI."""
     kind = kind_of(logger)
     if kind == "mlflow":
-        return f"run {logger.run_id} (experiment {logger.experiment_id}) at {mlflow_tracking_uri(logger)}"
+        gone = "; dropped mid-run: the server stopped answering" if dropped(logger) else ""
+        return f"run {logger.run_id} (experiment {logger.experiment_id}) at {mlflow_tracking_uri(logger)}{gone}"
     if kind == "wandb":
         exp = logger.experiment
         where = getattr(exp, "dir", None) or logger.save_dir
@@ -361,16 +530,21 @@ def log_hyperparams(loggers: Iterable[Logger], params: Mapping[str, Any]) -> Non
     for lg in loggers:
         if kind_of(lg) != "mlflow":
             lg.log_hyperparams(dict(params))
-            continue
-        flat = flat_hyperparams(dict(params))
-        held = lg.experiment.get_run(lg.run_id).data.params
-        changed = [k for k, v in flat.items() if k in held and held[k] != str(v)[:250]]
-        if changed:
-            log.warning("impulsevit: MLflow run %s keeps its first value of %s (MLflow parameters cannot change)",
-                        lg.run_id, ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else ""))
-        fresh = {k: v for k, v in flat.items() if k not in held}
-        if fresh:
-            lg.log_hyperparams(fresh)
+        elif not dropped(lg):
+            guarded(lg, _mlflow_hyperparams, lg, params)
+
+
+def _mlflow_hyperparams(lg: Logger, params: Mapping[str, Any]) -> None:
+    """The MLflow half of :func:`log_hyperparams`: the parameters the run does not hold yet."""
+    flat = flat_hyperparams(dict(params))
+    held = lg.experiment.get_run(lg.run_id).data.params
+    changed = [k for k, v in flat.items() if k in held and held[k] != str(v)[:250]]
+    if changed:
+        log.warning("impulsevit: MLflow run %s keeps its first value of %s (MLflow parameters cannot change)",
+                    lg.run_id, ", ".join(changed[:5]) + (" ..." if len(changed) > 5 else ""))
+    fresh = {k: v for k, v in flat.items() if k not in held}
+    if fresh:
+        lg.log_hyperparams(fresh)
 
 
 def log_text(loggers: Iterable[Logger], tag: str, text: str, step: int) -> None:
@@ -383,7 +557,7 @@ def log_text(loggers: Iterable[Logger], tag: str, text: str, step: int) -> None:
         elif kind == "wandb":
             lg.log_text(key=tag, columns=["text"], data=[[text]], step=step)
         elif kind == "mlflow":
-            lg.experiment.log_text(lg.run_id, text, f"{tag}.md")
+            guarded(lg, lambda lg=lg: lg.experiment.log_text(lg.run_id, text, f"{tag}.md"))
 
 
 def log_image(loggers: Iterable[Logger], tag: str, image: torch.Tensor, step: int) -> None:

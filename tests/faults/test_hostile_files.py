@@ -226,3 +226,40 @@ def test_export_and_predict_load_a_legacy_checkpoint_with_trust(legacy, real, wo
     monkeypatch.setenv("IMPULSEVIT_TRUST_CHECKPOINT", "1")
     assert main(["predict", str(legacy), str(real["images"]), "--out", str(work / "p.csv")]) == 0
     assert (work / "p.csv").read_text().startswith("path,")
+
+
+# ------------------------------------------------------------------------------------- files that are no checkpoint
+def _foreign_files(folder: Path, marker: Path) -> dict[str, tuple[Path, str]]:
+    """``{case: (file, what the error line must say)}``: random bytes, and a plain (protocol-4) pickle whose global
+    would run code: torch's weights-only loader refuses both with its own "Please file an issue" text."""
+    rand = folder / "random.pth"
+    rand.write_bytes(bytes(range(256)) * 16)  # opcode 0 is not a pickle opcode: no pickle, no torch.save file
+    plain = folder / "plain.pth"
+    plain.write_bytes(pickle.dumps({"x": _Touch(str(marker))}, protocol=4))
+    return {"random": (rand, "neither a torch.save file nor a pickle"),
+            "plain pickle": (plain, "a plain pickle, not a torch.save file, and holds code that will not be run")}
+
+
+class _Touch:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):  # noqa: ANN204
+        return (os.system, (f"touch {self.path}",))
+
+
+@pytest.mark.parametrize("sub", ["pretrained", "export"])
+def test_a_file_that_is_no_checkpoint_is_one_line_saying_what_it_is_without_the_trust_hint(sub, work, tmp_path):
+    marker = tmp_path / "pwned"
+    for case, (path, says) in _foreign_files(tmp_path, marker).items():
+        before = snapshot(work)
+        if sub == "pretrained":
+            res = run("fit", "--recipe", str(TINY), "--runs_dir=runs", "--name=t", *STEP,
+                      f"--model.pretrained={path}", cwd=work)
+        else:
+            res = run("export", str(path), "out", cwd=work)
+        line = assert_one_line_error(res, 2, str(path), says)
+        assert "--trust-checkpoint" not in line and "Please file an issue" not in res.err, (case, res.err)
+        assert "Detected pickle protocol" not in res.err, res.err  # torch's warning before its refusal: not shown
+        assert snapshot(work) == before and not marker.exists()
+        assert_no_survivors(res.sid)

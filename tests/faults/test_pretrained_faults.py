@@ -10,7 +10,16 @@ import pytest
 import timm
 from safetensors.torch import save_file
 
-from faults.harness import TINY, assert_no_survivors, assert_one_line_error, run, snapshot, write_evil_checkpoint
+from faults.harness import (
+    TINY,
+    assert_no_survivors,
+    assert_one_line_error,
+    finish,
+    run,
+    snapshot,
+    start,
+    write_evil_checkpoint,
+)
 
 FIT = ("fit", "--recipe", str(TINY), "--runs_dir=runs", "--name=ft", "--trainer.max_steps=1")
 
@@ -65,4 +74,27 @@ def test_a_folder_whose_recorded_head_count_differs_is_one_line_and_leaves_nothi
     assert_one_line_error(res, 2, f"model.pretrained={folder}: num_heads: 4 in the source, 2 in the model",
                           "the source's config.json: vit_tiny_patch16_224")
     assert snapshot(work) == before and not (work / "runs").exists()
+    assert_no_survivors(res.sid)
+
+
+def test_an_unreachable_hub_is_the_one_line_without_the_retry_noise(tmp_path):
+    """``--model.pretrained=hf-hub:ORG/NAME`` with ``HF_ENDPOINT`` at a closed loopback port: huggingface_hub retries
+    five times (about 23 s of back-off, its own policy) and logged two lines per retry; now only the one error line
+    follows Lightning's start-up lines. A fresh process: huggingface_hub reads ``HF_ENDPOINT`` once, at import."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    env = {"HF_ENDPOINT": closed, "HF_HUB_CACHE": str(tmp_path / "hub-cache"), "HF_HUB_DISABLE_XET": "1",
+           "HF_HUB_OFFLINE": "0"}
+    work = tmp_path / "work"
+    work.mkdir()
+    res = finish(start(*FIT, "--model.pretrained=hf-hub:my-lab/pre", cwd=work, extra_env=env), timeout=300)
+    line = assert_one_line_error(res, 2, "model.pretrained 'hf-hub:my-lab/pre': cannot fetch", closed)
+    noise = [ln for ln in res.err_lines if "Retry" in ln or "thrown while requesting" in ln]
+    assert not noise, res.err
+    startup = ("Seed set to", "GPU available", "TPU available", "HPU available", "`Trainer(")
+    assert [ln for ln in res.err_lines if not ln.startswith(startup)] == [line], res.err
+    assert not (work / "runs").exists()
     assert_no_survivors(res.sid)
