@@ -19,6 +19,10 @@ Status, first that applies:
 
 Layout: ``DIR`` is a study (has ``study.json``: its planned runs), a single run directory, or a folder of run
 directories and study directories (one level: a study's runs are listed grouped under the study's name).
+Every value is read through one typed reader (:class:`_Fields`): a value of another type than the key holds (a number
+where a list is expected, ``"high"`` as an accuracy, a mapping as the backbone, ``true`` as a step) is unknown for that
+cell, and the row's ``unreadable`` names the file and key once (``impulsevit runs`` prints it on stderr); the other
+cells and the other runs are listed as usual, and a sort puts unknown values last.
 Pure functions (:func:`scan` -> :class:`RunRow` list -> :func:`select` -> :func:`format_table`) plus :func:`main`.
 Not supported: runs on remote (fsspec) paths; checking a lock held on another host.
 """
@@ -71,6 +75,52 @@ class RunRow:
     wall_seconds: float | None = None
     last_event: str | None = None
     updated: str | None = None
+    unreadable: list[str] = dataclasses.field(default_factory=list)  # "FILE: KEY is VALUE, not TYPE", one per key
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list", dict: "a mapping"}
+
+
+class _Fields:
+    """Typed reads of one parsed file (a JSON / YAML mapping): :meth:`get` returns the value of ``key`` when it has the
+    expected type, else None, and records ``FILE: KEY is VALUE, not TYPE`` once in ``notes``. ``bool`` is not a
+    number; an ``int`` is a float; a missing key or a ``null`` is unknown without a note."""
+
+    def __init__(self, data: Any, source: Path, notes: list[str], prefix: str = "") -> None:
+        self.source, self.notes, self.prefix = source, notes, prefix
+        if data is not None and not isinstance(data, dict):
+            self._note("", data, dict)
+            data = None
+        self.data: dict[str, Any] = data or {}
+
+    def _note(self, key: str, value: Any, kind: type) -> None:
+        shown = repr(value)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        where = f"{self.prefix}{key}" or "the file"
+        note = f"{self.source}: {where} is {shown}, not {_TYPE_NAMES[kind]}"
+        if note not in self.notes:
+            self.notes.append(note)
+
+    def get(self, key: str, kind: type) -> Any:
+        """``data[key]`` when it is a ``kind`` (``float``: any real number, as ``float``; ``list``: of strings or
+        numbers, or of mappings), else None."""
+        value = self.data.get(key)
+        if value is None:
+            return None
+        ok = isinstance(value, kind) and not (isinstance(value, bool) and kind in (int, float))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if ok and kind is list and not (all(isinstance(v, str | int | float) and not isinstance(v, bool) for v in value)
+                                        or all(isinstance(v, dict) for v in value)):
+            ok = False
+        if not ok:
+            self._note(key, value, kind)
+            return None
+        return value
+
+    def sub(self, key: str) -> _Fields:
+        """The mapping under ``key`` read the same way (an absent or mistyped one: empty)."""
+        return _Fields(self.get(key, dict), self.source, self.notes, f"{self.prefix}{key}.")
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -110,36 +160,39 @@ def _format_event(ev: dict[str, str]) -> str:
 
 def read_run(run_dir: str | os.PathLike, group: str = "", recipe: str | None = None,
              study_status: dict[str, Any] | None = None) -> RunRow:
-    """What ``run_dir``'s files say about the run (see the module docstring for the status rules)."""
+    """What ``run_dir``'s files say about the run (see the module docstring for the status rules; a value of the
+    wrong type is unknown and named in ``RunRow.unreadable``)."""
     run_dir = Path(run_dir)
-    summary = _read_json(run_dir / SUMMARY_NAME) or {}
-    config = _read_config(run_dir / "config.yaml")
-    model = config.get("model") if isinstance(config.get("model"), dict) else {}
-    init = model.get("init") if isinstance(model.get("init"), dict) else {}
-    recipes = summary.get("recipes") or []
+    notes: list[str] = []
+    summary = _Fields(_read_json(run_dir / SUMMARY_NAME), run_dir / SUMMARY_NAME, notes)
+    model = _Fields(_read_config(run_dir / "config.yaml"), run_dir / "config.yaml", notes).sub("model")
+    init = model.sub("init")
+    recipes = summary.get("recipes", list) or []
     row = RunRow(
         name=run_dir.name, path=str(run_dir), group=group,
         recipe=recipe or (",".join(map(str, recipes)) if recipes else None),
-        backbone=model.get("backbone") or summary.get("backbone"),
-        init_method=init.get("method") or summary.get("init_method"),
-        epoch=summary.get("epoch"), max_epochs=summary.get("max_epochs"), step=summary.get("global_step"),
-        total_steps=summary.get("total_steps"), best_val_acc1=summary.get("best_val_acc1"),
-        last_val_acc1=summary.get("last_val_acc1"), wall_seconds=summary.get("wall_seconds"),
-        updated=summary.get("updated"),
+        backbone=model.get("backbone", str) or summary.get("backbone", str),
+        init_method=init.get("method", str) or summary.get("init_method", str),
+        epoch=summary.get("epoch", int), max_epochs=summary.get("max_epochs", int),
+        step=summary.get("global_step", int), total_steps=summary.get("total_steps", int),
+        best_val_acc1=summary.get("best_val_acc1", float), last_val_acc1=summary.get("last_val_acc1", float),
+        wall_seconds=summary.get("wall_seconds", float), updated=summary.get("updated", str), unreadable=notes,
     )
+    state, reason = summary.get("state", str), summary.get("reason", str)
+    study = _Fields(study_status, run_dir / "status.json", notes)
+    study_state, study_rc = study.get("state", str), study.get("returncode", int)
     events = read_events(run_dir)
     last_exit = next((ev for ev in reversed(events) if ev["event"] in ("exit", "requeue")), None)
     if events:
         row.last_event = _format_event(events[-1])
-    elif summary.get("state"):
-        row.last_event = f"{summary['state']} ({summary.get('updated')})"
+    elif state:
+        row.last_event = f"{state} ({row.updated})"
     lock = live_lock(run_dir)
-    state = summary.get("state")
     if lock is not None:
         row.status = "running"
         row.reason = f"pid {lock.get('pid')} on {lock.get('host')}"
     elif state in ("finished", "preempted", "interrupted", "failed"):
-        row.status, row.reason = state, summary.get("reason")
+        row.status, row.reason = state, reason
         if state == "failed" and not row.reason and last_exit is not None:
             row.reason = _format_event(last_exit)
     elif last_exit is not None and last_exit["event"] == "requeue" and last_exit.get("rc") == "0":
@@ -150,10 +203,10 @@ def read_run(run_dir: str | os.PathLike, group: str = "", recipe: str | None = N
         row.status, row.reason = "interrupted", "stopped without a record (killed?); its lock is gone"
     elif last_exit is not None and last_exit["event"] == "exit":
         row.status = "finished"
-    elif study_status and study_status.get("state") in _STUDY_STATE:
-        row.status = _STUDY_STATE[study_status["state"]]
+    elif study_state in _STUDY_STATE:
+        row.status = _STUDY_STATE[study_state]
         if row.status == "failed":
-            row.reason = f"exit {study_status.get('returncode')}"
+            row.reason = f"exit {study_rc}"
     return row
 
 
@@ -162,9 +215,15 @@ def _is_run(path: Path) -> bool:
 
 
 def _study_rows(study_dir: Path) -> list[RunRow]:
-    plan = _read_json(study_dir / "study.json") or {}
-    recipe = Path(str(plan["recipe"])).stem if plan.get("recipe") else None
-    names = [str(r["name"]) for r in plan.get("runs", []) if isinstance(r, dict) and r.get("name")]
+    notes: list[str] = []
+    plan = _Fields(_read_json(study_dir / "study.json"), study_dir / "study.json", notes)
+    recipe = plan.get("recipe", str)
+    recipe = Path(recipe).stem if recipe else None
+    names = []
+    for i, planned in enumerate(plan.get("runs", list) or []):
+        name = _Fields(planned, study_dir / "study.json", notes, f"runs[{i}].").get("name", str)
+        if name and name not in names:
+            names.append(name)
     names += sorted(p.name for p in study_dir.iterdir() if p.name not in names and _is_run(p))
     rows = []
     for name in names:
@@ -173,8 +232,9 @@ def _study_rows(study_dir: Path) -> list[RunRow]:
         if not rdir.is_dir():
             rows.append(RunRow(name=name, path=str(rdir), group=study_dir.name, recipe=recipe, status="unknown",
                                reason="not started"))
-            continue
-        rows.append(read_run(rdir, group=study_dir.name, recipe=recipe, study_status=status))
+        else:
+            rows.append(read_run(rdir, group=study_dir.name, recipe=recipe, study_status=status))
+        rows[-1].unreadable[:0] = notes  # the plan's unreadable keys (printed once however many rows carry them)
     return rows
 
 
@@ -292,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise ConfigError(f"--status {','.join(unknown)}: not a status; expected one of {', '.join(STATUSES)}")
     rows = select(scan(args.directory), status=status, recipe=args.recipe, sort=args.sort)
+    for note in dict.fromkeys(n for r in rows for n in r.unreadable):
+        print(f"impulsevit runs: warning: {note}; shown as unknown", file=sys.stderr)
     if args.json:
         print(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
     else:

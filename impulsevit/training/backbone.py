@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import timm
+from timm.layers import PatchEmbed
 from torch import nn
 
 from impulsevit.errors import ConfigError
@@ -70,6 +71,15 @@ def create_backbone(backbone: str, kwargs: Mapping[str, Any]) -> nn.Module:
                          f"{e}") from e
 
 
+def _patch_embedding(model: nn.Module) -> nn.Module | None:
+    """The model's patch embedding: its ``patch_embed`` (ViT, Swin, EVA, ...) or else its first timm ``PatchEmbed``
+    (MLP-Mixer's ``stem``); None when it has none with a ``patch_size``."""
+    pe = getattr(model, "patch_embed", None)
+    if pe is None:
+        pe = next((m for m in model.modules() if isinstance(m, PatchEmbed)), None)
+    return pe if pe is not None and hasattr(pe, "patch_size") else None
+
+
 def check_image_size(model: nn.Module, backbone: str, image_size: int | None) -> None:
     """Fail early when the data's image size does not fit a patch-based backbone.
 
@@ -77,8 +87,8 @@ def check_image_size(model: nn.Module, backbone: str, image_size: int | None) ->
         ValueError: ``image_size`` is not divisible by the backbone's patch size, or the backbone was built for a
             fixed ``img_size`` different from ``image_size`` (the message names the model, both sizes and the fix).
     """
-    pe = getattr(model, "patch_embed", None)
-    if image_size is None or pe is None or not hasattr(pe, "patch_size"):
+    pe = _patch_embedding(model)
+    if image_size is None or pe is None:
         return
     patch = tuple(pe.patch_size) if isinstance(pe.patch_size, tuple | list) else (pe.patch_size, pe.patch_size)
     if any(image_size % p for p in patch):

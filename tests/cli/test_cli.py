@@ -155,6 +155,24 @@ def test_image_size_not_divisible_by_patch_fails_before_training(tmp_path):
     assert scalars(tmp_path / "odd", "train/loss") == []
 
 
+def test_a_mixer_is_built_for_the_data_s_image_size(tmp_path):
+    """``mixer_any`` (built for 28 px unless told) on 32 px data trains: the data's ``image_size`` reaches timm as
+    ``img_size``, as for a ViT. A Mixer built for another size than the data's (a plain ``ImageClassifier`` without
+    ``img_size``) is one line naming both sizes and the key, before training, not timm's assert in the first step."""
+    import timm
+
+    from impulsevit.training.backbone import check_image_size
+
+    kwargs = json.dumps({"patch_size": 8, "embed_dim": 32, "num_blocks": 2})  # 4x4 tokens <= token hidden 16
+    cli = run_cli(*tiny(tmp_path, "mixer", "--model.backbone=mixer_any", f"--model.backbone_kwargs={kwargs}",
+                        "--model.mixup=null", "--trainer.max_steps=1"))
+    assert cli.trainer.global_step == 1
+    assert tuple(cli.model.backbone.stem.img_size) == (32, 32)
+    with pytest.raises(ValueError, match=r"^backbone 'mixer_any' was built for img_size 28 but the data has "
+                                         r"image_size 32; set model.img_size: 32$"):
+        check_image_size(timm.create_model("mixer_any", **json.loads(kwargs)), "mixer_any", 32)
+
+
 def test_init_method_that_does_not_fit_the_backbone_fails_before_training(tmp_path):
     # 16 px patches on 32 px images leave 2x2 = 4 patch tokens, fewer than the head dim 32 impulse needs
     kwargs = json.dumps({"img_size": 32, "patch_size": 16, "embed_dim": 64, "depth": 2, "num_heads": 2})

@@ -123,3 +123,65 @@ def test_runs_lists_a_mixed_directory(tmp_path, capsys):
                                                                  ("tiny-study", "box-s0", "unknown")]
     assert "study tiny-study:" in format_table(rows)
     assert [r.name for r in scan(study)] == ["impulse-s0", "box-s0"]
+
+
+def _summary(**over: object) -> dict:
+    """A ``run.json`` with every key ``RunRecord.write_summary`` writes, as a finished tiny run leaves it."""
+    base = {"state": "finished", "reason": None, "epoch": 1, "max_epochs": 1, "global_step": 4, "total_steps": 4,
+            "last_val_acc1": 0.25, "best_val_acc1": 0.25, "wall_seconds": 12.5, "started": "2026-12-06T10:00:00+00:00",
+            "backbone": "vit_tiny_patch16_224", "init_method": "impulse", "recipes": ["tiny_synthetic"],
+            "pretrained": None, "host": "h", "pid": 1, "updated": "2026-12-06T10:01:00+00:00"}
+    return {**base, **over}
+
+
+def test_runs_lists_badly_typed_run_files(tmp_path):
+    """Values of another type in ``run.json`` / ``config.yaml`` / ``status.json`` / ``study.json`` are unknown cells,
+    each named once on stderr; the other runs and the other cells print, ``--sort best`` puts unknowns last."""
+    from faults import harness
+
+    runs = tmp_path / "runs"
+    config = TINY.read_text()
+    cases = {  # name -> (run.json, config.yaml text)
+        "good": (_summary(best_val_acc1=0.5), config),
+        "list-is-number": (_summary(recipes=5, best_val_acc1=0.75), config),
+        "acc-is-text": (_summary(best_val_acc1="high", last_val_acc1="high", epoch="one"), config),
+        "backbone-is-mapping": (_summary(backbone={"name": "vit"}, best_val_acc1=0.1),
+                                config.replace("backbone: vit_tiny_patch16_224", "backbone: {name: vit}")),
+        "state-is-list": (_summary(state=["finished"], global_step=True, wall_seconds=[1]), "model: [1, 2]\n"),
+    }
+    assert "backbone: {name: vit}" in cases["backbone-is-mapping"][1]
+    for name, (summary, cfg) in cases.items():
+        (runs / name).mkdir(parents=True)
+        (runs / name / "run.json").write_text(json.dumps(summary))
+        (runs / name / "config.yaml").write_text(cfg)
+    study = runs / "st"
+    shutil.copytree(runs / "good", study / "a-s0")
+    (study / "a-s0" / "status.json").write_text(json.dumps({"state": {"done": 1}, "returncode": "zero"}))
+    (study / "study.json").write_text(json.dumps({"recipe": 3, "runs": [{"name": "a-s0"}, {"name": 7}]}))
+
+    res = harness.run("runs", str(runs), "--sort", "best", cwd=tmp_path, timeout=300)
+    assert res.rc == 0 and "Traceback" not in res.err, res.err[-3000:]
+    lines = res.out.splitlines()
+    assert [ln.split()[0] for ln in lines[1:]] == ["list-is-number", "good", "state-is-list",
+                                                   "backbone-is-mapping", "acc-is-text", "study", "a-s0"], res.out
+    by_name = {ln.split()[0]: ln.split() for ln in lines[1:]}
+    assert by_name["list-is-number"][1:3] == ["finished", "-"]  # recipe unknown, the rest as written
+    assert by_name["good"][1:5] == ["finished", "tiny_synthetic", "vit_tiny_patch16_224", "impulse"]
+    assert by_name["backbone-is-mapping"][3] == "-" and "10.00" in by_name["backbone-is-mapping"]
+    assert by_name["acc-is-text"][1] == "finished" and by_name["acc-is-text"][5:9] == ["-", "4/4", "-", "-"]
+    assert by_name["state-is-list"][1:7] == ["unknown", "tiny_synthetic", "vit_tiny_patch16_224", "impulse", "1/1",
+                                             "-"]
+    warned = [ln for ln in res.err_lines if "warning" in ln]
+    expected = [f"{runs / 'list-is-number' / 'run.json'}: recipes is 5, not a list",
+                f"{runs / 'acc-is-text' / 'run.json'}: best_val_acc1 is 'high', not a number",
+                f"{runs / 'acc-is-text' / 'run.json'}: epoch is 'one', not an integer",
+                f"{runs / 'backbone-is-mapping' / 'config.yaml'}: model.backbone is {{'name': 'vit'}}, not a string",
+                f"{runs / 'state-is-list' / 'run.json'}: state is ['finished'], not a string",
+                f"{runs / 'state-is-list' / 'run.json'}: global_step is True, not an integer",
+                f"{runs / 'state-is-list' / 'config.yaml'}: model is [1, 2], not a mapping",
+                f"{study / 'study.json'}: recipe is 3, not a string",
+                f"{study / 'study.json'}: runs[1].name is 7, not a string",
+                f"{study / 'a-s0' / 'status.json'}: state is {{'done': 1}}, not a string"]
+    for note in expected:
+        assert sum(note in ln for ln in warned) == 1, (note, warned)
+    assert len(warned) == len(set(warned)), warned

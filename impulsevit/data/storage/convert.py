@@ -46,8 +46,8 @@ from impulsevit.io import atomic_write_json, commit, disk_errors, require_free_s
 from impulsevit.procs import die_with_parent, raise_if_stopped
 
 __all__ = ["PRESETS", "ConversionError", "Preset", "ScanResult", "beton_num_classes", "convert_split",
-           "default_preset", "estimate_size", "manifest_path", "read_manifest", "scan_good", "scan_source",
-           "source_stat", "subset_indices", "up_to_date"]
+           "default_preset", "estimate_size", "manifest_path", "other_conversion", "read_manifest", "scan_good",
+           "scan_source", "source_stat", "subset_indices", "up_to_date"]
 
 OnError = Literal["skip", "fail"]
 
@@ -165,11 +165,31 @@ def source_stat(source: ImageSource) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------- writing
+def other_conversion(existing: dict | None, preset: Preset, request: dict) -> list[str]:
+    """How the conversion recorded by the manifest ``existing`` (a ``.beton``'s or a shard set's; None: nothing written
+    yet) differs from the one asked for: ``"KEY: OLD, here NEW"`` per request key (``dataset``, ``root``, ``split``,
+    ``subset``) and for the preset's name or fields; empty when it is the same conversion (possibly of an older state
+    of the source: :func:`up_to_date` tells). Used by both formats' writers and by ``impulsevit convert``'s output
+    claim, which refuses to replace another conversion without ``--overwrite``."""
+    if existing is None:
+        return []
+    old_request = existing.get("request") if isinstance(existing.get("request"), dict) else {}
+    diffs = [f"{k}: {old_request.get(k)!r}, here {request.get(k)!r}" for k in sorted({*old_request, *request})
+             if old_request.get(k) != request.get(k)]
+    old_preset = existing.get("preset")
+    if old_preset != asdict(preset):
+        name = old_preset.get("name") if isinstance(old_preset, dict) else old_preset
+        diffs.append(f"preset: {name!r}, here {preset.name!r}" if name != preset.name else
+                     f"preset {preset.name!r}: other fields")
+    return diffs
+
+
 def up_to_date(existing: dict | None, preset: Preset, stat: str, request: dict, force: bool) -> bool:
-    """Whether the manifest ``existing`` (None: nothing written yet) already records this conversion: the same preset,
-    source fingerprint (:func:`source_stat`) and request, and ``force`` not given."""
-    return (not force and existing is not None and existing.get("preset") == asdict(preset)
-            and existing.get("source_stat") == stat and existing.get("request") == request)
+    """Whether the manifest ``existing`` (None: nothing written yet) already records this conversion: the same preset
+    and request (:func:`other_conversion` finds no difference) and source fingerprint (:func:`source_stat`), and
+    ``force`` not given."""
+    return (not force and existing is not None and not other_conversion(existing, preset, request)
+            and existing.get("source_stat") == stat)
 
 
 def scan_good(source: ImageSource, where: str | os.PathLike, preset: Preset, *, workers: int, progress: bool,

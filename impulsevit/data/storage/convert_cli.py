@@ -21,16 +21,19 @@ the presets are described in :mod:`impulsevit.data.storage.convert` and :mod:`im
 ``--write-mode`` /
 ``--max-resolution`` / ``--jpeg-quality`` / ``--jpeg-proportion`` override single fields of the preset.
 
-Existing outputs: a ``.beton`` this command wrote (its manifest is next to it) is skipped when up to date and rebuilt
-when not (or with ``--force``); any other existing file at an output path is replaced only with ``--overwrite``; a
-folder where a ``.beton`` goes, or a file where the ``DST`` folder goes, is refused — all before any work
-(:func:`impulsevit.io.claim_output`).
+Existing outputs: a ``.beton`` this command wrote (its manifest is next to it) for the same request (dataset, root,
+split, ``--subset``) and preset is skipped when up to date and rebuilt when its source changed (or with ``--force``);
+one it wrote for another request or preset — a finished conversion of something else — is replaced only with
+``--overwrite`` (:func:`~impulsevit.data.storage.convert.other_conversion`, the one check for both formats); any other
+existing file at an output path is replaced only with ``--overwrite``; a folder where a ``.beton`` goes, or a file
+where the ``DST`` folder goes, is refused — all before any work (:func:`impulsevit.io.claim_output`).
 
 ``--format litdata``: ``DST`` is a folder or an ``s3://bucket/prefix`` URL; each split goes to ``DST/<split>/`` as a
 LitData shard set with ``impulsevit.manifest.json`` (:mod:`impulsevit.data.storage.shards`; the object store's
 endpoint and credentials come from the standard AWS variables, :mod:`impulsevit.data.storage.objstore`). A set this
-command wrote is skipped when up to date and rewritten when not; any other non-empty folder there is refused. A
-missing bucket, missing credentials or an unreachable endpoint are one line (exit 2) before any work.
+command wrote is skipped when up to date and rewritten when its source changed; one of another request or preset, and
+(locally) any other non-empty folder there, is replaced only with ``--overwrite``, as for ``.beton`` files. A missing
+bucket, missing credentials or an unreachable endpoint are one line (exit 2) before any work.
 
 ``--check``: verify ``.beton`` files against their manifests' checksums (:mod:`impulsevit.data.storage.integrity`).
 
@@ -49,7 +52,7 @@ from pathlib import Path
 
 from impulsevit.argparser import ArgumentParser
 from impulsevit.data.sources.registry import DATASETS, DatasetInfo, detect_dataset, get_dataset, list_datasets
-from impulsevit.data.storage.convert import ConversionError, convert_split, subset_indices
+from impulsevit.data.storage.convert import ConversionError, convert_split, other_conversion, subset_indices
 from impulsevit.data.storage.integrity import BetonError, verify_beton
 from impulsevit.data.storage.manifest import read_manifest
 from impulsevit.data.storage.presets import PRESETS, Preset, default_preset
@@ -57,8 +60,8 @@ from impulsevit.errors import ConfigError, StoreError, missing_extra
 from impulsevit.io import WriteError, check_child_name, claim_output
 from impulsevit.procs import Stopped, stop_on_signals
 
-__all__ = ["build_parser", "check_main", "choose_preset", "claim_outputs", "claim_shard_outputs", "default_splits",
-           "main", "output_path", "resolve_source", "shards_path"]
+__all__ = ["build_parser", "check_main", "choose_preset", "claim_converted", "claim_outputs", "claim_shard_outputs",
+           "default_splits", "main", "output_path", "request_of", "resolve_source", "shards_path"]
 
 
 def resolve_source(src: str, root: str | None, dataset: str | None) -> tuple[DatasetInfo, Path | None]:
@@ -98,27 +101,54 @@ def shards_path(dst: str, split: str) -> str:
     return join(dst, split)
 
 
-def claim_shard_outputs(dst: str, splits: list[str], overwrite: bool) -> None:
-    """Before any work, for ``--format litdata``: a local ``DST`` is a folder or nothing yet and each split's folder
-    is free, empty, or a shard set this command wrote (then skipped or rewritten); a remote ``DST``'s bucket exists
-    and the credentials are accepted.
+def request_of(info: DatasetInfo, root: Path | None, split: str, subset: int | None) -> dict:
+    """What a conversion of ``split`` records as its ``request`` in the manifest (and is compared on)."""
+    return {"dataset": info.name, "root": str(root), "split": split, "subset": subset}
+
+
+def claim_converted(existing: dict | None, out: str | os.PathLike, split: str, preset: Preset, request: dict,
+                    overwrite: bool) -> None:
+    """Before any work, for both formats: the output ``out`` of ``split`` holds no finished conversion of another
+    request or preset (its manifest ``existing``; :func:`~impulsevit.data.storage.convert.other_conversion`), unless
+    ``overwrite``. The same conversion (up to date, or of a changed source) is the writer's to skip or rebuild.
 
     Raises:
-        ConfigError: a file where a folder goes, or a non-empty folder this command did not write (without
-            ``overwrite``). StoreError: the store cannot be written (one line)."""
-    from impulsevit.data.storage import objstore
-    from impulsevit.data.storage.shards import MANIFEST_NAME
+        ConfigError: one line naming the output, what differs and ``--overwrite``."""
+    diffs = other_conversion(existing, preset, request)
+    if diffs and not overwrite:
+        raise ConfigError(f"DST (split {split!r}) {out} holds a finished conversion of another request "
+                          f"({'; '.join(diffs)}); pass --overwrite to replace it, or give another DST (nothing was "
+                          f"written)")
 
-    if objstore.is_remote(dst):
+
+def claim_shard_outputs(dst: str, splits: list[str], overwrite: bool, preset: Preset,
+                        requests: dict[str, dict]) -> None:
+    """Before any work, for ``--format litdata``: a local ``DST`` is a folder or nothing yet and each split's folder
+    is free, empty, or a shard set this command wrote (then skipped or rewritten; one of another request or preset
+    only with ``overwrite``: :func:`claim_converted`); a remote ``DST``'s bucket exists and the credentials are
+    accepted. ``requests``: each split's :func:`request_of`.
+
+    Raises:
+        ConfigError: a file where a folder goes, a non-empty folder this command did not write, or a shard set of
+            another request (without ``overwrite``). StoreError: the store cannot be read or written (one line)."""
+    from impulsevit.data.storage import objstore
+    from impulsevit.data.storage.shards import MANIFEST_NAME, read_shards_manifest
+
+    remote = objstore.is_remote(dst)
+    if remote:
         objstore.check_writable(dst)
-        return
-    claim_output(dst, False, "into", what="DST")
+    else:
+        claim_output(dst, False, "into", what="DST")
     for split in splits:
-        out = Path(shards_path(dst, split))
-        claim_output(out, True, "into", what=f"DST (split {split!r})")
-        if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST_NAME).is_file() and not overwrite:
-            raise ConfigError(f"DST (split {split!r}) {out} is a non-empty folder that `impulsevit convert --format "
-                              f"litdata` did not write; give another DST or pass --overwrite (nothing was written)")
+        out = shards_path(dst, split)
+        if not remote:
+            claim_output(out, True, "into", what=f"DST (split {split!r})")
+            folder = Path(out)
+            if folder.is_dir() and any(folder.iterdir()) and not (folder / MANIFEST_NAME).is_file() and not overwrite:
+                raise ConfigError(f"DST (split {split!r}) {out} is a non-empty folder that `impulsevit convert "
+                                  f"--format litdata` did not write; give another DST or pass --overwrite (nothing "
+                                  f"was written)")
+        claim_converted(read_shards_manifest(out), out, split, preset, requests[split], overwrite)
 
 
 def output_path(dst: str, split: str, multiple: bool) -> Path:
@@ -135,21 +165,23 @@ def output_path(dst: str, split: str, multiple: bool) -> Path:
     return d / f"{split}.beton"
 
 
-def claim_outputs(dst: str, splits: list[str], overwrite: bool) -> None:
+def claim_outputs(dst: str, splits: list[str], overwrite: bool, preset: Preset, requests: dict[str, dict]) -> None:
     """Before any work (:func:`impulsevit.io.claim_output`): ``DST`` is a folder or nothing yet (unless it is a
-    ``.beton`` path), and each split's ``.beton`` is free, an output of this command (a manifest next to it: skipped
-    or rebuilt as before), or replaced with ``overwrite``.
+    ``.beton`` path), and each split's ``.beton`` is free, an output of this command for the same request (a manifest
+    next to it: skipped or rebuilt as before; another request or preset only with ``overwrite``:
+    :func:`claim_converted`), or replaced with ``overwrite``. ``requests``: each split's :func:`request_of`.
 
     Raises:
-        ConfigError: a file where the ``DST`` folder goes, a folder where a ``.beton`` goes, or an existing file
-            without a manifest and without ``overwrite`` (one line naming it).
+        ConfigError: a file where the ``DST`` folder goes, a folder where a ``.beton`` goes, an existing file
+            without a manifest, or one of another request (without ``overwrite``; one line naming it).
     """
     if Path(dst).suffix != ".beton":
         claim_output(dst, False, "into", what="DST")
     for split in splits:
         out = output_path(dst, split, len(splits) > 1)
-        ours = read_manifest(out, check_size=False) is not None
-        claim_output(out, overwrite or ours, "file", what=f"DST (split {split!r})")
+        existing = read_manifest(out, check_size=False)
+        claim_output(out, overwrite or existing is not None, "file", what=f"DST (split {split!r})")
+        claim_converted(existing, out, split, preset, requests[split], overwrite)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -181,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "or not checked")
     p.add_argument("--force", action="store_true", help="rebuild outputs even when their manifest is up to date")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing file at an output path that this command did not write (no manifest)")
+                   help="replace an existing file at an output path that this command did not write (no manifest), "
+                        "or a conversion it wrote for another request or preset")
     p.add_argument("--no-progress", action="store_true")
     p.epilog += ("\n\nimpulsevit convert --check X.beton [...] [--full]: verify .beton files against their manifests' "
                  "checksums (sampled chunks; --full: every chunk)")
@@ -251,10 +284,11 @@ def _convert(args: argparse.Namespace) -> int:
         preset = choose_preset(info, args)
         splits = args.split or default_splits(info, root)
         shards = args.format == "litdata"
+        requests = {split: request_of(info, root, split, args.subset) for split in splits}
         if shards:
-            claim_shard_outputs(args.dst, splits, args.overwrite)
+            claim_shard_outputs(args.dst, splits, args.overwrite, preset, requests)
         else:
-            claim_outputs(args.dst, splits, args.overwrite)
+            claim_outputs(args.dst, splits, args.overwrite, preset, requests)
         for split in splits:
             source = info.load(root, split, verify=args.verify)
             sub = subset_indices(len(source), args.subset)
@@ -263,7 +297,7 @@ def _convert(args: argparse.Namespace) -> int:
             out = shards_path(args.dst, split) if shards else output_path(args.dst, split, len(splits) > 1)
             print(f"[convert] {info.name} split {split!r} from {root}: {len(source)} images, "
                   f"{len(source.classes)} classes -> {out}")
-            request = {"dataset": info.name, "root": str(root), "split": split, "subset": args.subset}
+            request = requests[split]
             if shards:
                 from impulsevit.data.storage.shards import write_shards
 
