@@ -38,6 +38,7 @@ page cache) every round times one epoch of every contender, in rotating order; t
 rounds. ``ratio`` = torchvision time / contender time per image (> 1: faster than torchvision).
 
     python benchmarks/loader_speed.py [--num-images 2000] [--workers 2] [--batch-size 64] [--rounds 3]
+    python benchmarks/loader_speed.py --smoke   # seconds: 96 images, 224 px, short256 only, 1 round (the suite's)
 
 The last line is ``ratio: X`` for ``ffcv:short256`` (the preset of the large-image recipes and the datamodule's
 default for large-image datasets: shorter side stored at 256 px) at 224 px. ``res256`` (longer side capped at 256,
@@ -185,13 +186,16 @@ class _ShardImages(torch.utils.data.Dataset):
     """``(transform(PIL image), label)`` of a LitData shard set, read by index (the litdata backend's reads)."""
 
     def __init__(self, location: str, cache: Path | None, transform) -> None:  # noqa: ANN001 - a torchvision transform
+        from impulsevit.data.loading.config import StorageConfig
         from impulsevit.data.loading.litdata_backend import ShardSource, shards_manifest
         from impulsevit.data.storage import objstore
         from impulsevit.data.storage.shards import LABELS_NAME
 
         manifest = shards_manifest(location)
         labels = np.load(io.BytesIO(objstore.read_bytes(objstore.join(location, LABELS_NAME))), allow_pickle=False)
-        self.source = ShardSource(location, manifest["classes"], labels, np.arange(len(labels)), cache, "200GB")
+        storage = StorageConfig()  # the backend's defaults (cache size, read timeout): one source of each
+        self.source = ShardSource(location, manifest["classes"], labels, np.arange(len(labels)), cache,
+                                  storage.cache_size, storage.read_timeout)
         self.transform = transform
 
     def __len__(self) -> int:
@@ -274,7 +278,13 @@ def main(argv: list[str] | None = None) -> float:
     p.add_argument("--no-litdata", action="store_true", help="skip the litdata rows (local folder, loopback S3)")
     p.add_argument("--default-malloc", action="store_true",
                    help="leave glibc malloc at its defaults instead of the setting `impulsevit fit` applies")
+    p.add_argument("--smoke", action="store_true",
+                   help="a few seconds: 96 images, batch 16, 1 worker, 224 px, the short256 preset only, 1 round, "
+                        "no torchvision@256 row (checks that every contender runs; the numbers mean nothing)")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.num_images, args.batch_size, args.workers, args.rounds = 96, 16, 1, 1
+        args.sizes, args.presets, args.loader_presets, args.no_capped = [224], [DEFAULT_PRESET], [DEFAULT_PRESET], True
     for name in {*args.presets, *args.loader_presets, DEFAULT_PRESET}:
         if name not in PRESETS:
             p.error(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
