@@ -27,7 +27,9 @@ decode-limit`` is printed per size: the workers' side of that mode against the d
 short256``, :mod:`impulsevit.data.storage.shards`) from a local folder, ``litdata:short256@s3`` the same set uploaded
 to an S3-compatible server on 127.0.0.1 (moto's server mode, a dev dependency) through the backend's chunk cache
 (emptied before the warm-up epoch): both with the torchvision contender's transform in ``num_workers`` processes,
-samples read by index as the litdata backend does; ``/ decode-limit`` is printed for them too.
+in the block order the litdata backend reads by default (``--block-size`` samples, ``--chunk-bytes`` chunks: whole
+chunks, the next block prefetched, chunks outside the live blocks deleted, so every epoch of the ``@s3`` row downloads
+the set again through a cache of a few blocks); ``/ decode-limit`` is printed for them too.
 
 The process runs with the malloc setting ``impulsevit fit`` applies (:mod:`impulsevit.memory`: blocks above 32 MiB,
 such as a normalised 64 × 224² batch, are reused rather than page-faulted in again every batch) — for both
@@ -38,6 +40,7 @@ page cache) every round times one epoch of every contender, in rotating order; t
 rounds. ``ratio`` = torchvision time / contender time per image (> 1: faster than torchvision).
 
     python benchmarks/loader_speed.py [--num-images 2000] [--workers 2] [--batch-size 64] [--rounds 3]
+    python benchmarks/loader_speed.py --smoke   # seconds: 96 images, 224 px, short256 only, 1 round (the suite's)
 
 The last line is ``ratio: X`` for ``ffcv:short256`` (the preset of the large-image recipes and the datamodule's
 default for large-image datasets: shorter side stored at 256 px) at 224 px. ``res256`` (longer side capped at 256,
@@ -182,36 +185,52 @@ def decode_limit_loader(path: Path, workers: int, batch: int):  # noqa: ANN201 -
 
 
 class _ShardImages(torch.utils.data.Dataset):
-    """``(transform(PIL image), label)`` of a LitData shard set, read by index (the litdata backend's reads)."""
+    """``(transform(PIL image), label)`` of a LitData shard set, read as the litdata backend reads it: by
+    :class:`~impulsevit.data.loading.sampling.SampleKey` in the block order (``data.order=block``, the backend's
+    default), each key first handed to :meth:`ShardSource.follow` (a remote set's next block prefetched, chunks
+    outside the live blocks deleted)."""
 
-    def __init__(self, location: str, cache: Path | None, transform) -> None:  # noqa: ANN001 - a torchvision transform
+    def __init__(self, location: str, cache: Path | None, transform, block_size: int,  # noqa: ANN001
+                 lag: int) -> None:
+        from impulsevit.data.loading.config import StorageConfig
         from impulsevit.data.loading.litdata_backend import ShardSource, shards_manifest
         from impulsevit.data.storage import objstore
         from impulsevit.data.storage.shards import LABELS_NAME
 
         manifest = shards_manifest(location)
         labels = np.load(io.BytesIO(objstore.read_bytes(objstore.join(location, LABELS_NAME))), allow_pickle=False)
-        self.source = ShardSource(location, manifest["classes"], labels, np.arange(len(labels)), cache, "200GB")
+        storage = StorageConfig()  # the backend's defaults (cache size, read timeout): one source of each
+        self.source = ShardSource(location, manifest["classes"], labels, np.arange(len(labels)), cache,
+                                  storage.cache_size, storage.read_timeout)
+        self.source.plan = (0, 1, block_size, lag)  # seed 0, one rank
         self.transform = transform
 
     def __len__(self) -> int:
         return len(self.source)
 
-    def __getitem__(self, i: int):  # noqa: ANN204
+    def __getitem__(self, key):  # noqa: ANN001, ANN204 - a SampleKey
         from PIL import Image
 
-        return self.transform(Image.fromarray(self.source.load(i))), int(self.source.labels[i])
+        self.source.follow(key.epoch, key.position)
+        return self.transform(Image.fromarray(self.source.load(key.index))), int(self.source.labels[key.index])
 
 
-def litdata_loader(location: str, cache: Path | None, size: int, workers: int,
-                   batch: int) -> torch.utils.data.DataLoader:
+def litdata_loader(location: str, cache: Path | None, size: int, workers: int, batch: int,
+                   block_size: int) -> torch.utils.data.DataLoader:
+    """The litdata contender: the block order of ``block_size`` samples over the set's chunks
+    (:class:`~impulsevit.data.loading.sampling.EpochSampler`, as the backend builds it), the torchvision contender's
+    transform in ``workers`` processes."""
     from torchvision import transforms
+
+    from impulsevit.data.loading.sampling import EpochSampler
 
     tf = transforms.Compose([transforms.RandomResizedCrop(size, interpolation=transforms.InterpolationMode.BICUBIC),
                              transforms.RandomHorizontalFlip(),
                              transforms.PILToTensor()])
-    return torch.utils.data.DataLoader(_ShardImages(location, cache, tf), batch_size=batch, shuffle=True,
-                                       num_workers=workers, drop_last=True, persistent_workers=workers > 0)
+    ds = _ShardImages(location, cache, tf, block_size, lag=max(workers, 1) * 2 * batch)
+    sampler = EpochSampler(ds, seed=0, batch_size=batch, chunk_sizes=ds.source.chunk_sizes(), block_size=block_size)
+    return torch.utils.data.DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers, drop_last=True,
+                                       persistent_workers=workers > 0)
 
 
 def start_loopback_s3() -> tuple[object, str]:
@@ -272,9 +291,22 @@ def main(argv: list[str] | None = None) -> float:
     p.add_argument("--no-capped", action="store_true", help="skip the torchvision@256 context row")
     p.add_argument("--no-device", action="store_true", help=f"skip the {DEVICE} row")
     p.add_argument("--no-litdata", action="store_true", help="skip the litdata rows (local folder, loopback S3)")
+    p.add_argument("--block-size", type=int, default=256,
+                   help="the litdata rows' data.storage.block_size (samples; the backend's default is 65,536: a "
+                        "benchmark set is small, and a block ~10%% of it keeps the cache at a few blocks)")
     p.add_argument("--default-malloc", action="store_true",
                    help="leave glibc malloc at its defaults instead of the setting `impulsevit fit` applies")
+    p.add_argument("--chunk-bytes", default="1MB",
+                   help="the litdata shard sets' chunk size (LitData's chunk_bytes; the converter's default is 64MB, "
+                        "~600 images: a benchmark set of a few thousand images would be a handful of chunks)")
+    p.add_argument("--smoke", action="store_true",
+                   help="a few seconds: 96 images, batch 16, 1 worker, 224 px, the short256 preset only, 1 round, "
+                        "no torchvision@256 row (checks that every contender runs; the numbers mean nothing)")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.num_images, args.batch_size, args.workers, args.rounds = 96, 16, 1, 1
+        args.sizes, args.presets, args.loader_presets, args.no_capped = [224], [DEFAULT_PRESET], [DEFAULT_PRESET], True
+        args.block_size = 32
     for name in {*args.presets, *args.loader_presets, DEFAULT_PRESET}:
         if name not in PRESETS:
             p.error(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
@@ -303,9 +335,10 @@ def main(argv: list[str] | None = None) -> float:
 
             shard_dirs = {"litdata:short256": str(tmp / "shards")}
             m = write_shards(source, shard_dirs["litdata:short256"], PRESETS[DEFAULT_PRESET], progress=False,
-                             log=lambda _: None)
+                             log=lambda _: None, chunk_bytes=args.chunk_bytes)
             server, url = start_loopback_s3()
-            write_shards(source, url, PRESETS[DEFAULT_PRESET], progress=False, log=lambda _: None)
+            write_shards(source, url, PRESETS[DEFAULT_PRESET], progress=False, log=lambda _: None,
+                         chunk_bytes=args.chunk_bytes)
             shard_dirs["litdata:short256@s3"] = url
             mib["litdata"] = m["bytes"] / 2**20
             log(f"litdata shard set ({DEFAULT_PRESET}): {mib['litdata']:.1f} MiB, local and on loopback S3 {url}")
@@ -341,7 +374,7 @@ def main(argv: list[str] | None = None) -> float:
                 shutil.rmtree(tmp / "chunk-cache", ignore_errors=True)
                 for name, where in shard_dirs.items():
                     loaders[name] = litdata_loader(where, tmp / "chunk-cache" if where.startswith("s3://") else None,
-                                                   size, args.workers, args.batch_size)
+                                                   size, args.workers, args.batch_size, args.block_size)
             rates = interleaved(loaders, args.rounds, {DEVICE: take_canvas})
             data_mib = {"torchvision": src_bytes / 2**20, **{f"ffcv:{k}": v for k, v in mib.items()},
                         LIMIT: mib[DEFAULT_PRESET], DEVICE: mib[DEFAULT_PRESET]}

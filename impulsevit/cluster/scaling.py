@@ -132,6 +132,39 @@ def stream_network_gb_s(images_per_s: float, bytes_per_image: float, *, cache_fr
     return first, later
 
 
+@dataclass(frozen=True)
+class BlockStreaming:
+    """What one node of a run on the block order (``data.order=block``, the litdata backend) asks of the store and
+    its disk per epoch (:func:`block_streaming`). Bytes are decimal (GB = 1e9 B)."""
+
+    node_img_s: float  # images/s the node's GPUs consume
+    bytes_per_node_epoch: float  # downloaded per node per epoch: its ranks' shares, each chunk once
+    cache_bytes_per_node: float  # the live blocks of the node's ranks
+    cache_fraction: float  # cache_bytes_per_node / the set's bytes
+    node_gb_s: float  # network per node while training at node_img_s
+    store_gets_per_s: float  # chunk GETs per second at the store, the whole run
+
+
+def block_streaming(num_samples: int, set_bytes: float, *, nodes: int, gpus_per_node: int, gpu_img_s: float,
+                    block_size: int = 65536, chunk_bytes: float = 64e6, live_blocks: int = 3) -> BlockStreaming:
+    """The block order at scale, on paper: each rank reads ``ceil(num_samples / ranks)`` samples in blocks of
+    ``block_size`` (``min(block_size, share)`` when a share is smaller), keeping ``live_blocks`` blocks on disk
+    (previous, current, next: :class:`~impulsevit.data.loading.litdata_backend.ShardSource`), and fetches each
+    chunk of its share once per epoch (plus at most one chunk shared with a neighbour rank, not counted). Assumes
+    samples of equal size (``set_bytes / num_samples``) and every rank at ``gpu_img_s``."""
+    if min(num_samples, set_bytes, nodes, gpus_per_node, block_size, chunk_bytes, live_blocks) <= 0 or gpu_img_s < 0:
+        raise ValueError("need positive sizes, counts and block; gpu_img_s >= 0")
+    ranks = nodes * gpus_per_node
+    per_image = set_bytes / num_samples
+    share = math.ceil(num_samples / ranks)
+    cache = gpus_per_node * live_blocks * min(block_size, share) * per_image
+    node_img_s = gpus_per_node * gpu_img_s
+    return BlockStreaming(node_img_s=node_img_s, bytes_per_node_epoch=gpus_per_node * share * per_image,
+                          cache_bytes_per_node=cache, cache_fraction=cache / set_bytes,
+                          node_gb_s=node_img_s * per_image / 1e9,
+                          store_gets_per_s=nodes * node_img_s * per_image / chunk_bytes)
+
+
 def num_params(backbone: str, num_classes: int) -> int | None:
     """Parameters of ``backbone`` with a ``num_classes`` head; ``None`` for a backbone not in :data:`BACKBONE_TRUNK`."""
     if backbone not in BACKBONE_TRUNK:

@@ -152,3 +152,17 @@ def test_stream_network_needs_the_first_epoch_bytes_and_whole_chunks_once_the_ca
     assert first == 0.1 and later == 0.5 * 1000 * 64e6 / 1e9  # each miss costs a whole chunk
     with pytest.raises(ValueError):
         stream_network_gb_s(1000, 0)
+
+
+def test_block_streaming_fetches_a_nodes_share_once_with_a_cache_of_its_live_blocks():
+    from impulsevit.cluster.scaling import block_streaming
+
+    s = block_streaming(1_000_000, 1e11, nodes=4, gpus_per_node=2, gpu_img_s=500, block_size=10_000,
+                        chunk_bytes=1e7)
+    assert s.bytes_per_node_epoch == 2 * 125_000 * 1e5  # a quarter of the set per node
+    assert s.cache_bytes_per_node == 2 * 3 * 10_000 * 1e5 and s.cache_fraction == 0.06
+    assert s.node_img_s == 1000 and s.node_gb_s == 0.1 and s.store_gets_per_s == 40  # 4 nodes x 0.1 GB/s / 10 MB
+    small = block_streaming(1_000_000, 1e11, nodes=4, gpus_per_node=2, gpu_img_s=500, block_size=10**9)
+    assert small.cache_bytes_per_node == 3 * small.bytes_per_node_epoch  # a block never exceeds a rank's share
+    with pytest.raises(ValueError, match="positive"):
+        block_streaming(0, 1e11, nodes=1, gpus_per_node=1, gpu_img_s=1)

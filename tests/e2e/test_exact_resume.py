@@ -42,8 +42,12 @@ BACKENDS = {
     "ffcv-geometry": ["--data.init_args.backend=ffcv", "--data.init_args.augment.scale=[1.0,1.0]",
                       "--data.init_args.augment.hflip=0.0"],
     "torchvision": ["--data.init_args.backend=torchvision"],
-    # shard sets in the loopback object store (the `s3_shards` fixture): the torchvision backend's batches
-    "litdata": ["--data.init_args.backend=litdata", f"--data.init_args.root=s3://{BUCKET}/fm"],
+    # shard sets in the loopback object store (the `s3_shards` fixture): the torchvision backend's batches under the
+    # global order; the block order (the litdata default: whole chunks, prefetched) is its own reference
+    "litdata": ["--data.init_args.backend=litdata", f"--data.init_args.root=s3://{BUCKET}/fm",
+                "--data.init_args.order=global"],
+    "litdata-block": ["--data.init_args.backend=litdata", f"--data.init_args.root=s3://{BUCKET}/fm",
+                      "--data.init_args.storage.block_size=64"],
 }
 STEPS_PER_EPOCH = 8
 
@@ -331,15 +335,19 @@ def s3_shards():
         yield store
 
 
+@pytest.mark.parametrize(("backend", "reference"), [("litdata", "torchvision"), ("litdata-block", "litdata-block")])
 def test_litdata_from_the_object_store_trains_stops_and_resumes_as_torchvision_does(tmp_path, cache, straight,
-                                                                                     s3_shards):
-    """Stopped mid-epoch (step 5), resumed with --resume auto: bit-identical to the uninterrupted torchvision run (the
-    same order, pixels and augmentation draws, the loader position from the checkpoint, not LitData's state)."""
-    run_cli(*args(tmp_path, "lit", "litdata", cache, stop_after(5)))
+                                                                                     s3_shards, backend, reference):
+    """Stopped mid-epoch (step 5), resumed with --resume auto: bit-identical to the uninterrupted run — the
+    torchvision backend's under the global order (the same order, pixels and augmentation draws), its own under the
+    block order (whole chunks fetched and prefetched); the loader position comes from the checkpoint, not LitData's
+    state."""
+    run_cli(*args(tmp_path, "lit", backend, cache, stop_after(5)))
     state = final(tmp_path, "lit")["ImageDataModule"]["train_loader"]
     assert (state["epoch"], state["batches"]) == (0, 5)
-    run_cli(*args(tmp_path, "lit", "litdata", cache, "--resume=auto"))
-    assert_same_training(final(tmp_path, "lit"), straight("torchvision"))
+    assert state["order"] == ("block" if backend == "litdata-block" else "random")
+    run_cli(*args(tmp_path, "lit", backend, cache, "--resume=auto"))
+    assert_same_training(final(tmp_path, "lit"), straight(reference))
 
 
 def test_litdata_store_stopped_mid_epoch_is_one_line_and_resume_auto_continues(tmp_path, cache, straight, s3_shards):
@@ -365,11 +373,13 @@ def test_litdata_store_stopped_mid_epoch_is_one_line_and_resume_auto_continues(t
 
 
 @pytest.mark.slow
-def test_litdata_ddp_two_ranks_mid_epoch_resume_is_bit_identical(tmp_path, cache, s3_shards):
+@pytest.mark.parametrize(("backend", "reference"), [("litdata", "torchvision"), ("litdata-block", "litdata-block")])
+def test_litdata_ddp_two_ranks_mid_epoch_resume_is_bit_identical(tmp_path, cache, s3_shards, backend, reference):
     """2 gloo ranks read the object store, stop after step 2 of 4 in the epoch, resume: the same weights as the
-    2-rank torchvision run (each rank's share is the torchvision backend's)."""
-    _ddp(tmp_path, "tv", "torchvision", cache)
-    _ddp(tmp_path, "lit", "litdata", cache, stop_after(2))
+    uninterrupted 2-rank run — the torchvision backend's under the global order (each rank's share is the torchvision
+    backend's), its own under the block order (the two ranks share one chunk cache folder)."""
+    _ddp(tmp_path, "ref", reference, cache)
+    _ddp(tmp_path, "lit", backend, cache, stop_after(2))
     assert final(tmp_path, "lit")["ImageDataModule"]["train_loader"]["world_size"] == 2
-    _ddp(tmp_path, "lit", "litdata", cache, "--resume=auto")
-    assert_same_training(final(tmp_path, "lit"), final(tmp_path, "tv"))
+    _ddp(tmp_path, "lit", backend, cache, "--resume=auto")
+    assert_same_training(final(tmp_path, "lit"), final(tmp_path, "ref"))

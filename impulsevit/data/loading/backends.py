@@ -40,7 +40,7 @@ from impulsevit.data.storage.manifest import beton_num_classes
 from impulsevit.data.storage.presets import PRESETS, Preset, default_preset
 from impulsevit.errors import ConfigError, DataError, MissingExtraError, UserError, missing_extra
 
-__all__ = ["Backend", "BackendChoice", "BackendName", "DataSpec", "ResampleOn", "check_train_split",
+__all__ = ["Backend", "BackendChoice", "BackendName", "DataOrder", "DataSpec", "ResampleOn", "check_train_split",
            "default_cache_dir", "resolve_backend", "resolve_spec"]
 
 log = logging.getLogger("impulsevit")
@@ -49,6 +49,7 @@ BackendName = Literal["ffcv", "torchvision", "litdata"]
 BackendChoice = Literal["auto", "ffcv", "torchvision", "litdata"]
 """What a recipe may say: a backend, or ``auto`` (:func:`resolve_backend`)."""
 ResampleOn = Literal["workers", "device"]
+DataOrder = Literal["global", "block"]
 
 
 def default_cache_dir() -> Path:
@@ -95,6 +96,7 @@ class DataSpec:
     betons: dict[str, Path]
     explicit_norm: bool
     download: bool = False
+    order: DataOrder = "global"
 
     def subset(self, split: str) -> int | None:
         """The subset size of ``split``: ``train_subset`` for the training split, ``val_subset`` for any other."""
@@ -161,7 +163,8 @@ def resolve_spec(*, dataset: str, root: str | None, backend: str, image_size: in
                  crop_pct: float, interpolation: str, train_subset: int | None, val_subset: int | None,
                  train_split: str | None, val_split: str | None, cache_dir: str | None, seed: int, verify: Verify,
                  mean: tuple[float, float, float] | None, std: tuple[float, float, float] | None, download: bool,
-                 augment: AugmentConfig, storage: StorageConfig, resample_on: str) -> DataSpec:
+                 augment: AugmentConfig, storage: StorageConfig, resample_on: str,
+                 order: str | None = None) -> DataSpec:
     """Check the datamodule's arguments (the typed blocks already checked) and resolve them into a
     :class:`DataSpec`, before any file is read or written (only a given ``.beton``'s manifest and, for a dataset
     without a fixed class count, the class folders under ``root`` are read).
@@ -198,6 +201,16 @@ def resolve_spec(*, dataset: str, root: str | None, backend: str, image_size: in
     if resample_on == "device" and backend != "ffcv":
         raise ConfigError(f"data.resample_on='device' needs backend='ffcv' (the torchvision backend resizes in "
                           f"its workers), got backend={backend!r}")
+    if order is not None and order not in ("global", "block"):
+        raise ConfigError(f"data.order must be 'global' or 'block', got {order!r}")
+    if order == "block" and backend != "litdata":
+        raise ConfigError(f"data.order='block' reads a shard set's chunks a block at a time: it needs "
+                          f"backend='litdata', got backend={backend!r} (use data.order=global)")
+    if (order or ("block" if backend == "litdata" else "global")) == "block" and augment.repeated_aug > 1:
+        if order == "block":
+            raise ConfigError(f"data.order='block' does not support data.augment.repeated_aug > 1 (got "
+                              f"{augment.repeated_aug}); use data.order=global with repeated augmentation")
+        order = "global"  # the litdata default gives way to repeated augmentation (DeiT's order)
     if not 0 < crop_pct <= 1:
         raise ConfigError(f"data.crop_pct must be in (0, 1], got {crop_pct}")
     if cache_dir and Path(cache_dir).exists() and not Path(cache_dir).is_dir():
@@ -249,7 +262,8 @@ def resolve_spec(*, dataset: str, root: str | None, backend: str, image_size: in
         preset=PRESETS[storage.preset] if storage.preset else default_preset(info.small),
         betons=({train_split: Path(storage.train_beton), val_split: Path(storage.val_beton)}
                 if storage.train_beton else {}),
-        explicit_norm=mean is not None or std is not None, download=bool(download))
+        explicit_norm=mean is not None or std is not None, download=bool(download),
+        order=order or ("block" if backend == "litdata" else "global"))  # type: ignore[arg-type]
 
 
 def check_train_split(spec: DataSpec, num_samples: int, batch_size: int, world_size: int) -> None:

@@ -141,6 +141,10 @@ class StorageConfig:
             reported after the retries of botocore, s3transfer and LitData (on the loopback test store: about 50 s at
             2 s, 2 min 15 s at the default); raise it for large chunks on a slow link. Ignored for local shard sets
             and the other backends.
+        block_size: samples, ``>= 1``: the block of ``data.order='block'`` (the litdata backend's default): each
+            rank's share of an epoch is read a block at a time, its samples shuffled within the block, so a block's
+            chunks are what a rank needs on disk at once (with the next block's, downloading meanwhile). Larger:
+            closer to a global shuffle, more cache (``docs/data.md``: block order).
         convert_limit: images, ``>= 0``. In a multi-process run (world size > 1) ``prepare_data`` does not convert a
             split larger than this: it stops with the ``impulsevit convert`` command to run first (``impulsevit
             submit`` submits that as its own job). Single-process runs convert any size.
@@ -154,6 +158,7 @@ class StorageConfig:
     convert_limit: int = 200_000
     cache_size: str = "200GB"
     read_timeout: float = 30.0
+    block_size: int = 65536
 
     def __post_init__(self) -> None:
         if self.preset is not None and self.preset not in PRESETS:
@@ -170,5 +175,7 @@ class StorageConfig:
                               f"{self.cache_size!r}")
         if not self.read_timeout > 0:
             raise ConfigError(f"data.storage.read_timeout must be > 0 seconds, got {self.read_timeout}")
+        if self.block_size < 1:
+            raise ConfigError(f"data.storage.block_size must be >= 1 samples, got {self.block_size}")
         if self.convert_limit < 0:
             raise ConfigError(f"data.storage.convert_limit must be >= 0, got {self.convert_limit}")

@@ -64,6 +64,7 @@ from impulsevit.data.augment.strategy import selects_on_host
 from impulsevit.data.loading.backends import (
     Backend,
     BackendChoice,
+    DataOrder,
     DataSpec,
     ResampleOn,
     check_train_split,
@@ -144,6 +145,10 @@ class ImageDataModule(BaseImageDataModule):
             resamples the batch on the training device, to the same bytes — for GPU runs whose loader threads
             are the bottleneck; on a CPU trainer it costs the training thread the resize, and a warning says
             so). Evaluation always resamples in the threads. Needs ``backend='ffcv'``.
+        order: the training order (:mod:`impulsevit.data.loading.sampling`): ``global`` (one permutation of the whole
+            set per epoch) or ``block`` (chunks shuffled and dealt to the ranks, samples shuffled within blocks of
+            ``storage.block_size``: whole-chunk reads from a store, ``docs/data.md``); None: ``block`` on the
+            litdata backend, ``global`` on the others (``block`` needs ``litdata``).
         storage: ``.beton`` storage of the ffcv backend (:class:`~impulsevit.data.loading.config.StorageConfig`: preset,
             page cache, ready-made ``train_beton`` / ``val_beton``, integrity check, conversion limit); a mapping or
             None (the defaults).
@@ -172,6 +177,7 @@ class ImageDataModule(BaseImageDataModule):
         augment: AugmentConfig | None = None,
         storage: StorageConfig | None = None,
         resample_on: ResampleOn = "workers",
+        order: DataOrder | None = None,
     ) -> None:
         aug: AugmentConfig = as_config(AugmentConfig, augment, "augment", section="data")
         store: StorageConfig = as_config(StorageConfig, storage, "storage", section="data")
@@ -179,7 +185,8 @@ class ImageDataModule(BaseImageDataModule):
                             num_workers=num_workers, crop_pct=crop_pct, interpolation=interpolation,
                             train_subset=train_subset, val_subset=val_subset, train_split=train_split,
                             val_split=val_split, cache_dir=cache_dir, seed=seed, verify=verify, mean=mean, std=std,
-                            download=download, augment=aug, storage=store, resample_on=resample_on)
+                            download=download, augment=aug, storage=store, resample_on=resample_on,
+                            order=order)
         root, backend = spec.root, spec.backend
         super().__init__(spec.num_classes, image_size, batch_size, mean=spec.mean, std=spec.std)
         # save_hyperparameters() records the arguments as they are at this point (``root`` after download's default,
@@ -202,6 +209,7 @@ class ImageDataModule(BaseImageDataModule):
     crop_pct = _from_spec("crop_pct")
     interpolation = _from_spec("interpolation")
     resample_on = _from_spec("resample_on")
+    order = _from_spec("order")
     train_subset = _from_spec("train_subset")
     val_subset = _from_spec("val_subset")
     train_split = _from_spec("train_split")

@@ -2,11 +2,17 @@
 object store (``s3://``) through a local chunk cache, with the torchvision backend's transforms and orders.
 
 How it reads: each split is a :class:`ShardSource`, an
-:class:`~impulsevit.data.sources.image_source.ImageSource` whose ``load(i)`` is ``litdata.StreamingDataset[j]`` (a
-read by index: LitData downloads the chunk holding sample ``j`` into the cache, evicting the oldest chunks beyond
-``data.storage.cache_size``). The loaders are the torchvision backend's
+:class:`~impulsevit.data.sources.image_source.ImageSource` whose ``load(i)`` is ``litdata.StreamingDataset[j]``. The
+training order is ``data.order``: ``block`` (the default here; :func:`~impulsevit.data.loading.sampling.block_sequence`:
+chunks shuffled and dealt to the ranks, samples shuffled within blocks of ``data.storage.block_size``), under which a
+remote chunk is fetched whole into the node's cache folder once (:meth:`ShardSource.fetch`), the next block's chunks
+download in a background thread of each loader process while the current block decodes (:meth:`ShardSource.follow`),
+and a cache of a few blocks suffices; or ``global`` (one permutation of the set), under which LitData downloads the
+chunk holding sample ``j`` into the cache, evicting the oldest chunks beyond ``data.storage.cache_size``. The loaders
+are the torchvision backend's
 (:class:`~impulsevit.data.loading.torchvision_backend.TorchvisionBackend`): the training order is
-:func:`~impulsevit.data.loading.sampling.epoch_sequence` of (seed, epoch, rank, world size) through
+:func:`~impulsevit.data.loading.sampling.epoch_sequence` of (seed, epoch, rank, world size[, chunk sizes, block size])
+through
 :class:`~impulsevit.data.loading.sampling.EpochSampler`, each sample's augmentation seeded by (seed, epoch,
 position), random erasing on the device. LitData's own iteration order, shuffling, per-rank split and
 ``state_dict`` are not used: its mid-epoch resume has known gaps (LitData issues #775, the loader state not restored
@@ -15,7 +21,7 @@ while the project's :class:`~impulsevit.data.loading.position.LoaderPosition` in
 batch comes next — so resume is exact by construction, and a shard set converted with the ``raw`` preset gives the
 torchvision backend's pixels and batches byte for byte (``tests/data/loading/test_litdata_backend.py``).
 
-The cost of that choice: a globally shuffled order touches chunks at random, so each rank downloads a chunk as often
+The cost of the global order: it touches chunks at random, so each rank downloads a chunk as often
 as the cache evicts it before its samples are all read; with a cache at least the size of the shard set (the default
 ``cache_size`` of 200 GB holds ImageNet-1k at ``short256``) each chunk is fetched once per node. ``docs/data.md``
 gives the numbers. The loader workers of a rank share its cache folder, so one may evict a chunk another
@@ -34,6 +40,7 @@ Not supported: ``resample_on='device'``, ``download``, ``.beton`` files (``data.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +49,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from impulsevit.data.loading.backends import DataSpec
+from impulsevit.data.loading.position import LoaderPosition
 from impulsevit.data.loading.torchvision_backend import TorchvisionBackend
 from impulsevit.data.sources.image_source import ImageSource
 from impulsevit.data.sources.registry import get_dataset
@@ -78,12 +86,16 @@ def shards_manifest(location: str) -> dict:
 
 
 class ShardSource(ImageSource):
-    """Samples ``indices`` of the shard set at ``location``, read by index through ``litdata.StreamingDataset``
-    (created on first use in each process, so a source pickled into ``DataLoader`` workers opens its own).
+    """Samples ``indices`` of the shard set at ``location``, read through ``litdata.StreamingDataset`` (created on
+    first use in each process, so a source pickled into ``DataLoader`` workers opens its own).
 
-    ``classes`` / ``labels`` come from the manifest and ``labels.npy`` (no chunk is read for them); ``cache_dir``
-    (remote sets only) holds the downloaded chunks, at most ``cache_size`` (LitData's ``max_cache_size``);
-    ``read_timeout`` (seconds) is how long a chunk download may wait for data before the attempt fails."""
+    ``classes`` / ``labels`` come from the manifest and ``labels.npy`` (no chunk is read for them). A remote set's
+    chunks are fetched whole (one GET each, ``read_timeout`` seconds of waiting for data at most) into ``cache_dir``
+    under a per-chunk file lock, so the processes of a node download a chunk once, and read there by LitData as a
+    local set. Under the block order (:meth:`follow`) each process prefetches the next block's chunks in a background
+    thread while the current block decodes, and deletes the chunks it fetched once they leave the three live blocks
+    (previous, current, next); ``cache_size`` is then not LitData's eviction budget but what those blocks must fit
+    in (``docs/data.md``)."""
 
     def __init__(self, location: str, classes: Sequence[str], labels: np.ndarray, indices: np.ndarray,
                  cache_dir: Path | None, cache_size: str, read_timeout: float) -> None:
@@ -93,16 +105,108 @@ class ShardSource(ImageSource):
         self.problems = []
         self._all_labels = np.asarray(labels, dtype=np.int64)
         self._dataset: Any = None
+        self._chunks: list[dict] | None = None  # index.json's chunk entries (filename, chunk_size)
+        # (seed, world size, block size, lag) of the block order; lag: samples a loader worker may run ahead of another
+        self.plan: tuple[int, int, int, int] | None = None
+        self._reset_process_state()
+
+    def _reset_process_state(self) -> None:
+        self._fetched: set[int] = set()  # chunks this process downloaded and has not deleted
+        self._live: tuple[int, int] | None = None  # (epoch, block) whose chunks are live in this process
+        self._orders: dict[int, np.ndarray] = {}
+        self._pool: Any = None
+        self._client: Any = None
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_dataset": None}
+        state = {**self.__dict__, "_dataset": None, "_pool": None, "_client": None}
+        state.update(_fetched=set(), _live=None, _orders={})
+        return state
+
+    # ------------------------------------------------------------------------------------------------ chunks
+    def chunk_table(self) -> list[dict]:
+        """LitData's chunk entries of the set (``index.json``: ``filename``, ``chunk_size`` samples), in sample
+        order.
+
+        Raises:
+            DataError: the store cannot be read."""
+        if self._chunks is None:
+            import json
+
+            try:
+                data = objstore.read_bytes(objstore.join(self.location, "index.json"), self.read_timeout)
+            except StoreError as exc:
+                raise DataError(str(exc)) from exc
+            if data is None:
+                raise DataError(f"shard set {self.location}: index.json is missing (an interrupted upload); rewrite "
+                                f"it with `impulsevit convert ... --format litdata --force`")
+            self._chunks = [{"filename": c["filename"], "chunk_size": int(c["chunk_size"])}
+                            for c in json.loads(data)["chunks"]]
+        return self._chunks
+
+    def chunk_of(self) -> np.ndarray:
+        """The chunk holding each of this source's samples, ``(len(self),)`` int64, non-decreasing."""
+        ends = np.cumsum([c["chunk_size"] for c in self.chunk_table()])
+        return np.searchsorted(ends, self.indices, side="right").astype(np.int64)
+
+    def chunk_sizes(self) -> np.ndarray:
+        """This source's samples per chunk of the set, ``(chunks,)`` int64: the block order's ``chunk_sizes`` (the
+        source's samples are in set order, so each chunk's are consecutive)."""
+        return np.bincount(self.chunk_of(), minlength=len(self.chunk_table())).astype(np.int64)
+
+    def fetch(self, chunk: int) -> bool:
+        """Make chunk ``chunk`` of a remote set a file of the cache folder (one GET of the whole object, written
+        atomically, under the chunk's lock file: another process of the node waits and then finds it there).
+        Returns whether this call downloaded it.
+
+        Raises:
+            DataError: the store cannot be read (one line naming the location and the cause)."""
+        from impulsevit.data.locking import file_lock
+        from impulsevit.io import atomic_write_bytes
+
+        assert self.cache_dir is not None
+        name = self.chunk_table()[chunk]["filename"]
+        path = self.cache_dir / name
+        if path.is_file():
+            return False
+        with file_lock(self.cache_dir / f".{name}.lock", log=lambda _: None):
+            if path.is_file():
+                return False
+            try:
+                if self._client is None:
+                    self._client = objstore.s3_client(self.read_timeout)  # one per process (boto3's are thread-safe)
+                data = objstore.read_bytes(objstore.join(self.location, name), self.read_timeout, self._client)
+            except StoreError as exc:
+                raise DataError(f"{exc} (the last checkpoint is kept: rerun with --resume auto once the store is "
+                                f"back)") from exc
+            if data is None:
+                raise DataError(f"shard set {self.location}: chunk {name} is missing (an interrupted upload); "
+                                f"rewrite it with `impulsevit convert ... --format litdata --force`")
+            atomic_write_bytes(path, data)
+        self._fetched.add(chunk)
+        return True
 
     def _open(self) -> Any:
         if self._dataset is None:
             from litdata import StreamingDataset
 
-            kwargs: dict[str, Any] = {}
-            if objstore.is_remote(self.location):
+            from impulsevit._compat.litdata import read_whole_set
+
+            where, kwargs = self.location, {}
+            if self._fetches():  # LitData reads the chunks fetched by :meth:`fetch` as a local set
+                from impulsevit.io import atomic_write_bytes
+
+                assert self.cache_dir is not None
+                self.cache_dir.mkdir(parents=True, exist_ok=True)
+                if not (self.cache_dir / "index.json").is_file():
+                    import json
+
+                    data = objstore.read_bytes(objstore.join(self.location, "index.json"), self.read_timeout)
+                    if data is None:
+                        raise DataError(f"shard set {self.location}: index.json is missing")
+                    json.loads(data)  # a whole file, not a torn one
+                    atomic_write_bytes(self.cache_dir / "index.json", data)
+                where = str(self.cache_dir)
+            elif objstore.is_remote(self.location):  # the global order: LitData downloads, within cache_size
                 from botocore.config import Config
 
                 if objstore.endpoint().startswith("http://"):
@@ -116,11 +220,62 @@ class ShardSource(ImageSource):
                               storage_options={"config": Config(connect_timeout=objstore.CONNECT_TIMEOUT_S,
                                                                 read_timeout=self.read_timeout,
                                                                 retries={"max_attempts": 2, "mode": "standard"})})
-            from impulsevit._compat.litdata import read_whole_set
-
-            self._dataset = StreamingDataset(self.location, **kwargs)
+            self._dataset = StreamingDataset(where, **kwargs)
             read_whole_set(self._dataset)  # global indices on every rank: the samplers share out the epoch
         return self._dataset
+
+    def _fetches(self) -> bool:
+        """Whether reads go through :meth:`fetch` (a remote set under the block order) rather than LitData's own
+        downloads (a remote set under the global order, LitData's cache within ``cache_size``)."""
+        return self.plan is not None and self.cache_dir is not None and objstore.is_remote(self.location)
+
+    # ---------------------------------------------------------------------------------------------- prefetch
+    def _rank_order(self, epoch: int, rank: int) -> np.ndarray:
+        from impulsevit.data.loading.sampling import block_sequence
+
+        key = epoch * 1_000_003 + rank
+        if key not in self._orders:
+            assert self.plan is not None
+            seed, world, block, _ = self.plan
+            seq, _ = block_sequence(self.chunk_sizes(), epoch=epoch, seed=seed, world_size=world, block_size=block)
+            self._orders = {key: seq[rank::world]}
+        return self._orders[key]
+
+    def follow(self, epoch: int, position: int) -> None:
+        """The sample at global ``position`` of ``epoch``'s block order is about to be read (remote sets under the
+        block order, :attr:`plan` set): on entering a new block, queue the next block's chunks for download in a
+        background thread and delete the chunks this process fetched that are outside the live window — from
+        ``lag`` samples before the current block (another loader worker may still be reading there) to the end of
+        the next block."""
+        if not self._fetches():
+            return
+        assert self.plan is not None and self.cache_dir is not None
+        seed, world, block, lag = self.plan
+        rank, i = position % world, position // world
+        b = i // block
+        if self._live == (epoch, b):
+            return
+        self._live = (epoch, b)
+        order, owner = self._rank_order(epoch, rank), self.chunk_of()
+
+        def chunks(lo: int, hi: int) -> list[int]:
+            return list(dict.fromkeys(owner[order[max(lo, 0):max(hi, 0)]].tolist()))
+
+        live = set(chunks(b * block - lag, (b + 2) * block))
+        for c in sorted(self._fetched - live):
+            with contextlib.suppress(OSError):
+                (self.cache_dir / self.chunk_table()[c]["filename"]).unlink()
+            self._fetched.discard(c)
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="impulsevit-prefetch")
+        for c in chunks((b + 1) * block, (b + 2) * block):
+            self._pool.submit(self._prefetch, c)
+
+    def _prefetch(self, chunk: int) -> None:
+        with contextlib.suppress(DataError, OSError):  # a failed prefetch is retried, and reported, by the read
+            self.fetch(chunk)
 
     def load(self, index: int, max_side: int | None = None) -> np.ndarray:
         """Sample ``index`` decoded, ``(H, W, 3)`` uint8.
@@ -130,14 +285,19 @@ class ShardSource(ImageSource):
         j = int(self.indices[index])
         for attempt in (0, 1):
             try:
-                # a slice, not dataset[j]: an int index reads the sample's bytes alone with a range request and
-                # caches nothing (LitData's ``on_demand_bytes``); a slice downloads the whole chunk into the cache,
-                # where the epoch's other samples of that chunk are then read from disk
+                if self._fetches():
+                    chunk = int(np.searchsorted(np.cumsum([c["chunk_size"] for c in self.chunk_table()]), j,
+                                                side="right"))
+                    self.fetch(chunk)
+                # a slice, not dataset[j]: a slice reads through the chunk file (LitData's ``on_demand_bytes``
+                # would read an int index's bytes alone)
                 item = self._open()[j:j + 1][0]
                 break
+            except DataError:
+                raise
             except Exception as exc:  # noqa: BLE001 - LitData / botocore / obstore errors share no base class
                 if attempt == 0 and self._evicted(exc):
-                    self._dataset = None  # a fresh reader downloads the chunk again
+                    self._dataset = None  # the chunk was deleted by another process: fetch it again
                     continue
                 if self._evicted(exc):
                     raise DataError(f"reading {self.location}: a chunk was evicted from the cache {self.cache_dir} "
@@ -156,6 +316,8 @@ class ShardSource(ImageSource):
             if (isinstance(seen, FileNotFoundError) and self.cache_dir is not None and seen.filename is not None
                     and Path(str(seen.filename)).resolve().is_relative_to(self.cache_dir.resolve())):
                 return True
+            if type(seen).__name__ == "ChunkWaitTimeoutError" and self._fetches():  # LitData waited for a chunk
+                return True  # file that another process deleted (a local set to LitData: nothing downloads it)
             seen = seen.__cause__ or seen.__context__
         return False
 
@@ -164,7 +326,7 @@ class ShardSource(ImageSource):
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> ShardSource:
         return ShardSource(self.location, self.classes, self._all_labels, self.indices[np.asarray(indices)],
-                           self.cache_dir, self.cache_size, self.read_timeout)
+                           self.cache_dir, self.cache_size, self.read_timeout)  # the plan is the loader's to set
 
     def image_size(self, index: int) -> tuple[int, int]:
         return tuple(self.load(index).shape[:2])  # type: ignore[return-value]
@@ -257,6 +419,19 @@ class LitDataBackend(TorchvisionBackend):
         labels = np.load(io.BytesIO(data), allow_pickle=False)
         return ShardSource(where, manifest["classes"], labels, self._indices(split), self.cache_folder(split),
                            self.spec.storage.cache_size, self.spec.storage.read_timeout)
+
+    def order_arguments(self, position: LoaderPosition, batch_size: int) -> dict[str, Any]:
+        """The block order's chunk sizes and block size (``data.order='block'``), also handed to the training
+        source for its prefetch (:meth:`ShardSource.follow`); none under the global order."""
+        if self.spec.order != "block":
+            return {}
+        source = self.sets["train"].source
+        assert isinstance(source, ShardSource)
+        block = self.spec.storage.block_size
+        lag = self.spec.num_workers * 2 * batch_size  # DataLoader's default prefetch_factor: 2 batches per worker
+        source.plan = (self.spec.seed, position.world_size, block, lag)
+        source._dataset = None  # reads go through ShardSource.fetch from now on
+        return {"chunk_sizes": source.chunk_sizes(), "block_size": block}
 
     def train_samples(self) -> int | None:
         """The training shard set's sample count after ``train_subset`` (from its manifest)."""

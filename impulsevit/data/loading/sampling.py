@@ -13,6 +13,16 @@ sample is ``i * W + r``. Two kinds:
   augmentations). Each rank keeps ``floor(N // 256 * 256 / world)`` indices, so an epoch has as many steps as without
   repetition and sees about ``1 / repeats`` of the distinct images. Below 256 images per epoch the 256-rounding is
   skipped (tiny test sets would otherwise be empty).
+- block order (``data.order: block``, the litdata backend's default; :func:`block_sequence`), for shard sets read
+  from a store: the chunks (runs of consecutive samples, ``chunk_sizes``) are shuffled (``default_rng([seed, epoch,
+  0xB10C])``) and laid end to end, the stream is cut into ``W`` equal contiguous shares (padded by wrapping around,
+  as above), even ranks read their share backward and odd ranks forward (so a chunk cut between ranks ``r`` and ``r +
+  1`` is read by both at the same time: at the start or at the end of the epoch), and each share is cut into blocks
+  of ``block_size`` samples whose samples are shuffled within the block. A rank therefore reads whole chunks, a block
+  at a time (``block_size / chunk size + 1`` chunks live at once), and a node fetches each of its chunks once per
+  epoch with a cache of a few blocks instead of the whole set — in the family of MosaicML Streaming's
+  ``py1b`` / ``py1e`` orders. The global sequence interleaves the ranks' orders (``seq[r::W]`` is rank ``r``'s), so
+  positions, resume and per-sample seeds are those of the other orders.
 
 **Resuming** (:class:`LoaderState`, :func:`resumed_shard`). A training loader's position is ``(epoch, batches)``: the
 next batch it yields is batch ``batches`` of this rank's order in ``epoch`` (every rank has consumed the same number
@@ -21,7 +31,9 @@ a resumed loader yields exactly the batches the uninterrupted run would have yie
 the epoch's remaining samples — global positions ``[batches * batch_size * W_old, used * W_old)`` of the old global
 sequence, ``used`` being the samples per rank the old epoch would have trained on — are dealt round-robin to the new
 ranks (equal shares; up to ``W_new - 1`` samples of the remainder are dropped): no sample is repeated, none skipped
-beyond that rounding, but the batches (and so the weights) differ from any uninterrupted run.
+beyond that rounding, but the batches (and so the weights) differ from any uninterrupted run. Under the block order
+each new rank then reads, for the rest of that epoch only, from the ``W_old`` old ranks' current blocks at once (a
+cache of ``W_old / W_new`` times as many blocks per rank); the next epoch is the block order of the new world size.
 
 **Per-sample augmentation keys.** :class:`EpochSampler` yields :class:`SampleKey` ``(index, epoch, position)`` (the
 global position in the epoch's sequence); :func:`sample_seed` turns ``(seed, epoch, position)`` into the seed of that
@@ -40,12 +52,19 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
+ORDERS = ("global", "block")
+"""The values of ``data.order``: ``global`` (one permutation of the whole set per epoch) or ``block``
+(:func:`block_sequence`)."""
+
 __all__ = [
     "EpochSampler",
     "LoaderState",
     "RepeatedAugSampler",
+    "ORDERS",
     "ResumableDataLoader",
     "SampleKey",
+    "block_sequence",
+    "distinct_per_batch",
     "epoch_sequence",
     "repeated_aug_order",
     "resumed_shard",
@@ -56,13 +75,65 @@ __all__ = [
 ]
 
 
+def block_sequence(chunk_sizes: np.ndarray | list[int], *, epoch: int, seed: int, world_size: int = 1,
+                   block_size: int) -> tuple[np.ndarray, int]:
+    """The block order's global sequence ``seq`` (int64 sample indices, length ``per_rank * world_size``) and
+    ``per_rank`` (``ceil(N / world_size)``, as the global order's) for a set whose samples ``0 .. N - 1`` are stored in
+    chunks of ``chunk_sizes`` consecutive samples (``N = sum(chunk_sizes)``): rank ``r`` visits ``seq[r::world_size]``
+    (module docstring). A pure function of its arguments; ``block_size >= 1`` samples (a block larger than a rank's
+    share shuffles the whole share).
+
+    Raises:
+        ValueError: an empty set, a negative chunk size, ``world_size < 1`` or ``block_size < 1``."""
+    sizes = np.asarray(chunk_sizes, dtype=np.int64)
+    if sizes.ndim != 1 or (sizes < 0).any() or sizes.sum() < 1 or world_size < 1 or block_size < 1:
+        raise ValueError(f"need non-negative chunk sizes summing to >= 1, world_size >= 1 and block_size >= 1; got "
+                         f"{len(sizes)} chunks of {int(sizes.sum())} samples, {world_size}, {block_size}")
+    starts = np.cumsum(sizes) - sizes
+    perm = np.random.default_rng([int(seed) & 0xFFFFFFFF, int(epoch), 0xB10C]).permutation(len(sizes))
+    stream = np.concatenate([np.arange(starts[c], starts[c] + sizes[c], dtype=np.int64) for c in perm])
+    per_rank = int(math.ceil(len(stream) / world_size))
+    stream = np.resize(stream, per_rank * world_size)  # pads by wrapping around, as the global order
+    seq = np.empty_like(stream)
+    for r in range(world_size):
+        share = stream[r * per_rank:(r + 1) * per_rank]
+        if world_size > 1 and r % 2 == 0:
+            share = share[::-1]  # a chunk cut between ranks r and r + 1 is read by both at the same time
+        share = share.copy()
+        for b, lo in enumerate(range(0, per_rank, block_size)):
+            rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, int(epoch), 0xB10C, world_size, r, b])
+            share[lo:lo + block_size] = rng.permutation(share[lo:lo + block_size])
+        seq[r::world_size] = share
+    return seq, per_rank
+
+
+def distinct_per_batch(order: np.ndarray, groups: np.ndarray, batch_size: int) -> float:
+    """Shuffle quality of one rank's ``order`` (sample indices): the mean number of distinct ``groups[i]`` (labels,
+    or chunks) per full batch of ``batch_size``. A global shuffle of a set with many groups approaches
+    ``batch_size``; an order that reads few chunks at a time, from a set stored in class order, sees fewer labels per
+    batch. ``order`` of at least one full batch."""
+    full = len(order) // batch_size * batch_size
+    if full == 0:
+        raise ValueError(f"need at least one full batch of {batch_size}, got {len(order)} samples")
+    g = np.sort(np.asarray(groups)[np.asarray(order)[:full]].reshape(-1, batch_size), axis=1)
+    return float(np.mean(1 + np.count_nonzero(np.diff(g, axis=1), axis=1)))
+
+
 def epoch_sequence(num_samples: int, *, epoch: int, seed: int, world_size: int = 1, repeats: int = 1,
-                   shuffle: bool = True) -> tuple[np.ndarray, int]:
+                   shuffle: bool = True, chunk_sizes: np.ndarray | list[int] | None = None,
+                   block_size: int = 0) -> tuple[np.ndarray, int]:
     """The global sequence ``seq`` (int64 dataset indices, length ``per_rank * world_size``) of ``epoch`` and the
-    number of samples ``per_rank`` each rank visits: rank ``r`` visits ``seq[r::world_size][:per_rank]``."""
+    number of samples ``per_rank`` each rank visits: rank ``r`` visits ``seq[r::world_size][:per_rank]``.
+    ``chunk_sizes`` given (summing to ``num_samples``): the block order (:func:`block_sequence`, with ``block_size``;
+    not with ``repeats > 1`` or ``shuffle=False``)."""
     if repeats < 1 or world_size < 1 or num_samples < 1:
         raise ValueError(f"need repeats >= 1, world_size >= 1 and num_samples >= 1; got {repeats}, {world_size}, "
                          f"{num_samples}")
+    if chunk_sizes is not None:
+        if repeats > 1 or not shuffle or int(np.sum(chunk_sizes)) != num_samples:
+            raise ValueError(f"the block order needs repeats == 1, shuffle and chunk sizes summing to num_samples; "
+                             f"got {repeats}, {shuffle}, {int(np.sum(chunk_sizes))} != {num_samples}")
+        return block_sequence(chunk_sizes, epoch=epoch, seed=seed, world_size=world_size, block_size=block_size)
     per_rank = samples_per_rank(num_samples, world_size, repeats)
     if repeats > 1:
         perm = np.random.default_rng([seed, epoch]).permutation(num_samples)
@@ -150,6 +221,7 @@ class LoaderState:
     seed: int
     repeats: int = 1
     order: str = "random"
+    block_size: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain ints and strings (loadable with ``torch.load(weights_only=True)``), plus ``samples`` per rank."""
@@ -163,13 +235,26 @@ class LoaderState:
             raise ValueError(f"loader state is missing {sorted(missing)} (got keys {sorted(state)})")
         return cls(**{k: v for k, v in state.items() if k in names})
 
-    def check(self, *, batch_size: int, num_samples: int, seed: int, repeats: int) -> None:
+    def check(self, *, batch_size: int, num_samples: int, seed: int, repeats: int, order: str | None = None,
+              block_size: int | None = None) -> None:
         """Raise :class:`~impulsevit.errors.ConfigError` (a ``ValueError``) naming the setting when the state belongs
-        to a different data order (a state at the start of an epoch fits any order)."""
+        to a different data order (a state at the start of an epoch fits any order). ``order``: this loader's kind
+        (``block`` or another); a block-order state and a loader of another kind do not fit each other."""
         from impulsevit.errors import ConfigError
 
         if self.batches == 0:
             return
+        if order is not None and (self.order == "block") != (order == "block"):
+            raise ConfigError(
+                f"cannot resume the training loader: the checkpoint's loader state is of the {self.order!r} order, "
+                f"this run's is {order!r} (data.order); resume with the same data.order, or from a checkpoint taken "
+                f"at an epoch boundary with --resume PATH")
+        if order == "block" and block_size is not None and int(self.block_size) != int(block_size):
+            raise ConfigError(
+                f"cannot resume the training loader: the checkpoint's loader state has data.storage.block_size "
+                f"{self.block_size}, this run has {block_size}; the interrupted epoch's order would not be the same "
+                f"(resume with the same data settings, or from a checkpoint taken at an epoch boundary with --resume "
+                f"PATH)")
         for key, now in (("batch_size", batch_size), ("num_samples", num_samples), ("seed", seed),
                          ("repeats", repeats)):
             then = getattr(self, key)
@@ -187,15 +272,23 @@ class EpochSampler(DistributedSampler):
     """
 
     def __init__(self, dataset: Sized, *, num_replicas: int = 1, rank: int = 0, seed: int = 0, repeats: int = 1,
-                 shuffle: bool = True, batch_size: int = 1, keys: bool = True) -> None:
+                 shuffle: bool = True, batch_size: int = 1, keys: bool = True,
+                 chunk_sizes: np.ndarray | list[int] | None = None, block_size: int = 0) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)  # type: ignore[arg-type]
         self.repeats, self.batch_size, self.keys = int(repeats), int(batch_size), keys
+        self.chunk_sizes, self.block_size = chunk_sizes, int(block_size)
         self._resume: LoaderState | None = None
         self.num_samples = self._sequence(0)[1]
 
     def _sequence(self, epoch: int, world: int | None = None) -> tuple[np.ndarray, int]:
         return epoch_sequence(len(self.dataset), epoch=epoch, seed=self.seed,  # type: ignore[arg-type]
-                              world_size=world or self.num_replicas, repeats=self.repeats, shuffle=self.shuffle)
+                              world_size=world or self.num_replicas, repeats=self.repeats, shuffle=self.shuffle,
+                              chunk_sizes=self.chunk_sizes, block_size=self.block_size)
+
+    @property
+    def order(self) -> str:
+        """This sampler's kind, as the loader state records it: ``block``, ``repeated`` or ``random``."""
+        return "block" if self.chunk_sizes is not None else "repeated" if self.repeats > 1 else "random"
 
     def resume(self, state: LoaderState | None) -> None:
         """Make epoch ``state.epoch`` continue after its first ``state.batches`` batches (None: no resume)."""
@@ -268,7 +361,7 @@ class ResumableDataLoader(DataLoader):
             epoch, batches = epoch + 1, 0
         return LoaderState(epoch=int(epoch), batches=int(batches), batch_size=int(self.batch_size),
                            world_size=s.num_replicas, num_samples=len(self.dataset), seed=s.seed, repeats=s.repeats,
-                           order="repeated" if s.repeats > 1 else "random").to_dict()
+                           order=s.order, block_size=s.block_size).to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue epoch ``state['epoch']`` after its first ``state['batches']`` batches.
@@ -278,7 +371,8 @@ class ResumableDataLoader(DataLoader):
         """
         st = LoaderState.from_dict(state)
         s = self.sampler
-        st.check(batch_size=self.batch_size, num_samples=len(self.dataset), seed=s.seed, repeats=s.repeats)
+        st.check(batch_size=self.batch_size, num_samples=len(self.dataset), seed=s.seed, repeats=s.repeats,
+                 order=s.order, block_size=s.block_size)
         s.set_epoch(st.epoch)
         s.resume(st if st.batches > 0 else None)
         self._position = (st.epoch, st.batches)

@@ -96,6 +96,8 @@ class SourceDataset(Dataset):
         from PIL import Image
 
         i = key.index if isinstance(key, SampleKey) else int(key)
+        if isinstance(key, SampleKey):
+            self.source.follow(key.epoch, key.position)
         i, pixels = self._readable(i)
         img = Image.fromarray(pixels)
         if self.transform is None:
@@ -166,9 +168,15 @@ class TorchvisionBackend(Backend):
         # The order is a function of (seed, epoch) and the epoch is set here: on a resumed run Lightning fetches
         # the first batch before its own set_epoch call.
         sampler = EpochSampler(ds, num_replicas=position.world_size, rank=position.rank, seed=self.spec.seed,
-                               repeats=self.spec.augment.repeated_aug, batch_size=batch_size)
+                               repeats=self.spec.augment.repeated_aug, batch_size=batch_size,
+                               **self.order_arguments(position, batch_size))
         sampler.set_epoch(position.epoch)
         return ResumableDataLoader(ds, sampler=sampler, drop_last=True, **self._common(position, batch_size))
+
+    def order_arguments(self, position: LoaderPosition, batch_size: int) -> dict[str, Any]:
+        """Extra :class:`~impulsevit.data.loading.sampling.EpochSampler` arguments of the training order: none here
+        (the global order); the litdata backend's block order adds its chunk sizes and block size."""
+        return {}
 
     def eval_loader(self, position: LoaderPosition, batch_size: int, device: torch.device | None = None) -> DataLoader:
         ds = self.sets["val"]

@@ -108,6 +108,10 @@ class ImageSource(ABC):
     def image_size(self, index: int) -> tuple[int, int]:
         """``(height, width)`` of sample ``index`` as stored in the source (file header only, no decode)."""
 
+    def follow(self, epoch: int, position: int) -> None:  # noqa: B027 - a hint; most sources need none
+        """A hint from the training loader: the sample at global ``position`` of ``epoch``'s order is read next
+        (a streaming source prefetches ahead of it). The default does nothing."""
+
     def class_counts(self) -> dict[str, int]:
         counts = np.bincount(self.labels, minlength=len(self.classes)) if len(self.labels) else np.zeros(
             len(self.classes), dtype=np.int64)

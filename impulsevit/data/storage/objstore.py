@@ -60,9 +60,9 @@ def split_url(url: str) -> tuple[str, str]:
     return bucket, key.strip("/")
 
 
-def s3_client() -> Any:
-    """A boto3 S3 client from the standard AWS environment (module docstring), with short timeouts and two
-    attempts."""
+def s3_client(read_timeout: float = 30) -> Any:
+    """A boto3 S3 client from the standard AWS environment (module docstring), with short timeouts (``read_timeout``
+    seconds waiting for data) and two attempts."""
     try:
         import boto3
         from botocore.config import Config
@@ -70,8 +70,8 @@ def s3_client() -> Any:
         raise StoreError("reading or writing s3:// locations needs boto3 (pip install 'impulsevit[litdata]')") \
             from exc
     # a fresh session: boto3's default one caches the credentials it found first, hiding later environment changes
-    return boto3.session.Session().client("s3", config=Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=30,
-                                            retries={"max_attempts": 2, "mode": "standard"}))
+    return boto3.session.Session().client("s3", config=Config(
+        connect_timeout=CONNECT_TIMEOUT_S, read_timeout=read_timeout, retries={"max_attempts": 2, "mode": "standard"}))
 
 
 def store_error(exc: BaseException, location: str, action: str) -> StoreError:
@@ -123,8 +123,10 @@ def _guard(location: str, action: str, call, *args, **kwargs):  # noqa: ANN001, 
         raise store_error(exc, location, action) from exc
 
 
-def read_bytes(location: str) -> bytes | None:
-    """The content of the file / object at ``location``; None when it does not exist (the bucket does).
+def read_bytes(location: str, read_timeout: float = 30, client: Any = None) -> bytes | None:
+    """The content of the file / object at ``location``; None when it does not exist (the bucket does);
+    ``read_timeout``: seconds a read may wait for data (remote only); ``client``: a client of :func:`s3_client` to
+    reuse (a new one costs tens of milliseconds).
 
     Raises:
         StoreError: the bucket is missing, the credentials are missing or refused, the endpoint is unreachable."""
@@ -136,7 +138,7 @@ def read_bytes(location: str) -> bytes | None:
     from botocore.exceptions import ClientError
 
     bucket, key = split_url(location)
-    client = s3_client()
+    client = client or s3_client(read_timeout)
     try:
         return client.get_object(Bucket=bucket, Key=key)["Body"].read()
     except ClientError as exc:

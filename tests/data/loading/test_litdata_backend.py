@@ -99,7 +99,7 @@ def test_batches_are_the_torchvision_backends_byte_for_byte(where, local_set, re
                                                             store):
     root = local_set if where == "local" else remote_set
     before = _keys(store)
-    dm = ImageDataModule(backend="litdata", root=root, cache_dir=str(tmp_path / "cache"), **KW)
+    dm = ImageDataModule(backend="litdata", root=root, cache_dir=str(tmp_path / "cache"), order="global", **KW)
     assert dm.num_classes == 10
     dm.setup("fit")
     assert dm.class_names == torchvision_dm.class_names
@@ -113,7 +113,7 @@ def test_batches_are_the_torchvision_backends_byte_for_byte(where, local_set, re
 def test_two_ranks_share_out_an_epoch_without_duplicates(local_set, torchvision_dm, tmp_path):
     # the recipes' data.download (fetch the raw dataset) does not apply to a shard set: prepare_data fetches nothing
     # into it (it tried to download Fashion-MNIST into the shard set's URL, offline a network error)
-    dm = ImageDataModule(backend="litdata", root=local_set, download=True, **KW)
+    dm = ImageDataModule(backend="litdata", root=local_set, download=True, order="global", **KW)
     before = sorted(p.name for p in Path(local_set).rglob("*"))
     dm.prepare_data()
     assert dm.download is False and sorted(p.name for p in Path(local_set).rglob("*")) == before
@@ -235,3 +235,50 @@ def test_submit_streams_from_the_store_with_no_conversion_job(store, remote_set,
     assert run.returncode == 0, run.stderr
     assert run.stdout.count("#SBATCH --job-name=") == 1 and "convert" not in run.stdout
     assert f"--data.init_args.root={remote_set}" in run.stdout and "--trainer.num_nodes=2" in run.stdout
+
+
+def test_block_order_fetches_each_chunk_once_per_epoch_with_a_cache_of_a_few_blocks(store, tmp_path):
+    """``data.order=block`` (the litdata default) on a remote set of ~170 small chunks, 2 loader workers sharing the
+    rank's cache: the loopback server's request log has at most one GET per chunk in an epoch (every chunk the epoch
+    reads), and the cache folder never holds more than 10 % of the chunks (the live blocks, not the set)."""
+    import logging
+
+    dst, local = f"s3://{BUCKET}/blocks", tmp_path / "blocks"
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        for split, k in (("train", 512), ("test", 32)):
+            assert convert_cli.main(["fashion_mnist", str(local), "--format", "litdata", "--split", split,
+                                     "--subset", str(k), "--chunk-bytes", "8KB", "--no-progress"]) == 0
+    client = store.client()  # one client for the ~170 chunks (the converter's upload opens one per file)
+    for path in sorted(local.rglob("*"), key=lambda p: p.name == MANIFEST_NAME):
+        if path.is_file():
+            client.upload_file(str(path), BUCKET, f"blocks/{path.relative_to(local).as_posix()}")
+    gets: list[str] = []
+
+    class Requests(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            text = record.getMessage()
+            if f'"GET /{BUCKET}/blocks/train/chunk-' in text:
+                gets.append(text.split(f"/{BUCKET}/blocks/train/", 1)[1].split(" ", 1)[0])
+
+    handler = Requests()
+    logging.getLogger("werkzeug").addHandler(handler)
+    cache = tmp_path / "cache"
+    try:
+        dm = ImageDataModule(backend="litdata", root=dst, cache_dir=str(cache),
+                             storage={"block_size": 8}, **{**KW, "train_subset": 512, "num_workers": 2,
+                                                           "batch_size": 4})
+        assert dm.spec.order == "block"
+        dm.setup("fit")
+        source = dm.data_backend.sets["train"].source
+        chunks = len(source.chunk_table())
+        loader = dm.loader(True, LoaderPosition(epoch=0, batches_done=0, rank=0, world_size=1))
+        most, n = 0, 0
+        for images, _ in loader:
+            n += len(images)
+            most = max(most, len(list(cache.rglob("chunk-*.bin"))))
+    finally:
+        logging.getLogger("werkzeug").removeHandler(handler)
+    read = set(source.chunk_of()[loader.sampler.plan()[0][:n]].tolist())
+    assert chunks > 100 and n == 512
+    assert len(gets) == len(set(gets)) == len(read)  # each chunk the epoch reads, fetched once
+    assert 0 < most <= 0.1 * chunks, (most, chunks)
