@@ -40,7 +40,7 @@ import sys
 from pathlib import Path
 
 from impulsevit.argparser import ArgumentParser
-from impulsevit.data.sources.registry import DatasetInfo, Verify, downloadable, get_dataset
+from impulsevit.data.sources.registry import DatasetInfo, DatasetMismatchError, Verify, downloadable, get_dataset
 from impulsevit.errors import ConfigError, DataError
 from impulsevit.io import claim_output
 
@@ -106,6 +106,17 @@ def _take_back(root: Path, created: Path | None, before: set[str]) -> None:
                     entry.unlink(missing_ok=True)
 
 
+def _remove_empty(folder: Path, top: Path) -> None:
+    """Remove ``folder`` and its parents up to ``top`` (included) while they are empty."""
+    for p in (folder, *folder.parents):
+        try:
+            p.rmdir()
+        except OSError:
+            return
+        if p == top:
+            return
+
+
 def ensure_dataset(info: DatasetInfo, root: str | os.PathLike, verify: Verify = "error",
                    log=print) -> None:  # noqa: ANN001 - any print-like callable
     """Download ``info`` into ``root`` unless its marker files are already there; concurrent callers (ranks of
@@ -125,23 +136,33 @@ def ensure_dataset(info: DatasetInfo, root: str | os.PathLike, verify: Verify = 
     claim_output(root, False, "into", what="data root")
     if _present(info, root):
         return
-    created = _created_by(root)
-    before = set() if created is not None else {e.name for e in root.iterdir()}
+    made = _created_by(root.parent)  # the folders made for the lock file, removed again when left empty
+    created: Path | None = None
+    before: set[str] = set()
+    started = False
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
         with file_lock(root.with_name(root.name + ".lock"), what=f"download of {info.name} into {root}", log=log):
             if _present(info, root):
                 return
+            created = _created_by(root)
+            before = set() if created is not None else {e.name for e in root.iterdir()}
+            started = True
             log(f"[impulsevit] downloading {info.name} into {root}")
             download(info.name, root, verify=verify)
-    except (OSError, RuntimeError, ValueError) as exc:  # torchvision: URLError (an OSError) or RuntimeError
-        if type(exc).__name__ == "DatasetMismatchError" or isinstance(exc, ConfigError):
-            raise
-        _take_back(root, created, before)
-        cause = " ".join(str(exc).split()) or type(exc).__name__
-        raise DownloadError(f"download of {info.name} into {root} failed ({cause}); nothing was left there: check "
-                            f"the network, or fetch it elsewhere (`impulsevit download {info.name} DIR`) and pass "
-                            f"--data.init_args.root=DIR") from exc
+    except BaseException as exc:  # also Ctrl-C / SIGTERM: a partial download is not left behind
+        if isinstance(exc, DatasetMismatchError | ConfigError):
+            raise  # the files are there (verify='warn' uses them), or nothing was started
+        if started:
+            _take_back(root, created, before)
+        if made is not None:
+            _remove_empty(root.parent, made)
+        if started and isinstance(exc, OSError | RuntimeError | ValueError):  # torchvision: URLError or RuntimeError
+            cause = " ".join(str(exc).split()) or type(exc).__name__
+            raise DownloadError(f"download of {info.name} into {root} failed ({cause}); nothing was left there: "
+                                f"check the network, or fetch it elsewhere (`impulsevit download {info.name} DIR`) "
+                                f"and pass --data.init_args.root=DIR") from exc
+        raise
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -126,3 +126,18 @@ def test_count_mismatch_names_the_cli_setting_that_accepts_a_modified_copy(tmp_p
     assert "verify='warn'" not in line
     res = harness.run(*args, "--data.init_args.verify=warn", cwd=tmp_path)
     assert res.rc == 0, res.err[-3000:]
+
+
+def test_submit_plans_no_download_before_converting_an_image_folder(myimgs, tmp_path):
+    """``impulsevit submit``'s conversion job (FFCV) for a ``download: true`` recipe on an image folder: the two
+    conversions, no ``impulsevit download imagefolder`` before them."""
+    pytest.importorskip("ffcv")
+    from impulsevit.cli.convert_job import conversion_commands
+    from impulsevit.cluster.sbatch import FitJob
+
+    job = FitJob(recipe="quickstart", run_name="own", runs_dir=tmp_path / "runs", workdir=tmp_path,
+                 fit_overrides=("--data.init_args.dataset=imagefolder", f"--data.init_args.root={myimgs}",
+                                "--data.init_args.backend=ffcv", f"--data.init_args.cache_dir={tmp_path / 'cache'}"),
+                 launcher="impulsevit", data_workers=1)
+    commands = conversion_commands(job)
+    assert [c[0] for c in commands] == ["convert", "convert"], commands
