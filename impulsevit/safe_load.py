@@ -153,8 +153,9 @@ _STRING_OPS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICO
                          "STRING"})
 
 
-def _pickle_globals(data: bytes) -> tuple[list[str], Any] | None:
-    """``(globals named, first value pushed)`` of the first pickle in ``data``, read with :mod:`pickletools` (opcodes
+def _pickle_globals(data: IO[bytes]) -> tuple[list[str], Any] | None:
+    """``(globals named, first value pushed)`` of the first pickle read from the stream ``data`` (only as far as its
+    ``STOP``), read with :mod:`pickletools` (opcodes
     only: nothing is imported or called); None when ``data`` does not start with a well-formed pickle. Globals are
     those of ``GLOBAL`` / ``INST`` and of ``STACK_GLOBAL`` (its two strings, pushed or fetched from the memo)."""
     import pickletools
@@ -164,7 +165,7 @@ def _pickle_globals(data: bytes) -> tuple[list[str], Any] | None:
     memo: dict[Any, str | None] = {}
     first: Any = None
     try:
-        for i, (op, arg, _) in enumerate(pickletools.genops(io.BytesIO(data))):
+        for i, (op, arg, _) in enumerate(pickletools.genops(data)):
             if i <= 1 and op.name in ("BININT", "BININT1", "BININT2", "LONG1", "INT", "LONG") and first is None:
                 first = arg
             if op.name in ("GLOBAL", "INST"):
@@ -206,12 +207,12 @@ def _what_it_is(path: str | os.PathLike | IO[bytes], refused: str) -> str | None
                     pkl = next((n for n in zf.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
                     if pkl is None:
                         return "it is a zip archive, not a torch.save file (no data.pkl inside)"
-                    return None if _pickle_globals(zf.read(pkl)) is not None else \
-                        "it is a damaged torch.save file (its data.pkl is not a pickle)"
-            data = fh.read()
+                    with zf.open(pkl) as member:
+                        ok = _pickle_globals(member) is not None
+                    return None if ok else "it is a damaged torch.save file (its data.pkl is not a pickle)"
+            parsed = _pickle_globals(fh)
     except (OSError, zipfile.BadZipFile, ValueError):
         return None
-    parsed = _pickle_globals(data)
     if parsed is None:
         return ("it is not a checkpoint: neither a torch.save file nor a pickle (random or damaged bytes, or another "
                 "format)")
