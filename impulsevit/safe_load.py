@@ -153,8 +153,9 @@ _STRING_OPS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICO
                          "STRING"})
 
 
-def _pickle_globals(data: bytes) -> tuple[list[str], Any] | None:
-    """``(globals named, first value pushed)`` of the first pickle in ``data``, read with :mod:`pickletools` (opcodes
+def _pickle_globals(data: IO[bytes]) -> tuple[list[str], Any] | None:
+    """``(globals named, first value pushed)`` of the first pickle read from the stream ``data`` (only as far as its
+    ``STOP``), read with :mod:`pickletools` (opcodes
     only: nothing is imported or called); None when ``data`` does not start with a well-formed pickle. Globals are
     those of ``GLOBAL`` / ``INST`` and of ``STACK_GLOBAL`` (its two strings, pushed or fetched from the memo)."""
     import pickletools
@@ -164,7 +165,7 @@ def _pickle_globals(data: bytes) -> tuple[list[str], Any] | None:
     memo: dict[Any, str | None] = {}
     first: Any = None
     try:
-        for i, (op, arg, _) in enumerate(pickletools.genops(io.BytesIO(data))):
+        for i, (op, arg, _) in enumerate(pickletools.genops(data)):
             if i <= 1 and op.name in ("BININT", "BININT1", "BININT2", "LONG1", "INT", "LONG") and first is None:
                 first = arg
             if op.name in ("GLOBAL", "INST"):
@@ -187,9 +188,12 @@ def _pickle_globals(data: bytes) -> tuple[list[str], Any] | None:
     return found, first
 
 
-def _what_it_is(path: str | os.PathLike | IO[bytes]) -> tuple[str, bool] | None:
-    """Why torch's ``weights_only`` loader refused ``path`` when its message names no global: ``(detail, trusting
-    would help)``, read from the bytes alone; None when the file cannot be read here (a stream, an I/O error)."""
+def _what_it_is(path: str | os.PathLike | IO[bytes], refused: str) -> str | None:
+    """Why a file torch's ``weights_only`` loader refused (``refused``: its words, :func:`_weights_only_detail`) is
+    no checkpoint at all, read from its bytes alone (nothing imported or called): not a pickle (random bytes, another
+    format), or a plain pickle that is not a ``torch.save`` file (``torch.load`` cannot
+    read it even when trusted). None for a ``torch.save`` file (a checkpoint that trusting would load) and for what
+    cannot be read here (a stream, an I/O error)."""
     import zipfile
 
     if not isinstance(path, str | os.PathLike):
@@ -202,27 +206,23 @@ def _what_it_is(path: str | os.PathLike | IO[bytes]) -> tuple[str, bool] | None:
                 with zipfile.ZipFile(fh) as zf:
                     pkl = next((n for n in zf.namelist() if n.endswith("/data.pkl") or n == "data.pkl"), None)
                     if pkl is None:
-                        return "it is a zip archive, not a torch.save file (no data.pkl inside)", False
-                    data, torch_file = zf.read(pkl), True
-            else:
-                data, torch_file = fh.read(), False
+                        return "it is a zip archive, not a torch.save file (no data.pkl inside)"
+                    with zf.open(pkl) as member:
+                        ok = _pickle_globals(member) is not None
+                    return None if ok else "it is a damaged torch.save file (its data.pkl is not a pickle)"
+            parsed = _pickle_globals(fh)
     except (OSError, zipfile.BadZipFile, ValueError):
         return None
-    parsed = _pickle_globals(data)
     if parsed is None:
         return ("it is not a checkpoint: neither a torch.save file nor a pickle (random or damaged bytes, or another "
-                "format)"), False
+                "format)")
     found, first = parsed
-    torch_file = torch_file or first == _TORCH_LEGACY_MAGIC
-    if found:
-        names = ", ".join(dict.fromkeys(found))
-        if torch_file:
-            return f"it would call {names} while loading", True
-        return (f"it is a plain pickle, not a torch.save file, and holds code that will not be run (it would call "
-                f"{names})"), False
-    if not torch_file:
-        return "it is a plain pickle, not a torch.save file", False
-    return None
+    if first == _TORCH_LEGACY_MAGIC:
+        return None  # a torch.save file of the legacy (non-zip) format
+    if not found:
+        return "it is a plain pickle, not a torch.save file"
+    calls = refused if refused.startswith("it would call") else f"it would call {', '.join(dict.fromkeys(found))}"
+    return f"it is a plain pickle, not a torch.save file, and holds code that will not be run ({calls})"
 
 
 def _load_weights_only(src: str | os.PathLike | IO[bytes], map_location: Any, mmap: bool) -> Any:
@@ -258,10 +258,10 @@ def load_checkpoint(path: str | os.PathLike | IO[bytes], *, mmap: bool = False, 
         return _load_weights_only(path, map_location, mmap)
     except _WeightsOnlyRefused as exc:
         name = path if isinstance(path, str | os.PathLike) else getattr(path, "name", "<stream>")
-        known = _what_it_is(path)
-        if known is not None and not known[1]:
-            raise NotACheckpointError(f"{name}: refused to load this {what}: {known[0]}") from None
-        raise _refusal(name, what, known[0] if known is not None else exc.args[0]) from None
+        foreign = _what_it_is(path, exc.args[0])
+        if foreign is not None:
+            raise NotACheckpointError(f"{name}: refused to load this {what}: {foreign}") from None
+        raise _refusal(name, what, exc.args[0]) from None
 
 
 # ---------------------------------------------------------------------------------------------- restricted pickles

@@ -184,6 +184,38 @@ def test_plain_checkpoints_load_and_trust_loads_anything(tmp_path, monkeypatch):
         load_checkpoint(legacy, trust=False)
 
 
+@pytest.mark.parametrize("case", ["random", "plain pickle p2", "plain pickle p4", "legacy torch.save",
+                                  "zip torch.save"])
+def test_a_refused_file_says_what_it_is_and_offers_trust_only_where_it_would_help(tmp_path, case):
+    """torch's weights-only loader refuses these without naming a global ("Please file an issue ...") or names a
+    global where trusting would still fail: the refusal says what the file is, the opt-in only for a real
+    ``torch.save`` file (legacy or zip) that trusting would load."""
+    marker, path = tmp_path / "ran", tmp_path / "f.pth"
+    payload = {"w": torch.ones(2), "x": _Marker(marker)}
+    if case == "random":
+        path.write_bytes(bytes(range(256)) * 8)
+    elif case.startswith("plain pickle"):
+        path.write_bytes(pickle.dumps({"a": 1, "x": _Marker(marker)}, protocol=int(case[-1])))
+    else:
+        torch.save(payload, path, _use_new_zipfile_serialization=case == "zip torch.save")
+    with pytest.raises(UntrustedFileError) as exc:
+        load_checkpoint(path)
+    msg = str(exc.value)
+    assert msg.startswith(f"{path}: refused to load this checkpoint: ") and "\n" not in msg, msg
+    assert "Please file an issue" not in msg and not marker.exists()
+    helps = case.endswith("torch.save")
+    assert ("--trust-checkpoint" in msg) == helps, msg
+    assert isinstance(exc.value, safe_load.NotACheckpointError) != helps
+    says = {"random": "neither a torch.save file nor a pickle", "plain pickle p2": "posix.system",
+            "plain pickle p4": "posix.system", "legacy torch.save": "it would call posix.system",
+            "zip torch.save": "it would call posix.system"}[case]
+    assert says in msg, msg
+    if case.startswith("plain pickle"):
+        assert "a plain pickle, not a torch.save file, and holds code that will not be run" in msg, msg
+    if helps:
+        assert "_rebuild_tensor" not in msg and "OrderedDict" not in msg, msg  # only what was refused
+
+
 def test_a_damaged_file_is_not_reported_as_hostile(tmp_path):
     bad = tmp_path / "bad.ckpt"
     bad.write_bytes(b"PK\x03\x04 not really a zip")

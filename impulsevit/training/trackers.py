@@ -423,8 +423,8 @@ def _drop(logger: Logger, exc: BaseException) -> None:
 
 def guarded(logger: Logger, call: Any, *args: Any, **kwargs: Any) -> Any:
     """``call(*args, **kwargs)`` for ``logger`` unless it was dropped; an MLflow logger whose server fails the call
-    (:func:`_tracker_failures`) is dropped, with one warning, and None returned. Other loggers' calls run as they
-    are."""
+    (:func:`_tracker_failures`; not an error the server answered with, MLflow's ``RestException``, which is raised)
+    is dropped, with one warning, and None returned. Other loggers' calls run as they are."""
     if dropped(logger):
         return None
     if kind_of(logger) != "mlflow":
@@ -432,6 +432,8 @@ def guarded(logger: Logger, call: Any, *args: Any, **kwargs: Any) -> Any:
     try:
         return call(*args, **kwargs)
     except _tracker_failures() as e:
+        if type(e).__name__ == "RestException":  # the server answered, refusing the request: not an outage
+            raise
         _drop(logger, e)
         return None
 
