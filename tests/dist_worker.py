@@ -106,19 +106,23 @@ class Probe(L.Callback):
 
 
 def run_phase(args: argparse.Namespace, phase: str) -> None:
-    method, _, tag = phase.partition(":")  # "impulse", "impulse:resume" (fit(ckpt_path=...) from that run's last.ckpt)
+    # "impulse", "impulse:resume" (fit(ckpt_path=...) from that run's last.ckpt), "impulse:propagated" (a fresh run
+    # with the option pseudo_input='propagated')
+    method, _, tag = phase.partition(":")
+    options = {"pseudo_input": "propagated"} if tag == "propagated" else {}
     rank = int(os.environ.get("LOCAL_RANK", "0"))
     seed = 0 + (1 if args.bad_seed_rank is not None and rank == args.bad_seed_rank else 0)
     model = ImageClassifier(
-        "vit_tiny_patch16_224", dict(TINY), num_classes=4, init={"method": method, "seed": seed},
+        "vit_tiny_patch16_224", dict(TINY), num_classes=4, init={"method": method, "seed": seed, "options": options},
         optimizer={"lr": 1e-3}, scheduler={"warmup_epochs": 0}, log_attention=args.log_attention,
         ema_decay=args.ema_decay,
     )
     dm = SyntheticDataModule(num_classes=4, image_size=32, num_train=64, num_val=16, batch_size=8)
-    root = args.out / f"root_{method}"
+    root = args.out / (f"root_{method}" + ("_propagated" if options else ""))
     ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=root / "checkpoints", save_last=True)
     trainer = L.Trainer(
-        accelerator="cpu", devices=args.devices, strategy=args.strategy, max_steps=args.steps * (2 if tag else 1),
+        accelerator="cpu", devices=args.devices, strategy=args.strategy,
+        max_steps=args.steps * (2 if tag == "resume" else 1),
         limit_val_batches=1, num_sanity_val_steps=0, logger=False, enable_progress_bar=False,
         enable_model_summary=False, default_root_dir=root, callbacks=[Probe(args.out, phase), ckpt],
         gradient_clip_val=1.0, precision=args.precision,

@@ -24,7 +24,7 @@ centred logits).
 Applies to the ``vit`` family (:func:`impulsevit.init.vit_layout.vit_layout`: timm fused-qkv ``Attention`` blocks with
 a ``norm1`` that is an ``nn.LayerNorm``, an absolute ``pos_embed``). Not supported: RMSNorm / other pre-norms, relative
 or rotary position encodings (EVA-02, Swin: the split of a bias or a rotation is another construction), Mixer (see
-``FAMILIES.md``). Under FSDP2 call it inside :func:`impulsevit.callbacks.attention_logging.full_parameters`.
+``FAMILIES.md``). Under FSDP2 every rank calls it (the parameters are gathered with ``read_full``, a collective).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from impulsevit.init.api import read_full
 from impulsevit.init.diagnostics import summarize
 from impulsevit.init.vit_layout import VitLayout, vit_layout
 
@@ -150,15 +151,16 @@ def _heads(t: torch.Tensor, h: int, d: int) -> torch.Tensor:
 def _layer_split(norm: nn.LayerNorm, attn: nn.Module, x: torch.Tensor, p: torch.Tensor) -> dict[str, torch.Tensor]:
     """The four terms ``(B, h, T, T)`` of one block (module docstring), plus ``"full"`` from ``u_p + u_c``."""
     eps = norm.eps
-    gamma = norm.weight.float() if norm.weight is not None else x.new_ones(x.shape[-1])
-    beta = norm.bias.float() if norm.bias is not None else x.new_zeros(x.shape[-1])
+    # read_full: under FSDP2 the forward has resharded the parameters again by now (a collective: every rank calls it)
+    gamma = read_full(norm.weight).float() if norm.weight is not None else x.new_ones(x.shape[-1])
+    beta = read_full(norm.bias).float() if norm.bias is not None else x.new_zeros(x.shape[-1])
     sigma = torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + eps)
     c = x - p
     u_p = gamma * (p - p.mean(-1, keepdim=True)) / sigma + beta
     u_c = gamma * (c - c.mean(-1, keepdim=True)) / sigma
     width = attn.num_heads * attn.head_dim
-    w = attn.qkv.weight.float()
-    b = attn.qkv.bias.float() if attn.qkv.bias is not None else x.new_zeros(3 * width)
+    w = read_full(attn.qkv.weight).float()
+    b = read_full(attn.qkv.bias).float() if attn.qkv.bias is not None else x.new_zeros(3 * width)
     h, d = attn.num_heads, attn.head_dim
     q_p = _heads(u_p @ w[:width].T + b[:width], h, d)
     k_p = _heads(u_p @ w[width:2 * width].T + b[width:2 * width], h, d)

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def fsdp_out(tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp("fsdp")
-    proc = run_worker(out, "--strategy", "fsdp2", "--phases", "impulse,impulse:resume", "--log-attention",
-                      "--precision", "bf16-mixed")
+    proc = run_worker(out, "--strategy", "fsdp2", "--phases", "impulse,impulse:resume,impulse:propagated",
+                      "--log-attention", "--precision", "bf16-mixed")
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
 
@@ -32,11 +32,11 @@ def ddp_bf16_out(tmp_path_factory: pytest.TempPathFactory):
     return out
 
 
-def single_process_init() -> dict[str, torch.Tensor]:
+def single_process_init(**options) -> dict[str, torch.Tensor]:
     torch.manual_seed(1234)  # a different constructor draw: the init must not depend on it
     m = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=2,
                           weight_init="skip", num_classes=4)
-    ii.initialize(m, "impulse", generator=0)
+    ii.initialize(m, "impulse", generator=0, **options)
     return {n: p.detach().to(torch.float64) for n, p in m.named_parameters()}
 
 
@@ -56,6 +56,17 @@ def test_shards_match_single_process_init(fsdp_out) -> None:
     # rank 1 really holds a different slice than rank 0
     assert not torch.equal(ranks[0]["local"]["blocks.0.attn.qkv.weight"]["tensor"],
                            ranks[1]["local"]["blocks.0.attn.qkv.weight"]["tensor"])
+
+
+def test_propagated_pseudo_input_under_fsdp2_matches_single_process_init(fsdp_out) -> None:
+    """``pseudo_input='propagated'`` runs its block forwards on the gathered full tensors (the sharded blocks' hooks
+    are not called): the gathered model equals the single-process init, and it differs from the default."""
+    ref, default = single_process_init(pseudo_input="propagated"), single_process_init()
+    for rec in load(fsdp_out, "impulse:propagated"):
+        assert rec["initializer"]["applied"]
+        for name, full in rec["init_full"].items():
+            torch.testing.assert_close(full, ref[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert not torch.allclose(ref["blocks.1.attn.qkv.weight"], default["blocks.1.attn.qkv.weight"])
 
 
 def test_training_runs(fsdp_out) -> None:
