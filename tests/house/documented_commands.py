@@ -58,9 +58,10 @@ def xfail(issue: str, form: Form) -> Form:
     return Form(form.kind, form.extra, form.reason, issue)
 
 
-# the small form of a training run: one epoch of two batches of 16, one validation batch, the loader every install has
-SMALL = ("--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
-         "--trainer.limit_test_batches=1", "--trainer.num_sanity_val_steps=0", "--data.init_args.backend=torchvision",
+# the small form of a training run: one epoch of two batches of 16, two validation / test batches, no worker
+# processes, the loader every install has. Not `limit_val_batches=1`: the command line reads it as 1.0, every batch
+SMALL = ("--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=2",
+         "--trainer.limit_test_batches=2", "--trainer.num_sanity_val_steps=0", "--data.init_args.backend=torchvision",
          "--data.init_args.batch_size=16", "--data.init_args.num_workers=0", "--trainer.enable_progress_bar=false")
 # a paper recipe (8 GPUs) on the CPU: one device, fp32, small batches of the tiny CIFAR-10 the test serves
 ON_CPU = ("--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.precision=32-true",
