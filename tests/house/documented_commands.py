@@ -102,7 +102,7 @@ COMMANDS: dict[str, Form] = {
     "impulsevit data preview --recipe vit_tiny_cifar10 --data.init_args.root=data/cifar10 --split train "
     "--out preview/": run(*TINY_DATA),
     "impulsevit data preview --recipe vit_tiny_cifar10 --data.init_args.root=data/cifar10 --split train --num 16 "
-    "--out preview/": run(*TINY_DATA),
+    "--out preview/": run(*TINY_DATA, "--overwrite"),  # the README's preview wrote preview/ in this workspace
     "impulsevit fit --recipe vit_tiny_cifar10 --data.init_args.root=data/cifar10": run(*SMALL, *ON_CPU),
     # studies: the plan (every run's fit command), nothing trained
     "impulsevit study --recipe cpu_fmnist_vit --methods impulse,mimetic,torch --seeds 3": dry(),
