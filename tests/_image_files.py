@@ -1,10 +1,13 @@
 """Image files on disk for the data, conversion and fault tests: ``save_jpeg`` writes one JPEG, ``make_tree`` an
-ImageFolder tree with the bad files a converter must skip, ``make_cifar`` CIFAR's pickled batches (no FFCV needed, so
-tests of any folder can import it)."""
+ImageFolder tree with the bad files a converter must skip, ``make_cifar`` CIFAR's pickled batches,
+``cifar10_release_tarball`` the CIFAR-10 download a loopback server serves (no FFCV needed, so tests of any folder can
+import it)."""
 
 from __future__ import annotations
 
+import io
 import pickle
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -61,3 +64,29 @@ def make_cifar(root: Path, num_classes: int, n_train: int = 12, n_test: int = 6)
     with open(base / meta_name, "wb") as fh:
         pickle.dump(meta, fh)
     return written
+
+
+def cifar10_release_tarball(n_train: int = 40, n_test: int = 10) -> tuple[bytes, dict[str, bytes]]:
+    """``cifar-10-python.tar.gz`` in the release's format, small: 5 train batches of ``n_train / 5`` images and a test
+    batch of ``n_test``, pickled as the release's python-2 pickles load (str keys), so torchvision's ``CIFAR10``
+    reads and checks them; returns (tarball, {member name: bytes}) for the MD5s a test sets on that class."""
+    rng = np.random.default_rng(0)
+    members: dict[str, bytes] = {}
+    per = n_train // 5
+    for i in range(5):
+        imgs = rng.integers(0, 256, (per, 32, 32, 3), dtype=np.uint8)
+        members[f"data_batch_{i + 1}"] = pickle.dumps({"batch_label": f"training batch {i + 1} of 5",
+                                                       "data": imgs.transpose(0, 3, 1, 2).reshape(per, 3072),
+                                                       "labels": [(i * per + j) % 10 for j in range(per)]}, protocol=2)
+    imgs = rng.integers(0, 256, (n_test, 32, 32, 3), dtype=np.uint8)
+    members["test_batch"] = pickle.dumps({"batch_label": "testing batch 1 of 1", "labels": [j % 10 for j in
+                                                                                             range(n_test)],
+                                          "data": imgs.transpose(0, 3, 1, 2).reshape(n_test, 3072)}, protocol=2)
+    members["batches.meta"] = pickle.dumps({"label_names": [f"class{i}" for i in range(10)]}, protocol=2)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue(), members
