@@ -9,8 +9,6 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import lightning as L
-
 BUCKET = "impulsevit-test"
 
 
@@ -57,30 +55,12 @@ class LoopbackS3:
                             aws_secret_access_key="testing", region_name="us-east-1")
 
 
-ACTIVE: LoopbackS3 | None = None
-"""The store of the running :func:`loopback_s3` block (what :class:`StopStoreAfterStep` stops)."""
-
-
-class StopStoreAfterStep(L.Callback):
-    """A Lightning callback (given by class path on the command line) that stops :data:`ACTIVE` once the trainer
-    has finished training step ``step``: the object store goes away in the middle of an epoch."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer, *args) -> None:  # noqa: ANN001, ANN002
-        if trainer.global_step == self.step and ACTIVE is not None:
-            ACTIVE.stop()
-
-
 @contextmanager
 def loopback_s3() -> Iterator[LoopbackS3]:
     """A started :class:`LoopbackS3` with :data:`BUCKET` created and its variables set in ``os.environ`` meanwhile
     (subprocesses started with ``os.environ`` inherit them)."""
-    global ACTIVE
     store = LoopbackS3()
     store.start()
-    ACTIVE = store
     saved = {k: os.environ.get(k) for k in store.env}
     os.environ.update(store.env)
     try:
@@ -89,7 +69,6 @@ def loopback_s3() -> Iterator[LoopbackS3]:
         yield store
     finally:
         store.stop()
-        ACTIVE = None
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

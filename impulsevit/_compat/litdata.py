@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["read_whole_set", "sdk_chunk_downloads"]
+__all__ = ["quiet_prefetch_crash", "read_whole_set", "sdk_chunk_downloads"]
 
 
 def sdk_chunk_downloads() -> None:
@@ -35,3 +35,26 @@ def read_whole_set(dataset: object) -> None:
     from litdata.utilities.env import _DistributedEnv
 
     dataset.distributed_env = _DistributedEnv(world_size=1, global_rank=0, num_nodes=1)  # type: ignore[attr-defined]
+
+
+def quiet_prefetch_crash() -> None:
+    """From now on in this process, a LitData chunk-download thread that dies (the object store stopped answering
+    mid-epoch) prints nothing: LitData keeps the exception for the reader, which raises it to
+    :class:`~impulsevit.data.loading.litdata_backend.ShardSource`, which names the store in the command's one error
+    line. LitData's own report is a multi-line traceback on stderr, printed before that line (``IMPULSEVIT_DEBUG=1``
+    keeps it).
+
+    Reaches: ``litdata.streaming.reader.PrepareChunksThread._report_crash`` (method, replaced by a silent one)
+    Checked on: litdata>=0.2.76,<0.3
+    Waits for: a LitData option (or a logger instead of ``traceback.print_exception``) for the prefetch thread's crash
+        report.
+    """
+    import os
+
+    from litdata.streaming.reader import PrepareChunksThread
+
+    if os.environ.get("IMPULSEVIT_DEBUG", "") not in ("", "0") or getattr(PrepareChunksThread, "_impulsevit_quiet",
+                                                                          False):
+        return
+    PrepareChunksThread._report_crash = lambda self, exc: None  # type: ignore[method-assign]
+    PrepareChunksThread._impulsevit_quiet = True  # type: ignore[attr-defined]

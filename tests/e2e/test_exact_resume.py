@@ -30,6 +30,7 @@ import pytest
 import torch
 from _cli_helpers import LR_TAG, run_cli, scalars, subprocess_env
 from _s3 import BUCKET, loopback_s3
+from faults.harness import Result, assert_one_line_error
 
 pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
 
@@ -351,20 +352,33 @@ def test_litdata_from_the_object_store_trains_stops_and_resumes_as_torchvision_d
 
 
 def test_litdata_store_stopped_mid_epoch_is_one_line_and_resume_auto_continues(tmp_path, cache, straight, s3_shards):
-    """The store goes away after step 10 (epoch 1); the chunk cache holds 3 chunks, so the next batches need it: the
-    run stops with one line, the epoch-0 checkpoint stays, and --resume auto finishes once the store is back, the same
-    weights as the uninterrupted run."""
-    from impulsevit.cli.errors import user_error
-
+    """The store goes away after step 10 (epoch 1) of a real ``impulsevit fit`` process; the chunk cache holds 3
+    chunks, so the next batches need it: the command exits 1 with one line (no traceback: not LitData's download
+    thread's either), the epoch-0 checkpoint stays, and --resume auto finishes once the store is back, the same weights
+    as the uninterrupted run."""
     # the stopped server leaves pooled connections open: reads hang until the read timeout, as on a real partition
     small = ["--data.init_args.storage.cache_size=100KB", f"--data.init_args.cache_dir={tmp_path / 'chunks'}",
              "--data.init_args.storage.read_timeout=2"]
-    stopper = ('--trainer.callbacks=[{"class_path": "_s3.StopStoreAfterStep", "init_args": {"step": 10}}]')
-    with pytest.raises(Exception) as failed:
-        run_cli(*args(tmp_path, "fault", "litdata", cache, stopper), *small)
-    message, status = user_error(failed.value)
-    assert "\n" not in message and "cannot reach the object store at " + s3_shards.endpoint in message, message
-    assert status == 1 and "--resume auto" in message
+    marker = tmp_path / "step10"
+    pause = ('--trainer.callbacks=[{"class_path": "_cli_helpers.MarkThenSleep", "init_args": {"marker": '
+             f'"{marker}", "seconds": 5, "after": 10}}}}]')
+    cmd = [sys.executable, "-m", "impulsevit.cli", *args(tmp_path, "fault", "litdata", cache, pause), *small]
+    env = {**subprocess_env(), "OMP_NUM_THREADS": str(torch.get_num_threads())}  # as the in-process reference
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), proc.communicate()[1][-3000:]
+        s3_shards.stop()  # while the run sleeps after step 10
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert_one_line_error(Result(proc.returncode, out, err, proc.pid), 1,
+                          "cannot reach the object store at " + s3_shards.endpoint, "--resume auto")
     kept = final(tmp_path, "fault")
     assert kept["global_step"] == STEPS_PER_EPOCH  # the last checkpoint before the outage
     s3_shards.start()

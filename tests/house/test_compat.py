@@ -171,6 +171,7 @@ ENTRY_TESTS = {
     "ffcv.resized_crop_decoder_base": "house/test_compat.py::test_resized_crop_decoder_base",
     "litdata.sdk_chunk_downloads": "house/test_compat.py::test_sdk_chunk_downloads",
     "litdata.read_whole_set": "house/test_compat.py::test_read_whole_set",
+    "litdata.quiet_prefetch_crash": "house/test_compat.py::test_quiet_prefetch_crash",
 }
 
 
@@ -653,6 +654,27 @@ def test_read_whole_set(tmp_path, monkeypatch):
     importlib.import_module("impulsevit._compat.litdata").read_whole_set(whole)
     assert len(whole) == 12
     assert [int(decode_image(whole[j:j + 1][0]["image"])[0, 0, 0]) for j in range(12)] == list(range(12))
+
+
+def test_quiet_prefetch_crash(monkeypatch, capfd):
+    """LitData's chunk-download thread, dying on a store it cannot reach, prints its traceback on stderr; after
+    ``quiet_prefetch_crash`` it prints nothing and still hands the exception to the reader (``prefetch_error``)."""
+    reader = pytest.importorskip("litdata.streaming.reader")
+    monkeypatch.delenv("IMPULSEVIT_DEBUG", raising=False)
+    monkeypatch.setattr(reader.PrepareChunksThread, "_report_crash", reader.PrepareChunksThread._report_crash)
+    thread = object.__new__(reader.PrepareChunksThread)  # only the crash report's attributes
+    thread._rank, thread._worker_env = 0, type("W", (), {"rank": 0})()
+    thread._error = None
+    thread._run_loop = lambda: (_ for _ in ()).throw(ConnectionError("store gone"))
+    thread._run_loop_cleanup = None
+    monkeypatch.setattr(reader, "close_thread_event_loop", lambda: None, raising=False)
+    reader.PrepareChunksThread.run(thread)
+    assert "Traceback" in capfd.readouterr().err  # LitData's own report
+    importlib.import_module("impulsevit._compat.litdata").quiet_prefetch_crash()
+    thread._error = None
+    reader.PrepareChunksThread.run(thread)
+    assert capfd.readouterr().err == "" and isinstance(thread.prefetch_error(), ConnectionError)
+    monkeypatch.delattr(reader.PrepareChunksThread, "_impulsevit_quiet")
 
 
 def compat_ffcv():  # noqa: ANN201

@@ -209,6 +209,9 @@ class ShardSource(ImageSource):
             elif objstore.is_remote(self.location):  # the global order: LitData downloads, within cache_size
                 from botocore.config import Config
 
+                from impulsevit._compat.litdata import quiet_prefetch_crash
+
+                quiet_prefetch_crash()  # a store that stops mid-epoch: the one line below, not LitData's traceback too
                 if objstore.endpoint().startswith("http://"):
                     from impulsevit._compat.litdata import sdk_chunk_downloads
 

@@ -27,7 +27,7 @@ from impulsevit.data.loading.backends import Backend, DataSpec, check_train_spli
 from impulsevit.data.loading.base import worker_init_fn
 from impulsevit.data.loading.position import LoaderPosition
 from impulsevit.data.loading.sampling import EpochSampler, ResumableDataLoader, SampleKey, sample_seed
-from impulsevit.data.sources.image_source import ImageSource
+from impulsevit.data.sources.image_source import ImageSource, bad_input_report
 from impulsevit.errors import DataError
 
 __all__ = ["SourceDataset", "TorchvisionBackend", "seeded_global_rngs", "timm_transforms"]
@@ -138,8 +138,13 @@ class TorchvisionBackend(Backend):
 
     def open_source(self, split: str) -> ImageSource:
         """The (subset of the) split the loaders read: the source files here
-        (:meth:`~impulsevit.data.loading.backends.DataSpec.load_source`)."""
-        return self.spec.load_source(split)
+        (:meth:`~impulsevit.data.loading.backends.DataSpec.load_source`). The bad inputs found while listing it (an
+        empty class folder, a file that is not an image) are logged as the conversions log them
+        (:func:`~impulsevit.data.sources.image_source.bad_input_report`)."""
+        source = self.spec.load_source(split)
+        for line in bad_input_report(source.problems, f"dataset {self.spec.info.name!r}, split {split!r}"):
+            log.warning(line)
+        return source
 
     def setup(self, stage: str | None, known_classes: list[str] | None) -> list[str] | None:
         spec = self.spec

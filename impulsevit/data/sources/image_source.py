@@ -32,6 +32,7 @@ __all__ = [
     "FileSource",
     "ImageSource",
     "Problem",
+    "bad_input_report",
     "check_sample",
     "image_folder_source",
     "to_rgb_array",
@@ -50,6 +51,18 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.path} ({self.detail})"
+
+
+def bad_input_report(problems: Sequence[Problem], where: str) -> list[str]:
+    """The lines that name the bad inputs ``problems`` of the source of ``where`` (an output path, or a dataset and
+    split), in the words every backend uses: ``WHERE: N bad input(s):``, then ``  KIND: PATH (DETAIL)`` per problem
+    (e.g. ``  empty-class: /data/train/bird (class folder holds no image files)``: the class keeps its label and the
+    model an output for it, trained on no image). Empty when there is none. Printed by the FFCV and LitData
+    conversions (:func:`impulsevit.data.storage.convert.scan_good`, listing and decoding problems) and by the
+    torchvision backend when it opens a split (listing problems; it reads each image only when a batch needs it)."""
+    if not problems:
+        return []
+    return [f"{where}: {len(problems)} bad input(s):", *(f"  {p}" for p in problems)]
 
 
 def to_rgb_array(image: Image.Image | np.ndarray) -> np.ndarray:

@@ -38,7 +38,14 @@ from typing import Literal
 
 import numpy as np
 
-from impulsevit.data.sources.image_source import ArraySource, FileSource, ImageSource, Problem, check_sample
+from impulsevit.data.sources.image_source import (
+    ArraySource,
+    FileSource,
+    ImageSource,
+    Problem,
+    bad_input_report,
+    check_sample,
+)
 from impulsevit.data.storage.integrity import CHUNK, file_digests
 from impulsevit.data.storage.manifest import MANIFEST_FORMAT, beton_num_classes, manifest_path, read_manifest
 from impulsevit.data.storage.presets import PRESETS, SMALL_IMAGE_SIDE, Preset, default_preset, storage_preset
@@ -204,10 +211,9 @@ def scan_good(source: ImageSource, where: str | os.PathLike, preset: Preset, *, 
     Raises:
         ConversionError: a bad input with ``on_error='fail'``, or no readable image at all."""
     scan = scan_source(source, workers=workers, progress=progress)
+    for line in bad_input_report(scan.problems, str(where)):
+        log(line)
     if scan.problems:
-        log(f"{where}: {len(scan.problems)} bad input(s):")
-        for p in scan.problems:
-            log(f"  {p}")
         if on_error == "fail":
             raise ConversionError(f"{len(scan.problems)} bad input(s) in the source of {where} (first: "
                                   f"{scan.problems[0]}); rerun with --on-error skip to leave them out")
