@@ -122,7 +122,7 @@ def stream_network_gb_s(images_per_s: float, bytes_per_image: float, *, cache_fr
     was evicted costs a whole chunk: with a cache holding ``cache_fraction`` < 1 of the set, about
     ``(1 − cache_fraction) × images_per_s × chunk_bytes`` — hundreds of times the first figure. Hence the rule the
     global order needs a cache at least the size of the set (``data.storage.cache_size``) on each node; the block
-    order, the litdata default, does not (:func:`block_streaming`). Not modelled: the
+    order (opt-in on the litdata backend) does not (:func:`block_streaming`). Not modelled: the
     node's ranks sharing one cache (all ranks of a node read the same chunks, so the first epoch's traffic per node
     is the set's bytes once, not once per GPU — the per-GPU figure is an upper bound), LitData's read-ahead."""
     if images_per_s < 0 or bytes_per_image <= 0 or not 0 <= cache_fraction:

@@ -44,11 +44,11 @@ BACKENDS = {
                       "--data.init_args.augment.hflip=0.0"],
     "torchvision": ["--data.init_args.backend=torchvision"],
     # shard sets in the loopback object store (the `s3_shards` fixture): the torchvision backend's batches under the
-    # global order; the block order (the litdata default: whole chunks, prefetched) is its own reference
+    # global order; the block order (opt-in: whole chunks, prefetched) is its own reference
     "litdata": ["--data.init_args.backend=litdata", f"--data.init_args.root=s3://{BUCKET}/fm",
                 "--data.init_args.order=global"],
     "litdata-block": ["--data.init_args.backend=litdata", f"--data.init_args.root=s3://{BUCKET}/fm",
-                      "--data.init_args.storage.block_size=64"],
+                      "--data.init_args.order=block", "--data.init_args.storage.block_size=64"],
 }
 STEPS_PER_EPOCH = 8
 

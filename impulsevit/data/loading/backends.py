@@ -206,11 +206,9 @@ def resolve_spec(*, dataset: str, root: str | None, backend: str, image_size: in
     if order == "block" and backend != "litdata":
         raise ConfigError(f"data.order='block' reads a shard set's chunks a block at a time: it needs "
                           f"backend='litdata', got backend={backend!r} (use data.order=global)")
-    if (order or ("block" if backend == "litdata" else "global")) == "block" and augment.repeated_aug > 1:
-        if order == "block":
-            raise ConfigError(f"data.order='block' does not support data.augment.repeated_aug > 1 (got "
-                              f"{augment.repeated_aug}); use data.order=global with repeated augmentation")
-        order = "global"  # the litdata default gives way to repeated augmentation (DeiT's order)
+    if order == "block" and augment.repeated_aug > 1:
+        raise ConfigError(f"data.order='block' does not support data.augment.repeated_aug > 1 (got "
+                          f"{augment.repeated_aug}); use data.order=global with repeated augmentation")
     if not 0 < crop_pct <= 1:
         raise ConfigError(f"data.crop_pct must be in (0, 1], got {crop_pct}")
     if cache_dir and Path(cache_dir).exists() and not Path(cache_dir).is_dir():
@@ -263,7 +261,7 @@ def resolve_spec(*, dataset: str, root: str | None, backend: str, image_size: in
         betons=({train_split: Path(storage.train_beton), val_split: Path(storage.val_beton)}
                 if storage.train_beton else {}),
         explicit_norm=mean is not None or std is not None, download=bool(download),
-        order=order or ("block" if backend == "litdata" else "global"))  # type: ignore[arg-type]
+        order=order or "global")  # type: ignore[arg-type]
 
 
 def check_train_split(spec: DataSpec, num_samples: int, batch_size: int, world_size: int) -> None:

@@ -13,7 +13,7 @@ sample is ``i * W + r``. Two kinds:
   augmentations). Each rank keeps ``floor(N // 256 * 256 / world)`` indices, so an epoch has as many steps as without
   repetition and sees about ``1 / repeats`` of the distinct images. Below 256 images per epoch the 256-rounding is
   skipped (tiny test sets would otherwise be empty).
-- block order (``data.order: block``, the litdata backend's default; :func:`block_sequence`), for shard sets read
+- block order (``data.order: block``, opt-in on the litdata backend; :func:`block_sequence`), for shard sets read
   from a store: the chunks (runs of consecutive samples, ``chunk_sizes``) are shuffled (``default_rng([seed, epoch,
   0xB10C])``) and laid end to end, the stream is cut into ``W`` equal contiguous shares (padded by wrapping around,
   as above), even ranks read their share backward and odd ranks forward (so a chunk cut between ranks ``r`` and ``r +

@@ -238,7 +238,7 @@ def test_submit_streams_from_the_store_with_no_conversion_job(store, remote_set,
 
 
 def test_block_order_fetches_each_chunk_once_per_epoch_with_a_cache_of_a_few_blocks(store, tmp_path):
-    """``data.order=block`` (the litdata default) on a remote set of ~170 small chunks, 2 loader workers sharing the
+    """``data.order=block`` on a remote set of ~170 small chunks, 2 loader workers sharing the
     rank's cache: the loopback server's request log has at most one GET per chunk in an epoch (every chunk the epoch
     reads), and the cache folder never holds more than 10 % of the chunks (the live blocks, not the set)."""
     import logging
@@ -264,7 +264,7 @@ def test_block_order_fetches_each_chunk_once_per_epoch_with_a_cache_of_a_few_blo
     logging.getLogger("werkzeug").addHandler(handler)
     cache = tmp_path / "cache"
     try:
-        dm = ImageDataModule(backend="litdata", root=dst, cache_dir=str(cache),
+        dm = ImageDataModule(backend="litdata", root=dst, cache_dir=str(cache), order="block",
                              storage={"block_size": 8}, **{**KW, "train_subset": 512, "num_workers": 2,
                                                            "batch_size": 4})
         assert dm.spec.order == "block"
