@@ -66,7 +66,10 @@ def download(name: str, root: str | os.PathLike, verify: Verify = "error") -> di
     Raises :class:`ManualDownloadError` for ImageNet / IN-21K, ``KeyError`` for an unknown name, ``ValueError`` for
     a registry dataset that needs no download (``digits`` ships with scikit-learn), and the registry's
     ``DatasetMismatchError`` when the downloaded counts differ from the published ones (``verify='error'``); a
-    ``ConfigError`` (before any download) when ``root`` or a folder above it is a file."""
+    ``ConfigError`` (before any download) when ``root`` or a folder above it is a file. Any other failure (the
+    network, a checksum, files that cannot be read back, Ctrl-C) first takes back what this call made: the folders
+    it created, or the new entries of a ``root`` that existed; a count mismatch keeps its files (``verify='warn'``
+    can use them)."""
     info = get_dataset(name)
     if info.download is None and info.manual_download:
         raise ManualDownloadError(f"{info.name} cannot be downloaded automatically. {info.manual_download}")
@@ -75,9 +78,16 @@ def download(name: str, root: str | os.PathLike, verify: Verify = "error") -> di
                          f"downloadable: {', '.join(downloadable())}")
     root = Path(root)
     claim_output(root, False, "into", what="ROOT")  # a file there (or above): one line, before any download
+    created = _created_by(root)
+    before = set() if created is not None else {e.name for e in root.iterdir()}
     root.mkdir(parents=True, exist_ok=True)
-    info.download(root)
-    return {split: len(info.load(root, split, verify=verify)) for split in info.split_sizes}
+    try:
+        info.download(root)
+        return {split: len(info.load(root, split, verify=verify)) for split in info.split_sizes}
+    except BaseException as exc:  # also Ctrl-C / SIGTERM: a partial download is not left behind
+        if not isinstance(exc, DatasetMismatchError):
+            _take_back(root, created, before)
+        raise
 
 
 def _created_by(root: Path) -> Path | None:
@@ -137,24 +147,18 @@ def ensure_dataset(info: DatasetInfo, root: str | os.PathLike, verify: Verify = 
     if _present(info, root):
         return
     made = _created_by(root.parent)  # the folders made for the lock file, removed again when left empty
-    created: Path | None = None
-    before: set[str] = set()
     started = False
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
         with file_lock(root.with_name(root.name + ".lock"), what=f"download of {info.name} into {root}", log=log):
             if _present(info, root):
                 return
-            created = _created_by(root)
-            before = set() if created is not None else {e.name for e in root.iterdir()}
             started = True
             log(f"[impulsevit] downloading {info.name} into {root}")
             download(info.name, root, verify=verify)
     except BaseException as exc:  # also Ctrl-C / SIGTERM: a partial download is not left behind
         if isinstance(exc, DatasetMismatchError | ConfigError):
             raise  # the files are there (verify='warn' uses them), or nothing was started
-        if started:
-            _take_back(root, created, before)
         if made is not None:
             _remove_empty(root.parent, made)
         if started and isinstance(exc, OSError | RuntimeError | ValueError):  # torchvision: URLError or RuntimeError
@@ -184,17 +188,23 @@ def main(argv: list[str]) -> int:
     if Path(args.root).exists() and not Path(args.root).is_dir():
         raise ConfigError(f"ROOT {args.root} is a file, not a folder (give a folder to download into)")
     try:
+        get_dataset(args.name)
+    except KeyError as exc:
+        print(f"impulsevit download: error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    try:
         counts = download(args.name, args.root, verify=args.verify)
     except ManualDownloadError as exc:
         print(f"impulsevit download: {exc}", file=sys.stderr)
         return 2
-    except (KeyError, ValueError) as exc:
-        print(f"impulsevit download: error: {exc.args[0] if isinstance(exc, KeyError) and exc.args else exc}",
-              file=sys.stderr)
+    except ValueError as exc:  # a dataset that needs no download (2), a count mismatch (1)
+        print(f"impulsevit download: error: {exc}", file=sys.stderr)
         return 1 if type(exc).__name__ == "DatasetMismatchError" else 2
-    except (OSError, RuntimeError) as exc:  # network errors, checksum mismatches (torchvision raises RuntimeError)
-        print(f"impulsevit download: error: {args.name} into {args.root}: {type(exc).__name__}: {exc}",
-              file=sys.stderr)
+    except (OSError, RuntimeError, KeyError) as exc:  # network errors, checksum mismatches (torchvision raises
+        # RuntimeError), downloaded files that cannot be read back (a KeyError from a pickled batch's keys)
+        cause = " ".join(str(exc).split())  # torchvision's multi-line mirror report, as one line
+        print(f"impulsevit download: error: {args.name} into {args.root}: {type(exc).__name__}: {cause}; nothing "
+              f"this download made was left there", file=sys.stderr)
         return 1
     info = get_dataset(args.name)
     listing = ", ".join(f"{split} {n:,}" for split, n in counts.items())

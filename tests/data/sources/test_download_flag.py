@@ -115,6 +115,22 @@ def test_failed_download_is_one_line_and_takes_back_what_it_created(tmp_path, un
     assert after == before  # nope/ (or, when it existed, nothing but mine.txt) is all that is left: as before
 
 
+@pytest.mark.parametrize("root_exists", [False, True])
+def test_failed_download_subcommand_takes_back_what_it_created(tmp_path, unreachable_mirror, capsys, root_exists):
+    """``impulsevit download`` goes through the same take-back as ``download: true``: exit 1, one line naming the
+    dataset and the root, and the folder it made (or only the new entries of one that existed) gone."""
+    root = tmp_path / "nope" / "fm"
+    if root_exists:
+        root.mkdir(parents=True)
+        (root / "mine.txt").write_text("the user's")
+    before = harness.snapshot(tmp_path)
+    status = cli_main(["download", "fashion_mnist", str(root)])
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert status == 1 and len(err) == 1 and "Traceback" not in err[0], err
+    assert "fashion_mnist" in err[0] and str(root) in err[0], err
+    assert harness.snapshot(tmp_path) == before
+
+
 def test_count_mismatch_names_the_cli_setting_that_accepts_a_modified_copy(tmp_path):
     """A CIFAR-10 folder of 12 images is not the published one: one line that gives the setting as the command line
     spells it, and that setting, as given, trains."""
