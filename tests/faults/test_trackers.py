@@ -202,6 +202,7 @@ def mlflow_app(tmp_path, monkeypatch):
 
     home = tmp_path / "mlflow-server"
     home.mkdir()
+    environ = dict(os.environ)  # MLflow's server app sets MLFLOW_TRACKING_URI (and more) in this process: put back
     monkeypatch.setenv("_MLFLOW_SERVER_FILE_STORE", f"sqlite:///{home / 'mlflow.db'}")
     monkeypatch.setenv("_MLFLOW_SERVER_ARTIFACT_ROOT", str(home / "artifacts"))
     monkeypatch.setenv("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
@@ -222,8 +223,12 @@ def mlflow_app(tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
     MlflowClient(uri).search_experiments()  # the store exists (its tables created) before the fit starts
-    yield uri, stop, f"sqlite:///{home / 'mlflow.db'}"
-    stop()
+    try:
+        yield uri, stop, f"sqlite:///{home / 'mlflow.db'}"
+    finally:
+        stop()
+        os.environ.clear()
+        os.environ.update(environ)  # later tests on this worker (tests/training/test_trackers.py) see no server
 
 
 def test_an_mlflow_server_that_dies_mid_run_is_dropped_in_one_line_and_sigterm_stops_the_run(tmp_path, mlflow_app):
