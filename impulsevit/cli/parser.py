@@ -1,5 +1,6 @@
 """LightningCLI's argument parser, with a suggestion for a misspelled key: jsonargparse's error text is searched for
-the keys it rejected, and each is matched against the keys the parser (and the model's dataclass arguments) accept."""
+the keys it rejected, and each is matched against the keys the parser (and the model's dataclass arguments) accept;
+and with the ``Trainer``'s integer-or-fraction arguments parsing an integer as ``int``."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import types
 import typing
 from typing import Any
 
+from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser
 
-from impulsevit._compat.cli import parser_actions
+from impulsevit._compat.cli import parser_actions, try_int_before_float
 from impulsevit.errors import missing_extra
 
 
@@ -229,13 +231,31 @@ def one_line_error(message: str, hints: list[str]) -> str:
 
 class ImpulseArgumentParser(LightningArgumentParser):
     """LightningCLI's parser whose errors about unknown keys also name the closest valid key, printed as one line
-    (``impulsevit fit: error: ...`` and where to find the valid keys; not the whole usage)."""
+    (``impulsevit fit: error: ...`` and where to find the valid keys; not the whole usage), and whose ``Trainer``
+    arguments typed "int or float" keep an integer an ``int`` (:meth:`add_lightning_class_args`)."""
 
     model_class: type | None = None  # set per instance by ImpulseCLI.init_parser: lists the fields of dataclass-typed
     # model arguments for the "did you mean" hints
     full_errors: bool = False  # True under ``--debug``: jsonargparse's whole report and the usage
     error_prog: str | None = None  # ``impulsevit fit``: how the one-line error names the command
     keys_prog: str | None = None  # the command whose ``--help`` lists the keys, when not ``error_prog`` (``submit``)
+
+    def add_lightning_class_args(self, lightning_class: Any, nested_key: str, subclass_mode: bool = False,
+                                 required: bool = True) -> list[str]:
+        """LightningCLI's, and for a ``Trainer`` class: its arguments typed as a union of ``int`` and ``float``
+        (``limit_{train,val,test,predict}_batches``, ``overfit_batches``, ``val_check_interval``,
+        ``gradient_clip_val``) try ``int`` first, so ``--trainer.limit_val_batches=1`` and ``limit_val_batches: 1`` in
+        a recipe or ``config.yaml`` reach the Trainer as the int 1 (one batch), while ``0.5`` and ``1.0`` stay floats
+        (a fraction; ``1.0`` all batches). Without it Lightning's annotations reach jsonargparse as
+        ``Union[float, int, None]`` and ``1`` became ``1.0``: see
+        :func:`impulsevit._compat.cli.try_int_before_float`. Every parser of the ``fit|validate|test|predict``
+        subcommands adds the Trainer's arguments here (LightningCLI's ``add_core_arguments_to_parser``), the
+        ``config.yaml`` it saves keeps the int, and so a resume or requeue parses the same value again."""
+        added = super().add_lightning_class_args(lightning_class, nested_key, subclass_mode=subclass_mode,
+                                                 required=required)
+        if isinstance(lightning_class, type) and issubclass(lightning_class, Trainer):
+            try_int_before_float(self, added)
+        return added
 
     def _valid_keys(self) -> set[str]:
         keys: set[str] = set()

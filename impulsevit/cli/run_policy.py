@@ -12,7 +12,7 @@ from lightning.pytorch import Trainer
 from impulsevit.errors import ConfigError, RunDirError
 from impulsevit.io import child_path
 from impulsevit.run.rundir import RUN_NAME_RULE, clear_run, existing_run
-from impulsevit.training.checkpointing import dangling_links, resume_candidate
+from impulsevit.training.checkpointing import dangling_links, resume_candidate, run_limits
 
 log = logging.getLogger("impulsevit")
 
@@ -45,9 +45,7 @@ def resume_checkpoint(resume: str, run_dir: Path, sub: str, trainer: Trainer,
         return path
     for link in dangling_links(run_dir, extra_dirs):
         log.warning("impulsevit: --resume auto: skipped %s: a broken link (to %s)", link, os.readlink(link))
-    limits = {"fast_dev_run": bool(trainer.fast_dev_run), "limit_train_batches": trainer.limit_train_batches,
-              "limit_val_batches": trainer.limit_val_batches}
-    path, skipped = resume_candidate(run_dir, extra_dirs=extra_dirs, limits=limits)
+    path, skipped = resume_candidate(run_dir, extra_dirs=extra_dirs, limits=run_limits(trainer))
     for line in skipped:
         log.warning("impulsevit: --resume auto: skipped %s", line)
     if path is None:

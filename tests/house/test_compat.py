@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import typing
 from pathlib import Path
 
 import lightning as L
@@ -158,6 +159,7 @@ ENTRY_TESTS = {
     "cli.SubcommandRunHookCLI": "house/test_compat.py::test_subcommand_run_hook",
     "cli.parser_actions": "house/test_compat.py::test_parser_actions",
     "cli.subcommand_parsers": "house/test_compat.py::test_subcommand_parsers",
+    "cli.try_int_before_float": "house/test_compat.py::test_try_int_before_float",
     "torch.fan_in_and_fan_out": "house/test_compat.py::test_fan_in_and_fan_out",
     "torch.foreach_norm": "house/test_compat.py::test_foreach_norm",
     "torch.is_compiled": "house/test_compat.py::test_is_compiled",
@@ -465,6 +467,39 @@ def test_subcommand_parsers():
     assert compat_cli.subcommand_parsers(parser) == {}
     parser.add_subcommands().add_subcommand("fit", fit)
     assert compat_cli.subcommand_parsers(parser) == {"fit": fit}
+
+
+def test_try_int_before_float():
+    """jsonargparse tries a union's members in order (so a float-first union reads ``1`` as ``1.0``); after the entry
+    the arguments named get ``int`` first, ``1.0`` / ``0.5`` stay floats, and others are left alone. On the installed
+    Lightning, every ``Trainer`` argument whose type holds both ``int`` and ``float`` then reads ``1`` as an int."""
+    from jsonargparse import ArgumentParser
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.cli import LightningArgumentParser
+
+    parser = ArgumentParser()
+    parser.add_argument("--x", type=float | int | None)
+    parser.add_argument("--other", type=float | int | None)
+    parser.add_argument("--ratio", type=float)
+    assert parser.parse_args(["--x=1"]).x == 1.0 and isinstance(parser.parse_args(["--x=1"]).x, float)
+    assert compat_cli.try_int_before_float(parser, ["x", "ratio"]) == ["x"]
+    for given, expected in (("1", 1), ("1.0", 1.0), ("0.5", 0.5), ("1e0", 1.0), ("null", None)):
+        parsed = parser.parse_args([f"--x={given}", f"--other={given}"])
+        assert parsed.x == expected and type(parsed.x) is type(expected), (given, parsed.x)
+        assert parsed.other == expected and (given == "null" or type(parsed.other) is float)  # not named: as before
+    assert type(parser.parse_args(["--ratio=1"]).ratio) is float
+    assert compat_cli.try_int_before_float(parser, ["x"]) == []  # already int first
+
+    trainer_parser = LightningArgumentParser()
+    added = trainer_parser.add_lightning_class_args(Trainer, "trainer")
+    compat_cli.try_int_before_float(trainer_parser, added)
+    both = [name for name, p in inspect.signature(Trainer.__init__).parameters.items()
+            if {int, float} <= set(typing.get_args(p.annotation))]
+    assert {"limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
+            "val_check_interval", "overfit_batches"} <= set(both)
+    for name in both:
+        value = trainer_parser.parse_args([f"--trainer.{name}=1"]).trainer[name]
+        assert value == 1 and type(value) is int, (name, value)
 
 
 # torch
