@@ -59,7 +59,7 @@ def xfail(issue: str, form: Form) -> Form:
 
 
 # the small form of a training run: one epoch of two batches of 16, two validation / test batches, no worker
-# processes, the loader every install has. Not `limit_val_batches=1`: the command line reads it as 1.0, every batch
+# processes, the loader every install has
 SMALL = ("--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=2",
          "--trainer.limit_test_batches=2", "--trainer.num_sanity_val_steps=0", "--data.init_args.backend=torchvision",
          "--data.init_args.batch_size=16", "--data.init_args.num_workers=0", "--trainer.enable_progress_bar=false")
@@ -111,6 +111,10 @@ COMMANDS: dict[str, Form] = {
     "impulsevit study --recipe cpu_digits_vit --seeds 3": dry(),
     "impulsevit study --recipe cpu_fmnist_convmixer --seeds 3": dry(),
     "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods impulse,torch,mimetic --seeds 3": dry(),
+    "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods impulse --seeds 3 --name smallimg-depth-default":
+        dry(),
+    "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods impulse --seeds 3 --name smallimg-depth-propagated "
+    "--model.init.options.pseudo_input=propagated": dry(),
     "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods impulse --seeds 3 "
     "--name cpu_fmnist_vit_smallimg-logit --model.init.options.qk_normalize=logit": dry(),
     "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods mimetic --seeds 3 "
