@@ -66,10 +66,12 @@ def make_cifar(root: Path, num_classes: int, n_train: int = 12, n_test: int = 6)
     return written
 
 
-def cifar10_release_tarball(n_train: int = 40, n_test: int = 10) -> tuple[bytes, dict[str, bytes]]:
+def cifar10_release_tarball(n_train: int = 40, n_test: int = 10
+                            ) -> tuple[bytes, dict[str, bytes], np.ndarray, np.ndarray]:
     """``cifar-10-python.tar.gz`` in the release's format, small: 5 train batches of ``n_train / 5`` images and a test
     batch of ``n_test``, pickled as the release's python-2 pickles load (str keys), so torchvision's ``CIFAR10``
-    reads and checks them; returns (tarball, {member name: bytes}) for the MD5s a test sets on that class."""
+    reads and checks them; returns (tarball, {member name: bytes} for the MD5s a test sets on that class, the test
+    images ``(n_test, 32, 32, 3)`` uint8, their labels ``(n_test,)``)."""
     rng = np.random.default_rng(0)
     members: dict[str, bytes] = {}
     per = n_train // 5
@@ -78,9 +80,8 @@ def cifar10_release_tarball(n_train: int = 40, n_test: int = 10) -> tuple[bytes,
         members[f"data_batch_{i + 1}"] = pickle.dumps({"batch_label": f"training batch {i + 1} of 5",
                                                        "data": imgs.transpose(0, 3, 1, 2).reshape(per, 3072),
                                                        "labels": [(i * per + j) % 10 for j in range(per)]}, protocol=2)
-    imgs = rng.integers(0, 256, (n_test, 32, 32, 3), dtype=np.uint8)
-    members["test_batch"] = pickle.dumps({"batch_label": "testing batch 1 of 1", "labels": [j % 10 for j in
-                                                                                             range(n_test)],
+    imgs, labels = rng.integers(0, 256, (n_test, 32, 32, 3), dtype=np.uint8), np.arange(n_test) % 10
+    members["test_batch"] = pickle.dumps({"batch_label": "testing batch 1 of 1", "labels": labels.tolist(),
                                           "data": imgs.transpose(0, 3, 1, 2).reshape(n_test, 3072)}, protocol=2)
     members["batches.meta"] = pickle.dumps({"label_names": [f"class{i}" for i in range(10)]}, protocol=2)
     buf = io.BytesIO()
@@ -89,4 +90,4 @@ def cifar10_release_tarball(n_train: int = 40, n_test: int = 10) -> tuple[bytes,
             info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue(), members
+    return buf.getvalue(), members, imgs, labels

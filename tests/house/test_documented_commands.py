@@ -180,7 +180,7 @@ def workspace(tmp_path_factory):
             path = ws / _module_path(snippet.code)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(snippet.code)
-    tarball, members = cifar10_release_tarball()
+    tarball, members, _, _ = cifar10_release_tarball()
     served = side / "www"
     served.mkdir()
     (served / "cifar-10-python.tar.gz").write_bytes(tarball)

@@ -12,9 +12,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.server
-import io
-import pickle
-import tarfile
 import threading
 from pathlib import Path
 
@@ -22,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision.datasets
+from _image_files import cifar10_release_tarball
 from PIL import Image
 
 from impulsevit.cli.data_preview import main as preview_main
@@ -36,35 +34,11 @@ def _md5(data: bytes) -> str:
     return hashlib.md5(data).hexdigest()
 
 
-def _cifar10_tarball() -> tuple[bytes, dict[str, bytes], np.ndarray, np.ndarray]:
-    """``cifar-10-python.tar.gz`` with 5 train batches of 2 images and a test batch of 5; returns (tarball, members,
-    test images (N, 32, 32, 3), test labels)."""
-    rng = np.random.default_rng(0)
-    members: dict[str, bytes] = {}
-    test = (rng.integers(0, 256, (N_TEST, 32, 32, 3), dtype=np.uint8), np.arange(N_TEST) % 10)
-    train = (rng.integers(0, 256, (N_TRAIN, 32, 32, 3), dtype=np.uint8), np.arange(N_TRAIN) % 10)
-    for i in range(5):
-        imgs, labels = train[0][2 * i:2 * i + 2], train[1][2 * i:2 * i + 2]
-        members[f"data_batch_{i + 1}"] = pickle.dumps({"batch_label": f"training batch {i + 1} of 5",
-                                                       "data": imgs.transpose(0, 3, 1, 2).reshape(2, 3072),
-                                                       "labels": labels.tolist()}, protocol=2)
-    members["test_batch"] = pickle.dumps({"batch_label": "testing batch 1 of 1", "labels": test[1].tolist(),
-                                          "data": test[0].transpose(0, 3, 1, 2).reshape(N_TEST, 3072)}, protocol=2)
-    members["batches.meta"] = pickle.dumps({"label_names": [f"class{i}" for i in range(10)]}, protocol=2)
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue(), members, test[0], test[1]
-
-
 @pytest.fixture(scope="module")
 def cifar_server(tmp_path_factory):
     """A real HTTP server on 127.0.0.1 serving the small tarball; yields (url, members, test images, test labels)."""
     served = tmp_path_factory.mktemp("www")
-    tarball, members, test_imgs, test_labels = _cifar10_tarball()
+    tarball, members, test_imgs, test_labels = cifar10_release_tarball(n_train=N_TRAIN, n_test=N_TEST)
     (served / "cifar-10-python.tar.gz").write_bytes(tarball)
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(served))
     handler.log_message = lambda *a, **k: None
