@@ -9,9 +9,11 @@ scales of the first (PNG, written atomically).
 
 Run: ``python scripts/depth_profile.py [--figure docs/results/depth_terms.png] [--markdown]`` (about 40 s on one
 core). ``--recipe cpu_fmnist_mixer --mixer [LAYOUT ...]`` prints the Mixer's analogue instead
-(:func:`mixer_profile`). A variant is ``name`` or ``name:key=value,key=value`` of impulse options
-(``propagated:gain_qk=10``). Exit 2 with one line on bad input (an unknown recipe, a missing dataset, a malformed
-variant, an unknown option).
+(:func:`mixer_profile`). ``--maps`` prints, for any family with attention-map diagnostics (EVA-02, Swin, the
+rotary and relative-bias ViTs, where the term split does not apply), the mean mass on the target offset per block on
+the pseudo-input and on the real images, from the model's own attention (:func:`maps_profile`). A variant is
+``name`` or ``name:key=value,key=value`` of impulse options (``propagated:gain_qk=10``). Exit 2 with one line on
+bad input (an unknown recipe, a missing dataset, a malformed variant, an unknown option).
 """
 
 from __future__ import annotations
@@ -110,6 +112,38 @@ def mixer_profile(recipe: str, layouts: list[str], images: torch.Tensor, seed: i
     return "\n".join(lines)
 
 
+def maps_profile(recipe: str, variants: list[tuple[str, dict]], images: torch.Tensor, seed: int) -> str:
+    """Markdown: per variant and block, the mean mass on each head's target offset
+    (:func:`impulsevit.init.diagnostics.summarize`, interior patch queries) on the pseudo-input the family's solve
+    designs for (``attention_maps(model, None)``) and on ``images`` (the real forward, biases and residual stream
+    included), means over heads; the std over heads beside the real-image mean."""
+    import impulsevit.init as ii
+    from impulsevit.init.diagnostics import attention_maps, summarize
+
+    lines = ["| variant | block | mass, pseudo-input | mass, real images (mean ± std over heads) |",
+             "|---|---|---|---|"]
+    for label, options in variants:
+        torch.manual_seed(0)
+        model = build(recipe)
+        report = ii.initialize(model, "impulse", generator=seed, **options)
+        model.eval()
+        pseudo = summarize(attention_maps(model, None), report.offsets)
+        real = summarize(attention_maps(model, images), report.offsets)
+        for block in range(len(report.offsets)):
+            p = [h.target_mass for h in pseudo if h.layer == block]
+            r = torch.tensor([h.target_mass for h in real if h.layer == block])
+            lines.append(f"| {label} | {block} | {sum(p) / len(p):.3f} | {r.mean():.3f} ± {r.std(correction=0):.3f} |")
+    return "\n".join(lines)
+
+
+def image_size(model: torch.nn.Module) -> int:
+    """The model's input side in pixels (ViT-style ``patch_embed`` or the Mixer's ``stem``)."""
+    embed = getattr(model, "patch_embed", None) or getattr(model, "stem", None)
+    if embed is None or getattr(embed, "img_size", None) is None:
+        raise ValueError(f"{type(model).__name__}: no patch_embed.img_size or stem.img_size to size the images by")
+    return int(embed.img_size[0])
+
+
 def figure(results: dict, path: Path) -> None:
     import matplotlib
 
@@ -150,11 +184,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mixer", nargs="*", metavar="LAYOUT",
                     help="instead: the Mixer table of the recipe (e.g. --recipe cpu_fmnist_mixer --mixer factored "
                          "one_tap)")
+    ap.add_argument("--maps", action="store_true",
+                    help="instead: the mass on the target offset per block from the model's own attention, for any "
+                         "family (e.g. --recipe cpu_fmnist_eva02 --maps --variant default "
+                         "--variant default:mass_rule=worst_case)")
     args = ap.parse_args(argv)
+    if args.maps:
+        try:
+            variants = [parse_variant(v) for v in (args.variant or ["default"])]
+            model = build(args.recipe)
+            from impulsevit.init.api import check_options_for
+
+            for _, options in variants:
+                check_options_for(model, "impulse", options)
+            images = fashion_mnist(args.images, image_size(model))
+            print(maps_profile(args.recipe, variants, images, args.seed))
+        except (ValueError, TypeError, FileNotFoundError, KeyError) as e:
+            print(f"depth_profile: {' '.join(str(e).split())}", file=sys.stderr)
+            return 2
+        return 0
     if args.mixer is not None:
         try:
             model = build(args.recipe)
-            images = fashion_mnist(args.images, int(model.stem.img_size[0]))
+            images = fashion_mnist(args.images, image_size(model))
             print(mixer_profile(args.recipe, args.mixer or ["factored", "one_tap"], images, args.seed))
         except (ValueError, TypeError, FileNotFoundError, KeyError, AttributeError) as e:
             print(f"depth_profile: {' '.join(str(e).split())}", file=sys.stderr)
@@ -169,8 +221,7 @@ def main(argv: list[str] | None = None) -> int:
 
         for _, options in variants:  # every variant's options checked before any work
             check_options_for(model, "impulse", options)
-        size = int(model.patch_embed.img_size[0])
-        images = fashion_mnist(args.images, size)
+        images = fashion_mnist(args.images, image_size(model))
         results = profile(args.recipe, variants, images, args.seed)
     except (ValueError, TypeError, FileNotFoundError, KeyError) as e:
         print(f"depth_profile: {' '.join(str(e).split())}", file=sys.stderr)

@@ -1,0 +1,67 @@
+"""``scripts/depth_profile.py`` (the depth study's tables in docs/results.md): each of its three modes runs on real
+Fashion-MNIST images through ``main`` and prints tables whose numbers are what the constructions promise; bad input
+is one line and exit 2."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+FASHION = Path("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz")
+pytestmark = pytest.mark.skipif(not FASHION.exists(), reason="Debian's dataset-fashion-mnist is not installed "
+                                                              "(scripts/setup.sh installs it)")
+
+
+@pytest.fixture(scope="module")
+def depth_profile():
+    spec = importlib.util.spec_from_file_location("depth_profile", REPO / "scripts" / "depth_profile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rows(text: str, variant: str) -> list[list[str]]:
+    return [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith(f"| {variant} |")]
+
+
+def test_vit_term_split_propagated_solve_holds_the_pos_pos_term(depth_profile, capsys):
+    assert depth_profile.main(["--images", "8", "--variant", "default", "--variant", "propagated"]) == 0
+    out = capsys.readouterr().out
+    tables = {name: [line.split() for line in block.strip().splitlines()[1:]]
+              for name, block in re.findall(r"\n(\w+) \(impulse seed 0.*?\)\n(.*?)(?=\n\n|\Z)", out, re.S)}
+    assert set(tables) == {"default", "propagated"} and all(len(t) == 6 for t in tables.values())
+    pos_only = {name: [float(r[8]) for r in t] for name, t in tables.items()}  # mass with the pos-pos term alone
+    assert pos_only["default"][0] == pos_only["propagated"][0]  # block 0 is solved on the same input
+    # the released solve designs every block for block 0's input: deep blocks lose it; the propagated solve keeps it
+    assert max(pos_only["default"][3:]) < 0.5 and min(pos_only["propagated"][1:]) > 0.9
+
+
+def test_maps_mode_swin_bias_construction_holds_its_target_mass_in_every_block(depth_profile, capsys):
+    assert depth_profile.main(["--recipe", "cpu_fmnist_swin", "--maps", "--images", "8"]) == 0
+    rows = _rows(capsys.readouterr().out, "default")
+    assert [int(r[1]) for r in rows] == list(range(6))
+    assert all(abs(float(r[2]) - 0.75) < 0.01 for r in rows)  # target_mass 0.75 on the pseudo-input, by construction
+    assert all(0.5 < float(r[3].split("±")[0]) < 1.0 for r in rows)  # held on real images
+
+
+def test_mixer_mode_one_tap_keeps_its_mass_on_the_designed_taps(depth_profile, capsys):
+    assert depth_profile.main(["--recipe", "cpu_fmnist_mixer", "--images", "4", "--mixer", "one_tap"]) == 0
+    rows = _rows(capsys.readouterr().out, "one_tap")
+    assert len(rows) >= 2 and all(float(r[2]) > 0.99 and float(r[3]) > 0.99 for r in rows)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--variant", "sideways"], "unknown name 'sideways'"),
+    (["--variant", "default:gain_qk"], "is not key=value"),
+    (["--maps", "--recipe", "no_such_recipe"], "no_such_recipe"),
+    (["--images", "0"], "--images must be >= 1"),
+])
+def test_bad_input_is_one_line_and_exit_2(depth_profile, capsys, argv, says):
+    assert depth_profile.main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and err.startswith("depth_profile: ")
