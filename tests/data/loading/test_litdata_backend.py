@@ -94,12 +94,12 @@ def test_convert_uploads_exactly_the_shard_sets_and_skips_them_when_up_to_date(s
     assert code == 0 and _keys(store) == keys  # up to date: nothing uploaded again
 
 
-def _crops(dm: ImageDataModule, torchvision_dm: ImageDataModule, epoch: int = 1) -> list:
+def _crops(dm: ImageDataModule, torchvision_dm: ImageDataModule, epoch: int = 1, rank: int = 0, world: int = 1) -> list:
     """The training batches of ``epoch`` as the fast path makes them from the torchvision backend's pixels: its
     order and labels, each image through the litdata backend's :class:`CropPlan` (the FFCV decoder's draws)."""
     plan = dm.data_backend.sets["train"].plan
     source = torchvision_dm.data_backend.sets["train"].source
-    loader = torchvision_dm.loader(True, LoaderPosition(epoch=epoch, batches_done=0, rank=0, world_size=1))
+    loader = torchvision_dm.loader(True, LoaderPosition(epoch=epoch, batches_done=0, rank=rank, world_size=world))
     out = []
     for batch in loader.batch_sampler:
         xs = [torch.from_numpy(plan(np.ascontiguousarray(source.load(k.index)), k.index, k.epoch, k.position))
@@ -150,10 +150,10 @@ def test_stored_bytes_are_litdatas_and_jpegs_decode_to_pils_pixels(tmp_path):
 
     rng = np.random.default_rng(0)
     low = rng.integers(0, 256, (24, 4, 5, 3), dtype=np.uint8)
-    imgs = np.stack([np.asarray(Image.fromarray(x).resize((37, 29), Image.Resampling.BICUBIC)) for x in low])
+    imgs = np.stack([np.asarray(Image.fromarray(x).resize((90, 70), Image.Resampling.BICUBIC)) for x in low])
     src = ArraySource(imgs, np.arange(24) % 3, ["a", "b", "c"], "test")
     write_shards(src, str(tmp_path / "set"), PRESETS["short256"], progress=False, log=lambda _: None,
-                 chunk_bytes=8000)
+                 chunk_bytes=60000)
     source = ShardSource(str(tmp_path / "set"), ["a", "b", "c"], np.arange(24) % 3, np.arange(24), None, "1GB", 5.0)
     assert len(source.chunk_table()) > 2
     litdata = StreamingDataset(str(tmp_path / "set"))
@@ -168,6 +168,7 @@ def test_stored_bytes_are_litdatas_and_jpegs_decode_to_pils_pixels(tmp_path):
     assert kinds == {b"J", b"R"}  # short256 stores about half the images as JPEG
 
 
+@pytest.mark.ffcv
 def test_fast_path_equals_the_ffcv_loader(tmp_path):
     """Two real loaders on the same stored pixels (the ``raw`` preset; FFCV's own JPEG decode differs from
     libjpeg-turbo's accurate one): the litdata backend's training dataset in a ``DataLoader`` and the FFCV loader
@@ -192,7 +193,7 @@ def test_fast_path_equals_the_ffcv_loader(tmp_path):
     source = ShardSource(str(tmp_path / "set"), src.classes, src.labels, np.arange(16), None, "1GB", 5.0)
     ds = ShardDataset(source, None, seed=3, plan=CropPlan(24, train=True, interpolation="bicubic", seed=3))
     sampler = EpochSampler(ds, seed=3, batch_size=4)
-    ours = torch.utils.data.DataLoader(ds, batch_size=4, sampler=sampler, num_workers=0)
+    ours = torch.utils.data.DataLoader(ds, batch_size=4, sampler=sampler, num_workers=0, collate_fn=ds.collate_fn)
     for epoch in (0, 2):
         ffcv.set_epoch(epoch)
         sampler.set_epoch(epoch)
@@ -215,7 +216,7 @@ def test_two_ranks_share_out_an_epoch_without_duplicates(local_set, torchvision_
     for rank in (0, 1):
         loader = dm.loader(True, LoaderPosition(epoch=0, batches_done=0, rank=rank, world_size=2))
         plans.append(loader.sampler.plan()[0])
-        assert _same(list(loader), _batches(torchvision_dm, True, epoch=0, rank=rank, world=2))
+        assert _same(list(loader), _crops(dm, torchvision_dm, epoch=0, rank=rank, world=2))
     assert len(set(plans[0]) & set(plans[1])) == 0 and sorted([*plans[0], *plans[1]]) == list(range(64))
 
 
