@@ -1,8 +1,9 @@
 """The litdata backend: LitData shard sets (``impulsevit convert --format litdata``) read from a local folder or an
-object store (``s3://``) through a local chunk cache, with the torchvision backend's transforms and orders.
+object store (``s3://``) through a local chunk cache, with the torchvision backend's orders and a fast decode-and-crop
+path (below) beside its transforms.
 
 How it reads: each split is a :class:`ShardSource`, an
-:class:`~impulsevit.data.sources.image_source.ImageSource` whose ``load(i)`` is ``litdata.StreamingDataset[j]``. The
+:class:`~impulsevit.data.sources.image_source.ImageSource` whose ``load(i)`` decodes sample ``j`` of the set. The
 training order is ``data.order``: ``block`` (the default here; :func:`~impulsevit.data.loading.sampling.block_sequence`:
 chunks shuffled and dealt to the ranks, samples shuffled within blocks of ``data.storage.block_size``), under which a
 remote chunk is fetched whole into the node's cache folder once (:meth:`ShardSource.fetch`), the next block's chunks
@@ -13,13 +14,35 @@ are the torchvision backend's
 (:class:`~impulsevit.data.loading.torchvision_backend.TorchvisionBackend`): the training order is
 :func:`~impulsevit.data.loading.sampling.epoch_sequence` of (seed, epoch, rank, world size[, chunk sizes, block size])
 through
-:class:`~impulsevit.data.loading.sampling.EpochSampler`, each sample's augmentation seeded by (seed, epoch,
-position), random erasing on the device. LitData's own iteration order, shuffling, per-rank split and
+:class:`~impulsevit.data.loading.sampling.EpochSampler`, random erasing on the device.
+
+The fast path (:class:`ShardDataset` with a :class:`CropPlan`, where :func:`crop_plans` gives one): a sample's stored
+bytes are a view of its chunk file's memory map (:meth:`ShardSource.stored`: the Arrow column of LitData >= 0.2.76
+chunks, located with the set's ``index.json``; LitData itself reads only chunks without one, and a remote set's chunks
+under the global order), a JPEG is decoded by libjpeg-turbo through torchvision (PIL's pixels:
+:func:`~impulsevit.data.storage.shards.decode_image`), and the crop is the FFCV decoder's, by the same numba kernels
+(:func:`~impulsevit.data.loading.resample.train_crop`: draws keyed by (seed, epoch, stored sample index), only the
+crop box resampled, PIL-exact bicubic / bilinear; eval: timm's resize + centre crop). Samples stay HWC and batches
+are channels-last views (:func:`channels_last_batch`), as FFCV's. Profile that motivated it (``short256``, 224 px,
+one worker of this shared 2-core machine, µs per sample): LitData's one-item slice 370, PIL decode 1,150 (JPEG and
+raw mixed), ``Image.fromarray`` 140, torchvision's ``RandomResizedCrop`` of the whole PIL image 2,100 and
+``PILToTensor`` 130, seeding the three global RNGs 340; now: the stored bytes ~5, torchvision's JPEG decode ~800 per
+JPEG, the numba crop ~300. ``benchmarks/loader_speed.py`` (224 px, 2 workers, block order, loaded machine): 427 img/s
+against ``ffcv:short256``'s 422 on the same stored images (1.01; before 179 vs 528, 0.34), 400 from the loopback S3
+store. What differs from the torchvision backend: the training crops and flips (other draws, and Pillow 13's pass
+order on crops that shrink both axes: a few levels on a few percent of them); with ``--preset raw`` the training
+batches are the FFCV loader's image for image and the eval batches the torchvision backend's, byte for byte
+(``tests/data/loading/test_litdata_backend.py``). timm's transforms after the crop (RandAugment, colour jitter) run
+in PIL under the torchvision backend's seeds of (seed, epoch, position). Without numba, with another interpolation
+or another train transform (a vertical flip), the torchvision backend's PIL transforms and draws run instead: its
+batches byte for byte with ``--preset raw``.
+
+LitData's own iteration order, shuffling, per-rank split and
 ``state_dict`` are not used: its mid-epoch resume has known gaps (LitData issues #775, the loader state not restored
 through the Trainer, and #770, resume disabled after an external ``load_state_dict`` when an epoch breaks early),
 while the project's :class:`~impulsevit.data.loading.position.LoaderPosition` in every checkpoint already says which
-batch comes next — so resume is exact by construction, and a shard set converted with the ``raw`` preset gives the
-torchvision backend's pixels and batches byte for byte (``tests/data/loading/test_litdata_backend.py``).
+batch comes next — so resume is exact by construction (the draws depend on no worker:
+``tests/e2e/test_exact_resume.py``).
 
 The cost of the global order: it touches chunks at random, so each rank downloads a chunk as often
 as the cache evicts it before its samples are all read; with a cache at least the size of the shard set (the default
