@@ -26,12 +26,13 @@ crop box resampled, PIL-exact bicubic / bilinear; eval: timm's resize + centre c
 are channels-last views (:func:`channels_last_batch`), as FFCV's. Profile that motivated it (``short256``, 224 px,
 one worker of this shared 2-core machine, µs per sample): LitData's one-item slice 370, PIL decode 1,150 (JPEG and
 raw mixed), ``Image.fromarray`` 140, torchvision's ``RandomResizedCrop`` of the whole PIL image 2,100 and
-``PILToTensor`` 130, seeding the three global RNGs 340; now: the stored bytes ~5, torchvision's JPEG decode ~800 per
-JPEG, the numba crop ~300. ``benchmarks/loader_speed.py`` (224 px, 2 workers, block order, loaded machine): 427 img/s
-against ``ffcv:short256``'s 422 on the same stored images (1.01; before 179 vs 528, 0.34), 400 from the loopback S3
-store. What differs from the torchvision backend: the training crops and flips (other draws, and Pillow 13's pass
-order on crops that shrink both axes: a few levels on a few percent of them); with ``--preset raw`` the training
-batches are the FFCV loader's image for image and the eval batches the torchvision backend's, byte for byte
+``PILToTensor`` 130, seeding the three global RNGs 340; now: the stored bytes ~50 (chunk openings included),
+torchvision's JPEG decode ~600 per JPEG, the numba crop ~250. ``benchmarks/loader_speed.py`` (224 px, 2 workers,
+block order, loaded machine): 0.96–1.01 of ``ffcv:short256`` on the same stored images with 400 images (before:
+0.34), 0.75 with 2,000, bounded by the ``DataLoader``'s process hop (``docs/data.md``). What differs from the
+torchvision backend: the training crops and flips (other draws, and Pillow 13's pass order on crops that shrink
+both axes: a few levels on a few percent of them); with ``--preset raw`` the training batches are the FFCV loader's
+image for image and the eval batches the torchvision backend's, byte for byte
 (``tests/data/loading/test_litdata_backend.py``). timm's transforms after the crop (RandAugment, colour jitter) run
 in PIL under the torchvision backend's seeds of (seed, epoch, position). Without numba, with another interpolation
 or another train transform (a vertical flip), the torchvision backend's PIL transforms and draws run instead: its
