@@ -26,10 +26,12 @@ decode-limit`` is printed per size: the workers' side of that mode against the d
 ``litdata:short256`` reads a LitData shard set of the same images (``impulsevit convert --format litdata --preset
 short256``, :mod:`impulsevit.data.storage.shards`) from a local folder, ``litdata:short256@s3`` the same set uploaded
 to an S3-compatible server on 127.0.0.1 (moto's server mode, a dev dependency) through the backend's chunk cache
-(emptied before the warm-up epoch): both with the torchvision contender's transform in ``num_workers`` processes,
-in the block order the litdata backend reads by default (``--block-size`` samples, ``--chunk-bytes`` chunks: whole
-chunks, the next block prefetched, chunks outside the live blocks deleted, so every epoch of the ``@s3`` row downloads
-the set again through a cache of a few blocks); ``/ decode-limit`` is printed for them too.
+(emptied before the warm-up epoch): both read as the litdata backend reads a training split (``litdata_loader``:
+its own classes; the stored bytes from the chunk files' memory maps, libjpeg-turbo decode, the FFCV decoder's draws
+and bicubic resample of the crop box, in ``num_workers`` processes), in the block order (``--block-size`` samples,
+``--chunk-bytes`` chunks: whole chunks, the next block prefetched, chunks outside the live blocks deleted, so every
+epoch of the ``@s3`` row downloads the set again through a cache of a few blocks); ``/ decode-limit`` is printed for
+them too.
 
 The process runs with the malloc setting ``impulsevit fit`` applies (:mod:`impulsevit.memory`: blocks above 32 MiB,
 such as a normalised 64 × 224² batch, are reused rather than page-faulted in again every batch) — for both
@@ -184,53 +186,31 @@ def decode_limit_loader(path: Path, workers: int, batch: int):  # noqa: ANN201 -
                                                  "label": [IntDecoder(), ToTensor()]})
 
 
-class _ShardImages(torch.utils.data.Dataset):
-    """``(transform(PIL image), label)`` of a LitData shard set, read as the litdata backend reads it: by
-    :class:`~impulsevit.data.loading.sampling.SampleKey` in the block order (``data.order=block``, the backend's
-    default), each key first handed to :meth:`ShardSource.follow` (a remote set's next block prefetched, chunks
-    outside the live blocks deleted)."""
-
-    def __init__(self, location: str, cache: Path | None, transform, block_size: int,  # noqa: ANN001
-                 lag: int) -> None:
-        from impulsevit.data.loading.config import StorageConfig
-        from impulsevit.data.loading.litdata_backend import ShardSource, shards_manifest
-        from impulsevit.data.storage import objstore
-        from impulsevit.data.storage.shards import LABELS_NAME
-
-        manifest = shards_manifest(location)
-        labels = np.load(io.BytesIO(objstore.read_bytes(objstore.join(location, LABELS_NAME))), allow_pickle=False)
-        storage = StorageConfig()  # the backend's defaults (cache size, read timeout): one source of each
-        self.source = ShardSource(location, manifest["classes"], labels, np.arange(len(labels)), cache,
-                                  storage.cache_size, storage.read_timeout)
-        self.source.plan = (0, 1, block_size, lag)  # seed 0, one rank
-        self.transform = transform
-
-    def __len__(self) -> int:
-        return len(self.source)
-
-    def __getitem__(self, key):  # noqa: ANN001, ANN204 - a SampleKey
-        from PIL import Image
-
-        self.source.follow(key.epoch, key.position)
-        return self.transform(Image.fromarray(self.source.load(key.index))), int(self.source.labels[key.index])
-
-
 def litdata_loader(location: str, cache: Path | None, size: int, workers: int, batch: int,
                    block_size: int) -> torch.utils.data.DataLoader:
-    """The litdata contender: the block order of ``block_size`` samples over the set's chunks
-    (:class:`~impulsevit.data.loading.sampling.EpochSampler`, as the backend builds it), the torchvision contender's
-    transform in ``workers`` processes."""
-    from torchvision import transforms
-
+    """The litdata contender: what the litdata backend builds for a training split —
+    :class:`~impulsevit.data.loading.litdata_backend.ShardSource` (stored bytes read from the chunk files' memory
+    maps), :class:`~impulsevit.data.loading.litdata_backend.ShardDataset` with the fast path's
+    :class:`~impulsevit.data.loading.litdata_backend.CropPlan` (libjpeg-turbo decode, the FFCV decoder's draws and
+    bicubic resample of the crop box only, the flip) in ``workers`` processes, the block order of ``block_size``
+    samples (:class:`~impulsevit.data.loading.sampling.EpochSampler`; each key first handed to
+    :meth:`ShardSource.follow`: a remote set's next block prefetched, chunks outside the live blocks deleted)."""
+    from impulsevit.data.loading.config import StorageConfig
+    from impulsevit.data.loading.litdata_backend import CropPlan, ShardDataset, ShardSource, shards_manifest
     from impulsevit.data.loading.sampling import EpochSampler
+    from impulsevit.data.storage import objstore
+    from impulsevit.data.storage.shards import LABELS_NAME
 
-    tf = transforms.Compose([transforms.RandomResizedCrop(size, interpolation=transforms.InterpolationMode.BICUBIC),
-                             transforms.RandomHorizontalFlip(),
-                             transforms.PILToTensor()])
-    ds = _ShardImages(location, cache, tf, block_size, lag=max(workers, 1) * 2 * batch)
-    sampler = EpochSampler(ds, seed=0, batch_size=batch, chunk_sizes=ds.source.chunk_sizes(), block_size=block_size)
+    manifest = shards_manifest(location)
+    labels = np.load(io.BytesIO(objstore.read_bytes(objstore.join(location, LABELS_NAME))), allow_pickle=False)
+    storage = StorageConfig()  # the backend's defaults (cache size, read timeout): one source of each
+    source = ShardSource(location, manifest["classes"], labels, np.arange(len(labels)), cache, storage.cache_size,
+                         storage.read_timeout)
+    source.plan = (0, 1, block_size, max(workers, 1) * 2 * batch)  # seed 0, one rank; lag as the backend's
+    ds = ShardDataset(source, None, seed=0, plan=CropPlan(size, train=True, interpolation="bicubic"))
+    sampler = EpochSampler(ds, seed=0, batch_size=batch, chunk_sizes=source.chunk_sizes(), block_size=block_size)
     return torch.utils.data.DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers, drop_last=True,
-                                       persistent_workers=workers > 0)
+                                       persistent_workers=workers > 0, collate_fn=ds.collate_fn)
 
 
 def start_loopback_s3() -> tuple[object, str]:

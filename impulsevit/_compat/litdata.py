@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["quiet_prefetch_crash", "read_whole_set", "sdk_chunk_downloads"]
+__all__ = ["chunk_column", "quiet_prefetch_crash", "read_whole_set", "sdk_chunk_downloads"]
 
 
 def sdk_chunk_downloads() -> None:
@@ -58,3 +58,41 @@ def quiet_prefetch_crash() -> None:
         return
     PrepareChunksThread._report_crash = lambda self, exc: None  # type: ignore[method-assign]
     PrepareChunksThread._impulsevit_quiet = True  # type: ignore[attr-defined]
+
+
+def chunk_column(chunk: memoryview, name: str) -> list[tuple[int, object, object]] | None:
+    """The binary column ``name`` of a LitData chunk file's content ``chunk`` (a memory map of the file), without
+    copying it: ``(first row, offsets, values)`` per Arrow record batch, ``offsets`` a numpy int32 / int64 array of
+    ``rows + 1`` byte offsets into ``values`` (numpy uint8, a view of ``chunk``). None when the chunk holds no Arrow
+    footer (chunks of older LitData releases, or written compressed or encrypted): read those through
+    ``StreamingDataset``.
+
+    Reaches: ``litdata.streaming.item_loader.open_arrow_footer_reader`` (the chunk's trailing Arrow IPC file or
+        stream, where LitData >= 0.2.76 keeps the items of a ``PyTreeLoader`` chunk, row ``k`` = the chunk's item
+        ``k``)
+    Checked on: litdata>=0.2.76,<0.3
+    Waits for: a LitData call that returns an item's stored bytes by index without decoding its rows.
+    """
+    import numpy as np
+    import pyarrow as pa
+    from litdata.streaming.item_loader import open_arrow_footer_reader
+
+    opened = open_arrow_footer_reader(chunk)
+    if opened is None:
+        return None
+    reader, is_file = opened
+    batches = ([reader.get_batch(b) for b in range(reader.num_record_batches)] if is_file
+               else reader.read_all().to_batches())
+    out, first = [], 0
+    for batch in batches:
+        column = batch.column(batch.schema.get_field_index(name))
+        if column.type not in (pa.binary(), pa.large_binary()) or column.null_count:
+            return None
+        _, offsets, values = column.buffers()
+        wide = column.type == pa.large_binary()
+        offsets = np.frombuffer(offsets, dtype=np.int64 if wide else np.int32)[column.offset:
+                                                                               column.offset + len(column) + 1]
+        out.append((first, offsets, np.frombuffer(values, dtype=np.uint8) if values is not None else
+                    np.zeros(0, np.uint8)))
+        first += len(column)
+    return out

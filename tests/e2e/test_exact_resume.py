@@ -336,26 +336,24 @@ def s3_shards():
         yield store
 
 
-@pytest.mark.parametrize(("backend", "reference"), [("litdata", "torchvision"), ("litdata-block", "litdata-block")])
-def test_litdata_from_the_object_store_trains_stops_and_resumes_as_torchvision_does(tmp_path, cache, straight,
-                                                                                     s3_shards, backend, reference):
-    """Stopped mid-epoch (step 5), resumed with --resume auto: bit-identical to the uninterrupted run — the
-    torchvision backend's under the global order (the same order, pixels and augmentation draws), its own under the
-    block order (whole chunks fetched and prefetched); the loader position comes from the checkpoint, not LitData's
-    state."""
-    run_cli(*args(tmp_path, "lit", backend, cache, stop_after(5)))
+def test_litdata_block_order_from_the_object_store_stops_and_resumes_bit_identically(tmp_path, cache, straight,
+                                                                                      s3_shards):
+    """Stopped mid-epoch (step 5), resumed with --resume auto: bit-identical to the uninterrupted run under the block
+    order (whole chunks fetched and prefetched); the loader position comes from the checkpoint, not LitData's state.
+    (The global order's stop and resume: the store-outage test below.)"""
+    run_cli(*args(tmp_path, "lit", "litdata-block", cache, stop_after(5)))
     state = final(tmp_path, "lit")["ImageDataModule"]["train_loader"]
     assert (state["epoch"], state["batches"]) == (0, 5)
-    assert state["order"] == ("block" if backend == "litdata-block" else "random")
-    run_cli(*args(tmp_path, "lit", backend, cache, "--resume=auto"))
-    assert_same_training(final(tmp_path, "lit"), straight(reference))
+    assert state["order"] == "block"
+    run_cli(*args(tmp_path, "lit", "litdata-block", cache, "--resume=auto"))
+    assert_same_training(final(tmp_path, "lit"), straight("litdata-block"))
 
 
 def test_litdata_store_stopped_mid_epoch_is_one_line_and_resume_auto_continues(tmp_path, cache, straight, s3_shards):
     """The store goes away after step 10 (epoch 1) of a real ``impulsevit fit`` process; the chunk cache holds 3
     chunks, so the next batches need it: the command exits 1 with one line (no traceback: not LitData's download
     thread's either), the epoch-0 checkpoint stays, and --resume auto finishes once the store is back, the same weights
-    as the uninterrupted run."""
+    as the uninterrupted run (global order)."""
     # the stopped server leaves pooled connections open: reads hang until the read timeout, as on a real partition
     small = ["--data.init_args.storage.cache_size=100KB", f"--data.init_args.cache_dir={tmp_path / 'chunks'}",
              "--data.init_args.storage.read_timeout=2"]
@@ -383,16 +381,16 @@ def test_litdata_store_stopped_mid_epoch_is_one_line_and_resume_auto_continues(t
     assert kept["global_step"] == STEPS_PER_EPOCH  # the last checkpoint before the outage
     s3_shards.start()
     run_cli(*args(tmp_path, "fault", "litdata", cache, "--resume=auto"), *small)
-    assert_same_training(final(tmp_path, "fault"), straight("torchvision"))
+    assert_same_training(final(tmp_path, "fault"), straight("litdata"))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("backend", "reference"), [("litdata", "torchvision"), ("litdata-block", "litdata-block")])
-def test_litdata_ddp_two_ranks_mid_epoch_resume_is_bit_identical(tmp_path, cache, s3_shards, backend, reference):
+@pytest.mark.parametrize("backend", ["litdata", "litdata-block"])
+def test_litdata_ddp_two_ranks_mid_epoch_resume_is_bit_identical(tmp_path, cache, s3_shards, backend):
     """2 gloo ranks read the object store, stop after step 2 of 4 in the epoch, resume: the same weights as the
-    uninterrupted 2-rank run — the torchvision backend's under the global order (each rank's share is the torchvision
-    backend's), its own under the block order (the two ranks share one chunk cache folder)."""
-    _ddp(tmp_path, "ref", reference, cache)
+    uninterrupted 2-rank run, under the global order and the block order (the two ranks share one chunk cache
+    folder)."""
+    _ddp(tmp_path, "ref", backend, cache)
     _ddp(tmp_path, "lit", backend, cache, stop_after(2))
     assert final(tmp_path, "lit")["ImageDataModule"]["train_loader"]["world_size"] == 2
     _ddp(tmp_path, "lit", backend, cache, "--resume=auto")

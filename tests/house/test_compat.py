@@ -174,6 +174,7 @@ ENTRY_TESTS = {
     "litdata.sdk_chunk_downloads": "house/test_compat.py::test_sdk_chunk_downloads",
     "litdata.read_whole_set": "house/test_compat.py::test_read_whole_set",
     "litdata.quiet_prefetch_crash": "house/test_compat.py::test_quiet_prefetch_crash",
+    "litdata.chunk_column": "house/test_compat.py::test_chunk_column",
 }
 
 
@@ -689,6 +690,32 @@ def test_read_whole_set(tmp_path, monkeypatch):
     importlib.import_module("impulsevit._compat.litdata").read_whole_set(whole)
     assert len(whole) == 12
     assert [int(decode_image(whole[j:j + 1][0]["image"])[0, 0, 0]) for j in range(12)] == list(range(12))
+
+
+def test_chunk_column(tmp_path):
+    """A chunk file written by LitData holds its items' ``image`` bytes in a trailing Arrow column, row ``k`` = the
+    chunk's item ``k`` (what ``StreamingDataset`` reads); bytes without such a footer give None."""
+    import mmap
+
+    import numpy as np
+    from litdata import StreamingDataset
+
+    from impulsevit.data.sources.image_source import ArraySource
+    from impulsevit.data.storage.presets import PRESETS
+    from impulsevit.data.storage.shards import write_shards
+
+    images = np.arange(6, dtype=np.uint8).repeat(8 * 8 * 3).reshape(6, 8, 8, 3)
+    write_shards(ArraySource(images, np.arange(6) % 2, ["a", "b"], "arrays"), str(tmp_path / "set"), PRESETS["raw"],
+                 progress=False, log=lambda _: None)
+    (chunk,) = sorted((tmp_path / "set").glob("chunk-*.bin"))
+    with open(chunk, "rb") as f:
+        view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+    column = importlib.import_module("impulsevit._compat.litdata").chunk_column(view, "image")
+    (first, offsets, values), = column
+    items = StreamingDataset(str(tmp_path / "set"))
+    assert first == 0 and [bytes(values[offsets[k]:offsets[k + 1]]) for k in range(6)] == \
+        [items[k:k + 1][0]["image"] for k in range(6)]
+    assert importlib.import_module("impulsevit._compat.litdata").chunk_column(memoryview(b"\0" * 64), "image") is None
 
 
 def test_quiet_prefetch_crash(monkeypatch, capfd):

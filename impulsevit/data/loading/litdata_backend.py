@@ -1,8 +1,9 @@
 """The litdata backend: LitData shard sets (``impulsevit convert --format litdata``) read from a local folder or an
-object store (``s3://``) through a local chunk cache, with the torchvision backend's transforms and orders.
+object store (``s3://``) through a local chunk cache, with the torchvision backend's orders and a fast decode-and-crop
+path (below) beside its transforms.
 
 How it reads: each split is a :class:`ShardSource`, an
-:class:`~impulsevit.data.sources.image_source.ImageSource` whose ``load(i)`` is ``litdata.StreamingDataset[j]``. The
+:class:`~impulsevit.data.sources.image_source.ImageSource` whose ``load(i)`` decodes sample ``j`` of the set. The
 training order is ``data.order``: ``block`` (the default here; :func:`~impulsevit.data.loading.sampling.block_sequence`:
 chunks shuffled and dealt to the ranks, samples shuffled within blocks of ``data.storage.block_size``), under which a
 remote chunk is fetched whole into the node's cache folder once (:meth:`ShardSource.fetch`), the next block's chunks
@@ -13,13 +14,36 @@ are the torchvision backend's
 (:class:`~impulsevit.data.loading.torchvision_backend.TorchvisionBackend`): the training order is
 :func:`~impulsevit.data.loading.sampling.epoch_sequence` of (seed, epoch, rank, world size[, chunk sizes, block size])
 through
-:class:`~impulsevit.data.loading.sampling.EpochSampler`, each sample's augmentation seeded by (seed, epoch,
-position), random erasing on the device. LitData's own iteration order, shuffling, per-rank split and
+:class:`~impulsevit.data.loading.sampling.EpochSampler`, random erasing on the device.
+
+The fast path (:class:`ShardDataset` with a :class:`CropPlan`, where :func:`crop_plans` gives one): a sample's stored
+bytes are a view of its chunk file's memory map (:meth:`ShardSource.stored`: the Arrow column of LitData >= 0.2.76
+chunks, located with the set's ``index.json``; LitData itself reads only chunks without one, and a remote set's chunks
+under the global order), a JPEG is decoded by libjpeg-turbo through torchvision (PIL's pixels:
+:func:`~impulsevit.data.storage.shards.decode_image`), and the crop is the FFCV decoder's, by the same numba kernels
+(:func:`~impulsevit.data.loading.resample.train_crop`: draws keyed by (seed, epoch, stored sample index), only the
+crop box resampled, PIL-exact bicubic / bilinear; eval: timm's resize + centre crop). Samples stay HWC and batches
+are channels-last views (:func:`channels_last_batch`), as FFCV's. Profile that motivated it (``short256``, 224 px,
+one worker of this shared 2-core machine, µs per sample): LitData's one-item slice 370, PIL decode 1,150 (JPEG and
+raw mixed), ``Image.fromarray`` 140, torchvision's ``RandomResizedCrop`` of the whole PIL image 2,100 and
+``PILToTensor`` 130, seeding the three global RNGs 340; now: the stored bytes ~50 (chunk openings included),
+torchvision's JPEG decode ~600 per JPEG, the numba crop ~250. ``benchmarks/loader_speed.py`` (224 px, 2 workers,
+block order, loaded machine): 0.96–1.01 of ``ffcv:short256`` on the same stored images with 400 images (before:
+0.34), 0.75 with 2,000, bounded by the ``DataLoader``'s process hop (``docs/data.md``). What differs from the
+torchvision backend: the training crops and flips (other draws, and Pillow 13's pass order on crops that shrink
+both axes: a few levels on a few percent of them); with ``--preset raw`` the training batches are the FFCV loader's
+image for image and the eval batches the torchvision backend's, byte for byte
+(``tests/data/loading/test_litdata_backend.py``). timm's transforms after the crop (RandAugment, colour jitter) run
+in PIL under the torchvision backend's seeds of (seed, epoch, position). Without numba, with another interpolation
+or another train transform (a vertical flip), the torchvision backend's PIL transforms and draws run instead: its
+batches byte for byte with ``--preset raw``.
+
+LitData's own iteration order, shuffling, per-rank split and
 ``state_dict`` are not used: its mid-epoch resume has known gaps (LitData issues #775, the loader state not restored
 through the Trainer, and #770, resume disabled after an external ``load_state_dict`` when an epoch breaks early),
 while the project's :class:`~impulsevit.data.loading.position.LoaderPosition` in every checkpoint already says which
-batch comes next — so resume is exact by construction, and a shard set converted with the ``raw`` preset gives the
-torchvision backend's pixels and batches byte for byte (``tests/data/loading/test_litdata_backend.py``).
+batch comes next — so resume is exact by construction (the draws depend on no worker:
+``tests/e2e/test_exact_resume.py``).
 
 The cost of the global order: it touches chunks at random, so each rank downloads a chunk as often
 as the cache evicts it before its samples are all read; with a cache at least the size of the shard set (the default
@@ -42,6 +66,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -50,7 +75,8 @@ import numpy as np
 
 from impulsevit.data.loading.backends import DataSpec
 from impulsevit.data.loading.position import LoaderPosition
-from impulsevit.data.loading.torchvision_backend import TorchvisionBackend
+from impulsevit.data.loading.sampling import SampleKey, sample_seed
+from impulsevit.data.loading.torchvision_backend import SourceDataset, TorchvisionBackend, seeded_global_rngs
 from impulsevit.data.sources.image_source import ImageSource
 from impulsevit.data.sources.registry import get_dataset
 from impulsevit.data.storage import objstore
@@ -65,7 +91,8 @@ from impulsevit.data.storage.shards import (
 )
 from impulsevit.errors import ConfigError, DataError, StoreError
 
-__all__ = ["LitDataBackend", "ShardSource", "shard_location", "shards_manifest"]
+__all__ = ["CropPlan", "LitDataBackend", "ShardDataset", "ShardSource", "channels_last_batch", "crop_plans",
+           "shard_location", "shards_manifest"]
 
 
 def shard_location(spec: DataSpec, split: str) -> str:
@@ -106,6 +133,7 @@ class ShardSource(ImageSource):
         self._all_labels = np.asarray(labels, dtype=np.int64)
         self._dataset: Any = None
         self._chunks: list[dict] | None = None  # index.json's chunk entries (filename, chunk_size)
+        self._ends: np.ndarray | None = None
         # (seed, world size, block size, lag) of the block order; lag: samples a loader worker may run ahead of another
         self.plan: tuple[int, int, int, int] | None = None
         self._reset_process_state()
@@ -116,10 +144,13 @@ class ShardSource(ImageSource):
         self._orders: dict[int, np.ndarray] = {}
         self._pool: Any = None
         self._client: Any = None
+        # chunk -> its image column (``_compat.litdata.chunk_column`` over a memory map of the file; None: no Arrow
+        # footer, read through LitData), least recently used first
+        self._columns: OrderedDict[int, list | None] = OrderedDict()
 
     def __getstate__(self) -> dict:
         state = {**self.__dict__, "_dataset": None, "_pool": None, "_client": None}
-        state.update(_fetched=set(), _live=None, _orders={})
+        state.update(_fetched=set(), _live=None, _orders={}, _columns=OrderedDict())
         return state
 
     # ------------------------------------------------------------------------------------------------ chunks
@@ -143,10 +174,15 @@ class ShardSource(ImageSource):
                             for c in json.loads(data)["chunks"]]
         return self._chunks
 
+    def chunk_ends(self) -> np.ndarray:
+        """The sample index one past each chunk of the set, ``(chunks,)`` int64."""
+        if self._ends is None:
+            self._ends = np.cumsum([c["chunk_size"] for c in self.chunk_table()]).astype(np.int64)
+        return self._ends
+
     def chunk_of(self) -> np.ndarray:
         """The chunk holding each of this source's samples, ``(len(self),)`` int64, non-decreasing."""
-        ends = np.cumsum([c["chunk_size"] for c in self.chunk_table()])
-        return np.searchsorted(ends, self.indices, side="right").astype(np.int64)
+        return np.searchsorted(self.chunk_ends(), self.indices, side="right").astype(np.int64)
 
     def chunk_sizes(self) -> np.ndarray:
         """This source's samples per chunk of the set, ``(chunks,)`` int64: the block order's ``chunk_sizes`` (the
@@ -265,6 +301,8 @@ class ShardSource(ImageSource):
             return list(dict.fromkeys(owner[order[max(lo, 0):max(hi, 0)]].tolist()))
 
         live = set(chunks(b * block - lag, (b + 2) * block))
+        for c in [c for c in self._columns if c not in live]:
+            del self._columns[c]  # its memory map goes with the last image read from it (disk space freed then)
         for c in sorted(self._fetched - live):
             with contextlib.suppress(OSError):
                 (self.cache_dir / self.chunk_table()[c]["filename"]).unlink()
@@ -280,22 +318,57 @@ class ShardSource(ImageSource):
         with contextlib.suppress(DataError, OSError):  # a failed prefetch is retried, and reported, by the read
             self.fetch(chunk)
 
-    def load(self, index: int, max_side: int | None = None) -> np.ndarray:
-        """Sample ``index`` decoded, ``(H, W, 3)`` uint8.
+    MAPPED_CHUNKS: ClassVar[int] = 64
+    """Chunks whose memory maps a process keeps open (least recently read closed first; under the block order,
+    also those that left the live blocks)."""
+
+    def _column(self, chunk: int) -> list | None:
+        """Chunk ``chunk``'s image column (:func:`impulsevit._compat.litdata.chunk_column`) from its file (the set's
+        folder, or the cache folder where :meth:`fetch` put it); None where LitData must read it (a remote set under
+        the global order, whose chunks LitData downloads and evicts itself, or a chunk without an Arrow footer)."""
+        if chunk in self._columns:
+            self._columns.move_to_end(chunk)
+            return self._columns[chunk]
+        if self._fetches():
+            assert self.cache_dir is not None
+            folder = self.cache_dir
+        elif not objstore.is_remote(self.location):
+            folder = Path(self.location)
+        else:
+            return None
+        import mmap
+
+        from impulsevit._compat.litdata import chunk_column
+
+        with open(folder / self.chunk_table()[chunk]["filename"], "rb") as f:  # a missing file: FileNotFoundError
+            view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+        self._columns[chunk] = column = chunk_column(view, "image")
+        while len(self._columns) > self.MAPPED_CHUNKS:
+            self._columns.popitem(last=False)
+        return column
+
+    def stored(self, index: int) -> memoryview:
+        """Sample ``index``'s stored bytes (:func:`~impulsevit.data.storage.shards.encode_image`'s framing): a view
+        of the chunk file's memory map where the chunk is a local file with an Arrow footer (no LitData item
+        lookup, no copy), else LitData's read of the item.
 
         Raises:
             DataError: the store cannot be read (one line naming the location and the cause)."""
         j = int(self.indices[index])
         for attempt in (0, 1):
             try:
+                chunk = int(np.searchsorted(self.chunk_ends(), j, side="right"))
                 if self._fetches():
-                    chunk = int(np.searchsorted(np.cumsum([c["chunk_size"] for c in self.chunk_table()]), j,
-                                                side="right"))
                     self.fetch(chunk)
+                column = self._column(chunk)
+                if column is not None:
+                    k = j - (int(self.chunk_ends()[chunk - 1]) if chunk else 0)
+                    for first, offsets, values in reversed(column):
+                        if k >= first:
+                            return memoryview(values[int(offsets[k - first]):int(offsets[k - first + 1])])
                 # a slice, not dataset[j]: a slice reads through the chunk file (LitData's ``on_demand_bytes``
                 # would read an int index's bytes alone)
-                item = self._open()[j:j + 1][0]
-                break
+                return memoryview(self._open()[j:j + 1][0]["image"])
             except DataError:
                 raise
             except Exception as exc:  # noqa: BLE001 - LitData / botocore / obstore errors share no base class
@@ -309,7 +382,15 @@ class ShardSource(ImageSource):
                 raise DataError(objstore.store_error(exc, self.location, "reading").args[0]
                                 + " (the last checkpoint is kept: rerun with --resume auto once the store is back)") \
                     from exc
-        return decode_image(item["image"])
+        raise AssertionError("unreachable")
+
+    def load(self, index: int, max_side: int | None = None) -> np.ndarray:
+        """Sample ``index`` decoded (:func:`~impulsevit.data.storage.shards.decode_image`), ``(H, W, 3)`` uint8,
+        read-only.
+
+        Raises:
+            DataError: the store cannot be read (one line naming the location and the cause)."""
+        return decode_image(self.stored(index))
 
     def _evicted(self, exc: BaseException) -> bool:
         """Whether ``exc`` is a chunk missing from this source's cache folder: another reader sharing the folder (a
@@ -335,6 +416,120 @@ class ShardSource(ImageSource):
         return tuple(self.load(index).shape[:2])  # type: ignore[return-value]
 
 
+class CropPlan:
+    """The fast path's transform of a decoded image into the ``(S, S, 3)`` uint8 the model gets, compiled by numba
+    (:mod:`impulsevit.data.loading.resample`): for training, the FFCV decoder's draws and resample
+    (:func:`~impulsevit.data.loading.resample.train_crop`: ``RandomResizedCrop(S, scale, ratio)`` geometry and a
+    flip with probability ``flip_prob``, from the key (seed, epoch, 0, stored sample index, occurrence), occurrence 0
+    — or, with repeated augmentation, 1 + the sample's global position, so the copies of an image draw
+    differently); for evaluation, timm's ``Resize(floor(S / crop_pct))`` + ``CenterCrop(S)``. ``rest``: the timm
+    transforms that follow the crop and flip (RandAugment, colour jitter), applied by PIL to the crop under the
+    torchvision backend's seeded RNGs, or None."""
+
+    def __init__(self, size: int, *, train: bool, interpolation: str, scale: tuple[float, float] = (0.08, 1.0),
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3), flip_prob: float = 0.5, crop_pct: float = 0.875,
+                 seed: int = 0, repeated: bool = False, rest: Any = None) -> None:
+        from impulsevit.data.loading.filters import FILTERS
+
+        self.size, self.train, self.kind = int(size), bool(train), FILTERS[interpolation]
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.log_ratio = (float(np.log(ratio[0])), float(np.log(ratio[1])))
+        self.flip_prob, self.crop_pct, self.seed = float(flip_prob), float(crop_pct), int(seed)
+        self.repeated, self.rest = bool(repeated), rest
+
+    def __call__(self, pixels: np.ndarray, index: int, epoch: int = 0, position: int = 0) -> np.ndarray:
+        """``pixels`` ``(H, W, 3)`` uint8 (C-contiguous) of stored sample ``index`` → ``(S, S, 3)`` uint8."""
+        from impulsevit.data.loading import resample as rs
+
+        out = np.empty((self.size, self.size, 3), dtype=np.uint8)
+        if pixels.flags.writeable:  # one compiled variant of the kernels: read-only sources (the stored raw images)
+            pixels = pixels.view()
+            pixels.flags.writeable = False
+        if self.train:
+            rs.train_crop(pixels, self.seed, int(epoch), 0, int(index), int(position) + 1 if self.repeated else 0,
+                          self.scale[0], self.scale[1], self.log_ratio[0], self.log_ratio[1], self.flip_prob,
+                          self.kind, out)
+        else:
+            rs.resize_short_crop_center(pixels, pixels.shape[0], pixels.shape[1], self.crop_pct, out, self.kind)
+        return out
+
+
+def crop_plans(spec: DataSpec, train_tf: Any) -> tuple[CropPlan | None, CropPlan | None]:
+    """The fast path's ``(train, eval)`` plans for ``spec`` (``train_tf``: timm's train transform of it,
+    :func:`~impulsevit.data.loading.torchvision_backend.timm_transforms`), each None where it does not apply:
+    numba not importable (the ``litdata`` extra installs it), an interpolation other than ``bicubic`` /
+    ``bilinear``, or a train transform that does not start with timm's random resized crop and (optional)
+    horizontal flip and end with its tensor conversion (then PIL runs timm's transforms, with their own draws)."""
+    from timm.data.transforms import MaybePILToTensor, RandomResizedCropAndInterpolation
+    from torchvision.transforms import Compose, RandomHorizontalFlip
+
+    from impulsevit.data.loading.filters import FILTERS
+
+    try:
+        import impulsevit.data.loading.resample  # noqa: F401 - numba
+    except ImportError:
+        return None, None
+    if spec.interpolation not in FILTERS:
+        return None, None
+    evaluate = CropPlan(spec.image_size, train=False, interpolation=spec.interpolation, crop_pct=spec.crop_pct)
+    aug = spec.augment
+    steps = list(train_tf.transforms) if isinstance(train_tf, Compose) else []
+    head = 2 if aug.hflip > 0 else 1
+    if (len(steps) < head + 1 or type(steps[0]) is not RandomResizedCropAndInterpolation
+            or isinstance(steps[0].interpolation, (tuple, list))
+            or (aug.hflip > 0 and type(steps[1]) is not RandomHorizontalFlip)
+            or type(steps[-1]) is not MaybePILToTensor):
+        return None, evaluate
+    middle = steps[head:-1]
+    train = CropPlan(spec.image_size, train=True, interpolation=spec.interpolation, scale=tuple(aug.scale),
+                     ratio=tuple(aug.ratio), flip_prob=aug.hflip, seed=spec.seed, repeated=aug.repeated_aug > 1,
+                     rest=Compose([*middle, steps[-1]]) if middle else None)
+    return train, evaluate
+
+
+def channels_last_batch(samples: list[tuple[Any, int]]) -> tuple[Any, Any]:
+    """``DataLoader``'s default collation of ``(uint8 (S, S, 3) tensor, label)`` samples (in a worker, into shared
+    memory), the images then viewed as ``(B, 3, S, S)`` (channels-last strides)."""
+    from torch.utils.data import default_collate
+
+    images, labels = default_collate(samples)
+    return images.permute(0, 3, 1, 2), labels
+
+
+class ShardDataset(SourceDataset):
+    """A :class:`~impulsevit.data.loading.torchvision_backend.SourceDataset` over a :class:`ShardSource` that,
+    given a :class:`CropPlan`, decodes and crops with it: ``(uint8 (S, S, 3) tensor, label)`` collated by
+    :attr:`collate_fn` (:func:`channels_last_batch`) into the ``(B, 3, S, S)`` batches of the other paths, or
+    ``(uint8 (3, S, S) tensor, label)`` where the plan has timm transforms to run after the crop; without a plan,
+    the torchvision backend's PIL transforms."""
+
+    def __init__(self, source: ShardSource, transform: Any, seed: int = 0, plan: CropPlan | None = None) -> None:
+        super().__init__(source, transform, seed)
+        self.plan = plan
+        # the plan's samples are (S, S, 3) HWC tensors: stacked as they are and handed on as a channels-last
+        # (B, 3, S, S) view, as the FFCV loader's batches (a CHW sample would cost a transposing copy each)
+        self.collate_fn = channels_last_batch if plan is not None and plan.rest is None else None
+
+    def __getitem__(self, key: int | SampleKey):  # noqa: ANN204
+        if self.plan is None:
+            return super().__getitem__(key)
+        import torch
+
+        sample = isinstance(key, SampleKey)
+        if sample:
+            self.source.follow(key.epoch, key.position)
+        i, pixels = self._readable(key.index if sample else int(key))
+        label = int(self.source.labels[i])
+        out = self.plan(pixels, int(self.source.indices[i]), *((key.epoch, key.position) if sample else ()))
+        if self.plan.rest is None:
+            return torch.from_numpy(out), label
+        from PIL import Image
+
+        with seeded_global_rngs(sample_seed(self.seed, key.epoch, key.position)) if sample \
+                else contextlib.nullcontext():
+            return self.plan.rest(Image.fromarray(out)), label
+
+
 class LitDataBackend(TorchvisionBackend):
     """:class:`~impulsevit.data.loading.backends.Backend` over LitData shard sets (module docstring)."""
 
@@ -344,6 +539,18 @@ class LitDataBackend(TorchvisionBackend):
     def __init__(self, spec: DataSpec) -> None:
         super().__init__(spec)
         self._manifests: dict[str, dict] = {}
+
+    def setup(self, stage: str | None, known_classes: list[str] | None) -> list[str] | None:
+        """The torchvision backend's datasets, as :class:`ShardDataset` with the fast path's plans
+        (:func:`crop_plans`) where they apply."""
+        from impulsevit.data.loading.torchvision_backend import timm_transforms
+
+        classes = super().setup(stage, known_classes)
+        plans = dict(zip(("train", "val"), crop_plans(self.spec, timm_transforms(self.spec)[0])))
+        for name, ds in self.sets.items():
+            assert isinstance(ds.source, ShardSource)
+            self.sets[name] = ShardDataset(ds.source, ds.transform, ds.seed, plans[name])
+        return classes
 
     def location(self, split: str) -> str:
         """The shard set of ``split`` (:func:`shard_location`)."""

@@ -33,7 +33,7 @@ from impulsevit.data.loading.filters import BICUBIC, BILINEAR, FILTERS, PRECISIO
 
 __all__ = [
     "BICUBIC", "BILINEAR", "FILTERS", "center_crop_geometry", "copy_window", "draw_uniform", "hflip",
-    "random_resized_crop", "resample_crop", "resize_short_crop_center", "sample_key", "uniform",
+    "random_resized_crop", "resample_crop", "resize_short_crop_center", "sample_key", "train_crop", "uniform",
 ]
 
 
@@ -425,3 +425,18 @@ def random_resized_crop(height: int, width: int, scale0: float, scale1: float, l
         w = width
         h = height
     return (height - h) // 2, (width - w) // 2, h, w
+
+
+@njit(cache=True)
+def train_crop(src: np.ndarray, seed: int, epoch: int, rank: int, index: int, occurrence: int, scale0: float,
+               scale1: float, log_ratio0: float, log_ratio1: float, flip_prob: float, kind: int,
+               dst: np.ndarray) -> None:
+    """The FFCV training decoder's augmentation of one decoded image ``src`` ``(H, W, 3)`` uint8 into ``dst``
+    ``(S, S, 3)`` uint8, for the litdata backend's workers: the key :func:`sample_key` ``(seed, epoch, rank, index,
+    occurrence)``, torchvision's ``RandomResizedCrop`` geometry from it (:func:`random_resized_crop`), a
+    horizontal flip when ``uniform(key, 22) < flip_prob``, the crop box resampled (:func:`resample_crop`) — the
+    draws and pixels of :func:`impulsevit.data.loading.ffcv_decoder.resample_decoder` for the same arguments."""
+    key = sample_key(seed, epoch, rank, index, occurrence)
+    i, j, h, w = random_resized_crop(src.shape[0], src.shape[1], scale0, scale1, log_ratio0, log_ratio1, key)
+    flip = flip_prob > 0 and uniform(key, 22) < flip_prob
+    resample_crop(src, i, j, h, w, dst.shape[0], dst.shape[1], 0, 0, dst, kind, flip)

@@ -157,14 +157,14 @@ class TorchvisionBackend(Backend):
     def needs_setup(self, train: bool) -> bool:
         return ("train" if train else "val") not in self.sets
 
-    def _common(self, position: LoaderPosition, batch_size: int) -> dict[str, Any]:
+    def _common(self, position: LoaderPosition, batch_size: int, ds: Dataset) -> dict[str, Any]:
         # Explicit generators: a DataLoader without one draws its worker base seed from torch's global RNG at every
         # iter(), which would shift the training stream (drop path, mixup) between fresh and resumed runs.
         generator = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + position.rank)
         workers = self.spec.num_workers
         return dict(batch_size=batch_size, num_workers=workers, generator=generator,
                     persistent_workers=workers > 0, pin_memory=torch.cuda.is_available(),
-                    worker_init_fn=worker_init_fn(position.rank))
+                    worker_init_fn=worker_init_fn(position.rank), collate_fn=getattr(ds, "collate_fn", None))
 
     def train_loader(self, position: LoaderPosition, batch_size: int,
                      device: torch.device | None = None) -> ResumableDataLoader:
@@ -176,7 +176,7 @@ class TorchvisionBackend(Backend):
                                repeats=self.spec.augment.repeated_aug, batch_size=batch_size,
                                **self.order_arguments(position, batch_size))
         sampler.set_epoch(position.epoch)
-        return ResumableDataLoader(ds, sampler=sampler, drop_last=True, **self._common(position, batch_size))
+        return ResumableDataLoader(ds, sampler=sampler, drop_last=True, **self._common(position, batch_size, ds))
 
     def order_arguments(self, position: LoaderPosition, batch_size: int) -> dict[str, Any]:
         """Extra :class:`~impulsevit.data.loading.sampling.EpochSampler` arguments of the training order: none here
@@ -188,4 +188,4 @@ class TorchvisionBackend(Backend):
         world = position.world_size
         sampler = DistributedSampler(ds, num_replicas=world, rank=position.rank, shuffle=False,
                                      seed=self.spec.seed) if world > 1 else None
-        return DataLoader(ds, sampler=sampler, drop_last=False, **self._common(position, batch_size))
+        return DataLoader(ds, sampler=sampler, drop_last=False, **self._common(position, batch_size, ds))

@@ -94,20 +94,114 @@ def test_convert_uploads_exactly_the_shard_sets_and_skips_them_when_up_to_date(s
     assert code == 0 and _keys(store) == keys  # up to date: nothing uploaded again
 
 
+def _crops(dm: ImageDataModule, torchvision_dm: ImageDataModule, epoch: int = 1, rank: int = 0, world: int = 1) -> list:
+    """The training batches of ``epoch`` as the fast path makes them from the torchvision backend's pixels: its
+    order and labels, each image through the litdata backend's :class:`CropPlan` (the FFCV decoder's draws)."""
+    plan = dm.data_backend.sets["train"].plan
+    source = torchvision_dm.data_backend.sets["train"].source
+    loader = torchvision_dm.loader(True, LoaderPosition(epoch=epoch, batches_done=0, rank=rank, world_size=world))
+    out = []
+    for batch in loader.batch_sampler:
+        xs = [torch.from_numpy(plan(np.ascontiguousarray(source.load(k.index)), k.index, k.epoch, k.position))
+              .permute(2, 0, 1) for k in batch]
+        out.append([torch.stack(xs), torch.tensor([int(source.labels[k.index]) for k in batch])])
+    return out
+
+
 @pytest.mark.parametrize("where", ["local", "s3"])
-def test_batches_are_the_torchvision_backends_byte_for_byte(where, local_set, remote_set, torchvision_dm, tmp_path,
-                                                            store):
+def test_batches_are_the_torchvision_backends_with_the_fast_crop(where, local_set, remote_set, torchvision_dm,
+                                                                 tmp_path, store):
+    """Same order, labels and eval pixels as the torchvision backend, byte for byte; the training crops are the
+    fast path's (the FFCV decoder's draws and resample, ``test_fast_path_equals_the_ffcv_loader``)."""
     root = local_set if where == "local" else remote_set
     before = _keys(store)
     dm = ImageDataModule(backend="litdata", root=root, cache_dir=str(tmp_path / "cache"), order="global", **KW)
     assert dm.num_classes == 10
     dm.setup("fit")
     assert dm.class_names == torchvision_dm.class_names
-    assert _same(_batches(dm, True), _batches(torchvision_dm, True))  # order, crops, flips: same pixels
-    assert _same(_batches(dm, False), _batches(torchvision_dm, False))  # the eval transform
+    assert dm.data_backend.sets["train"].plan is not None  # numba is installed with the litdata extra
+    assert _same(_batches(dm, True), _crops(dm, torchvision_dm))  # order, labels, the fast path's crops and flips
+    assert _same(_batches(dm, False), _batches(torchvision_dm, False))  # the eval transform: timm's pixels
     assert _keys(store) == before  # reading writes nothing to the store
     if where == "s3":
         assert any((tmp_path / "cache").rglob("chunk-0-0.bin"))  # read through the local cache
+
+
+def test_without_numba_the_batches_are_the_torchvision_backends_byte_for_byte(local_set, torchvision_dm, tmp_path,
+                                                                              monkeypatch):
+    """The PIL fallback (no numba, or a transform the fast path does not cover): timm's transforms and draws."""
+    from impulsevit.data.loading import litdata_backend
+
+    monkeypatch.setattr(litdata_backend, "crop_plans", lambda spec, tf: (None, None))
+    dm = ImageDataModule(backend="litdata", root=local_set, order="global", **KW)
+    dm.setup("fit")
+    assert _same(_batches(dm, True), _batches(torchvision_dm, True))
+    assert _same(_batches(dm, False), _batches(torchvision_dm, False))
+
+
+def test_stored_bytes_are_litdatas_and_jpegs_decode_to_pils_pixels(tmp_path):
+    """:meth:`ShardSource.stored` (the chunk file's Arrow column, no LitData item lookup) returns LitData's bytes for
+    every sample of a set of several chunks; its JPEGs decode (libjpeg-turbo via torchvision) to PIL's pixels."""
+    from litdata import StreamingDataset
+    from PIL import Image
+
+    from impulsevit.data.loading.litdata_backend import ShardSource
+    from impulsevit.data.sources.image_source import ArraySource
+
+    rng = np.random.default_rng(0)
+    low = rng.integers(0, 256, (24, 4, 5, 3), dtype=np.uint8)
+    imgs = np.stack([np.asarray(Image.fromarray(x).resize((90, 70), Image.Resampling.BICUBIC)) for x in low])
+    src = ArraySource(imgs, np.arange(24) % 3, ["a", "b", "c"], "test")
+    write_shards(src, str(tmp_path / "set"), PRESETS["short256"], progress=False, log=lambda _: None,
+                 chunk_bytes=60000)
+    source = ShardSource(str(tmp_path / "set"), ["a", "b", "c"], np.arange(24) % 3, np.arange(24), None, "1GB", 5.0)
+    assert len(source.chunk_table()) > 2
+    litdata = StreamingDataset(str(tmp_path / "set"))
+    kinds = set()
+    for i in range(24):
+        stored = bytes(source.stored(i))
+        assert stored == litdata[i:i + 1][0]["image"], i
+        kinds.add(stored[:1])
+        if stored[:1] == b"J":
+            with Image.open(io.BytesIO(stored[1:])) as im:
+                np.testing.assert_array_equal(source.load(i), np.asarray(im.convert("RGB")))
+    assert kinds == {b"J", b"R"}  # short256 stores about half the images as JPEG
+
+
+@pytest.mark.ffcv
+def test_fast_path_equals_the_ffcv_loader(tmp_path):
+    """Two real loaders on the same stored pixels (the ``raw`` preset; FFCV's own JPEG decode differs from
+    libjpeg-turbo's accurate one): the litdata backend's training dataset in a ``DataLoader`` and the FFCV loader
+    give every image the same crop, flip and bicubic pixels, byte for byte (each image its own label)."""
+    pytest.importorskip("ffcv")
+    from PIL import Image
+
+    from impulsevit.data.loading.ffcv_loader import build_ffcv_loader
+    from impulsevit.data.loading.litdata_backend import CropPlan, ShardDataset, ShardSource
+    from impulsevit.data.loading.sampling import EpochSampler
+    from impulsevit.data.sources.image_source import ArraySource
+    from impulsevit.data.storage.convert import convert_split
+
+    rng = np.random.default_rng(1)
+    low = rng.integers(0, 256, (16, 4, 5, 3), dtype=np.uint8)
+    imgs = np.stack([np.asarray(Image.fromarray(x).resize((45, 38), Image.Resampling.BICUBIC)) for x in low])
+    src = ArraySource(imgs, np.arange(16), [str(i) for i in range(16)], "test")
+    convert_split(src, tmp_path / "s.beton", PRESETS["raw"], workers=1, progress=False, log=lambda _: None)
+    write_shards(src, str(tmp_path / "set"), PRESETS["raw"], progress=False, log=lambda _: None)
+    ffcv = build_ffcv_loader(tmp_path / "s.beton", train=True, image_size=24, batch_size=4, num_workers=1,
+                             in_memory=True, seed=3)
+    source = ShardSource(str(tmp_path / "set"), src.classes, src.labels, np.arange(16), None, "1GB", 5.0)
+    ds = ShardDataset(source, None, seed=3, plan=CropPlan(24, train=True, interpolation="bicubic", seed=3))
+    sampler = EpochSampler(ds, seed=3, batch_size=4)
+    ours = torch.utils.data.DataLoader(ds, batch_size=4, sampler=sampler, num_workers=0, collate_fn=ds.collate_fn)
+    for epoch in (0, 2):
+        ffcv.set_epoch(epoch)
+        sampler.set_epoch(epoch)
+        theirs = {int(b): a.permute(1, 2, 0).numpy().copy() for x, y in ffcv for a, b in zip(x, y)}
+        mine = {int(b): a.permute(1, 2, 0).numpy().copy() for x, y in ours for a, b in zip(x, y)}
+        assert sorted(mine) == sorted(theirs) == list(range(16))
+        for i in range(16):
+            np.testing.assert_array_equal(mine[i], theirs[i], err_msg=f"epoch {epoch}, image {i}")
 
 
 def test_two_ranks_share_out_an_epoch_without_duplicates(local_set, torchvision_dm, tmp_path):
@@ -122,7 +216,7 @@ def test_two_ranks_share_out_an_epoch_without_duplicates(local_set, torchvision_
     for rank in (0, 1):
         loader = dm.loader(True, LoaderPosition(epoch=0, batches_done=0, rank=rank, world_size=2))
         plans.append(loader.sampler.plan()[0])
-        assert _same(list(loader), _batches(torchvision_dm, True, epoch=0, rank=rank, world=2))
+        assert _same(list(loader), _crops(dm, torchvision_dm, epoch=0, rank=rank, world=2))
     assert len(set(plans[0]) & set(plans[1])) == 0 and sorted([*plans[0], *plans[1]]) == list(range(64))
 
 
