@@ -42,7 +42,7 @@ page cache) every round times one epoch of every contender, in rotating order; t
 rounds. ``ratio`` = torchvision time / contender time per image (> 1: faster than torchvision).
 
     python benchmarks/loader_speed.py [--num-images 2000] [--workers 2] [--batch-size 64] [--rounds 3]
-    python benchmarks/loader_speed.py --smoke   # seconds: 96 images, 224 px, short256 only, 1 round (the suite's)
+    python benchmarks/loader_speed.py --smoke   # seconds: 48 images, 224 px, short256 only, 1 round (the suite's)
 
 The last line is ``ratio: X`` for ``ffcv:short256`` (the preset of the large-image recipes and the datamodule's
 default for large-image datasets: shorter side stored at 256 px) at 224 px. ``res256`` (longer side capped at 256,
@@ -280,13 +280,13 @@ def main(argv: list[str] | None = None) -> float:
                    help="the litdata shard sets' chunk size (LitData's chunk_bytes; the converter's default is 64MB, "
                         "~600 images: a benchmark set of a few thousand images would be a handful of chunks)")
     p.add_argument("--smoke", action="store_true",
-                   help="a few seconds: 96 images, batch 16, 1 worker, 224 px, the short256 preset only, 1 round, "
+                   help="a few seconds: 48 images, batch 16, 1 worker, 224 px, the short256 preset only, 1 round, "
                         "no torchvision@256 row (checks that every contender runs; the numbers mean nothing)")
     args = p.parse_args(argv)
     if args.smoke:
-        args.num_images, args.batch_size, args.workers, args.rounds = 96, 16, 1, 1
+        args.num_images, args.batch_size, args.workers, args.rounds = 48, 16, 1, 1
         args.sizes, args.presets, args.loader_presets, args.no_capped = [224], [DEFAULT_PRESET], [DEFAULT_PRESET], True
-        args.block_size = 32
+        args.block_size = 16
     for name in {*args.presets, *args.loader_presets, DEFAULT_PRESET}:
         if name not in PRESETS:
             p.error(f"unknown preset {name!r}; known: {sorted(PRESETS)}")

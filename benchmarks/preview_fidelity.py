@@ -18,8 +18,8 @@ photo and only the 32 px recipe, to check that the script runs)
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
+import contextlib
+import io
 import tempfile
 from pathlib import Path
 
@@ -28,6 +28,8 @@ import torch
 from PIL import Image
 from timm.data import create_transform
 from torchvision.datasets import ImageFolder
+
+from impulsevit.cli.entry import main as impulsevit_main
 
 
 def _default_photos() -> list[Path]:
@@ -56,6 +58,15 @@ def _tree(photos: list[Path], tree: Path, small: bool) -> int:
     return k
 
 
+def _impulsevit(*argv: str) -> None:
+    """``impulsevit ARGV`` in this process (one interpreter start for every command), its stdout dropped; raises
+    when the command fails."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        status = impulsevit_main(list(argv))
+    if status != 0:
+        raise RuntimeError(f"impulsevit {' '.join(argv)}: exit status {status}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--photos", nargs="+", type=Path, default=None)
@@ -79,15 +90,13 @@ def main() -> None:
             if backend == "litdata":  # the streaming backend reads a shard set converted from the same tree
                 root = work / f"shards_{recipe}"
                 for split in ("train", "val"):
-                    subprocess.run([sys.executable, "-m", "impulsevit.cli", "convert", "imagefolder", str(root),
-                                    "--root", str(tree), "--format", "litdata", "--split", split, "--no-progress"],
-                                   check=True, stdout=subprocess.DEVNULL)
+                    _impulsevit("convert", "imagefolder", str(root), "--root", str(tree), "--format", "litdata",
+                                "--split", split, "--no-progress")
             out = work / f"out_{recipe}_{backend}"
-            subprocess.run([sys.executable, "-m", "impulsevit.cli", "data", "preview", "--recipe", recipe, "--split",
-                            "val", "--num", str(n), "--out", str(out), "--data.init_args.dataset=imagefolder",
-                            f"--data.init_args.root={root}", f"--data.init_args.backend={backend}",
-                            "--data.init_args.num_workers=1", f"--data.init_args.cache_dir={work / 'ffcv'}",
-                            "--data.init_args.augment.repeated_aug=1"], check=True, stdout=subprocess.DEVNULL)
+            _impulsevit("data", "preview", "--recipe", recipe, "--split", "val", "--num", str(n), "--out", str(out),
+                        "--data.init_args.dataset=imagefolder", f"--data.init_args.root={root}",
+                        f"--data.init_args.backend={backend}", "--data.init_args.num_workers=1",
+                        f"--data.init_args.cache_dir={work / 'ffcv'}", "--data.init_args.augment.repeated_aug=1")
             r = torch.load(out / "val.pt", weights_only=True)
             psnr = []
             for i, index in enumerate(r["indices"].tolist()):

@@ -75,8 +75,8 @@ COMMANDS: dict[str, Form] = {
     "impulsevit test --recipe quickstart --resume auto": run(*SMALL),
     "impulsevit fit --recipe cpu_fmnist_vit --name pre": run(*SMALL),
     "impulsevit fit --recipe cpu_digits_finetune --model.pretrained=runs/pre/checkpoints/last.ckpt": run(*SMALL),
-    "impulsevit probe runs/pre/checkpoints/last.ckpt --recipe cpu_digits_finetune": run(
-        "--data.init_args.backend=torchvision"),
+    "impulsevit probe runs/pre/checkpoints/last.ckpt --recipe cpu_digits_finetune": run(  # features of 256 + 128
+        "--data.init_args.backend=torchvision", "--data.init_args.train_subset=256", "--data.init_args.val_subset=128"),
     "impulsevit export runs/quickstart/checkpoints/last.ckpt vit/ [--ema]": run(),
     "impulsevit predict vit/ my_images/ --out predictions.csv": run(),
     "impulsevit runs [runs/] [--status failed,preempted] [--recipe R] [--json]": run(),
