@@ -32,6 +32,11 @@ and bicubic resample of the crop box, in ``num_workers`` processes), in the bloc
 ``--chunk-bytes`` chunks: whole chunks, the next block prefetched, chunks outside the live blocks deleted, so every
 epoch of the ``@s3`` row downloads the set again through a cache of a few blocks); ``/ decode-limit`` is printed for
 them too.
+``litdata:short256@s3-slow`` reads the same uploaded set as a distant store serves it: through
+:class:`ThrottledProxy` on 127.0.0.1 in front of the moto server (``--slow-latency-ms``, default 50 ms from each
+request to its response's first byte; ``--slow-rate``, default 100 MB/s per connection), its own chunk cache, so the
+row shows how much of the latency the block order's background prefetch (``ShardSource.follow``) hides;
+``@s3 / local`` and ``@s3-slow / local`` are printed per size.
 
 The process runs with the malloc setting ``impulsevit fit`` applies (:mod:`impulsevit.memory`: blocks above 32 MiB,
 such as a normalised 64 × 224² batch, are reused rather than page-faulted in again every batch) — for both
@@ -75,6 +80,7 @@ DEFAULT_PRESET = "short256"
 TARGET = 3.0
 LIMIT, LIMIT_TARGET = "decode-limit", 0.7
 DEVICE = f"ffcv:{DEFAULT_PRESET}+device"  # data.resample_on=device: the workers decode and copy, the device resamples
+LOCAL, S3, SLOW = "litdata:short256", "litdata:short256@s3", "litdata:short256@s3-slow"
 
 
 def make_jpegs(root: Path, n: int, seed: int = 0) -> None:
@@ -227,6 +233,116 @@ def start_loopback_s3() -> tuple[object, str]:
     return server, "s3://bench/set"
 
 
+class ThrottledProxy:
+    """A TCP proxy on 127.0.0.1 in front of the HTTP endpoint ``upstream`` (``http://host:port``) that makes a
+    loopback object store look distant: the first byte of every response is held until ``latency_s`` after the first
+    byte of its request (a round trip plus the store's time to first byte), and each connection's responses stream
+    at ``rate`` bytes/s at most (paced after every read of up to 64 KiB). Requests pass unthrottled.
+
+    A response is whatever the upstream sends after the client has sent something, which is plain HTTP/1.1's
+    request–response on a keep-alive connection (boto3's); not supported: pipelined requests, TLS (only the timing of
+    whole responses would be off: the bytes pass unchanged). Hand-written on stdlib ``socketserver`` threads (two per
+    connection) because no installed package throttles a TCP stream (toxiproxy is a separate Go server)."""
+
+    CHUNK = 64 * 1024
+
+    def __init__(self, upstream: str, latency_s: float = 0.05, rate: float = 100e6) -> None:
+        import socketserver
+        import threading
+        from urllib.parse import urlsplit
+
+        url = urlsplit(upstream)
+        if url.scheme != "http" or url.hostname is None or url.port is None:
+            raise ValueError(f"ThrottledProxy: upstream must be http://host:port, not {upstream!r}")
+        if latency_s < 0 or rate <= 0:
+            raise ValueError(f"ThrottledProxy: latency_s >= 0 and rate > 0 needed (got {latency_s}, {rate})")
+        self.upstream, self.latency_s, self.rate = (url.hostname, url.port), latency_s, rate
+        self._open: set = set()  # the sockets of live connections, closed by stop()
+        proxy = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                proxy._serve(self.request)
+
+        class Server(socketserver.ThreadingTCPServer):
+            daemon_threads, request_queue_size = True, 64
+
+        self._server = Server(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="throttled-proxy", daemon=True)
+        self._thread.start()
+
+    def _serve(self, client) -> None:  # noqa: ANN001 - a connected socket
+        import contextlib
+        import socket
+        import threading
+
+        upstream = socket.create_connection(self.upstream)
+        self._open |= {client, upstream}
+        asked = threading.Event()  # the client sent a request whose response has not begun
+        asked_at = [0.0]
+
+        def forward_requests() -> None:
+            with contextlib.suppress(OSError):
+                while data := client.recv(self.CHUNK):
+                    if not asked.is_set():
+                        asked_at[0] = time.perf_counter()
+                        asked.set()
+                    upstream.sendall(data)
+            with contextlib.suppress(OSError):
+                upstream.shutdown(socket.SHUT_WR)  # the client is done: the upstream closes, ending the loop below
+
+        requests = threading.Thread(target=forward_requests, daemon=True)
+        requests.start()
+        start, sent = time.perf_counter(), 0
+        with contextlib.suppress(OSError):
+            while data := upstream.recv(self.CHUNK):
+                if asked.is_set():  # the first bytes of a response
+                    asked.clear()
+                    time.sleep(max(0.0, asked_at[0] + self.latency_s - time.perf_counter()))
+                    start, sent = time.perf_counter(), 0
+                client.sendall(data)
+                sent += len(data)
+                time.sleep(max(0.0, start + sent / self.rate - time.perf_counter()))
+        for sock in (upstream, client):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        upstream.close()
+        requests.join()
+        self._open -= {client, upstream}
+
+    def stop(self) -> None:
+        """Stop accepting and cut the live connections."""
+        import contextlib
+        import socket
+
+        self._server.shutdown()
+        self._server.server_close()
+        for sock in list(self._open):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def _use_endpoint(endpoint: str, then: Callable[[int], None] | None, worker_id: int) -> None:
+    """A loader worker's ``worker_init_fn``: this process's S3 clients (created lazily, after it) go to
+    ``endpoint``."""
+    os.environ["AWS_ENDPOINT_URL"] = endpoint
+    if then is not None:
+        then(worker_id)
+
+
+def through_endpoint(loader: torch.utils.data.DataLoader, endpoint: str) -> torch.utils.data.DataLoader:
+    """``loader`` with its worker processes reading the object store at ``endpoint`` instead of the process's
+    ``AWS_ENDPOINT_URL`` (the main process, and other loaders, keep theirs). Needs ``num_workers >= 1``: the chunk
+    reads of a 0-worker loader run in the main process."""
+    import functools
+
+    if loader.num_workers < 1:
+        raise ValueError("through_endpoint: needs a loader with worker processes (num_workers >= 1)")
+    loader.worker_init_fn = functools.partial(_use_endpoint, endpoint, loader.worker_init_fn)
+    return loader
+
+
 def interleaved(loaders: dict[str, Iterable], rounds: int,
                 consumers: dict[str, Callable[[torch.Tensor], None]] | None = None) -> dict[str, float]:
     """Median images/s of each loader over ``rounds`` timed epochs, interleaved (after one warm-up epoch each);
@@ -271,6 +387,11 @@ def main(argv: list[str] | None = None) -> float:
     p.add_argument("--no-capped", action="store_true", help="skip the torchvision@256 context row")
     p.add_argument("--no-device", action="store_true", help=f"skip the {DEVICE} row")
     p.add_argument("--no-litdata", action="store_true", help="skip the litdata rows (local folder, loopback S3)")
+    p.add_argument("--no-slow", action="store_true", help=f"skip the {SLOW} row (loopback S3 behind a throttled proxy)")
+    p.add_argument("--slow-latency-ms", type=float, default=50.0,
+                   help=f"the {SLOW} row's proxy: milliseconds from each request to its response's first byte")
+    p.add_argument("--slow-rate", type=float, default=100.0,
+                   help=f"the {SLOW} row's proxy: MB/s per connection at most (decimal megabytes)")
     p.add_argument("--block-size", type=int, default=256,
                    help="the litdata rows' data.storage.block_size (samples; the backend's default is 65,536: a "
                         "benchmark set is small, and a block ~10%% of it keeps the cache at a few blocks)")
@@ -280,8 +401,9 @@ def main(argv: list[str] | None = None) -> float:
                    help="the litdata shard sets' chunk size (LitData's chunk_bytes; the converter's default is 64MB, "
                         "~600 images: a benchmark set of a few thousand images would be a handful of chunks)")
     p.add_argument("--smoke", action="store_true",
-                   help="a few seconds: 48 images, batch 16, 1 worker, 224 px, the short256 preset only, 1 round, "
-                        "no torchvision@256 row (checks that every contender runs; the numbers mean nothing)")
+                   help=f"a few seconds: 48 images, batch 16, 1 worker, 224 px, the short256 preset only, 1 round, "
+                        f"no torchvision@256 row, the loopback S3 only through the proxy ({SLOW}: the @s3 row's "
+                        f"code path and the proxy; checks that every contender runs; the numbers mean nothing)")
     args = p.parse_args(argv)
     if args.smoke:
         args.num_images, args.batch_size, args.workers, args.rounds = 48, 16, 1, 1
@@ -309,19 +431,31 @@ def main(argv: list[str] | None = None) -> float:
         source = image_folder_source(tmp / "jpegs")
         to_convert = list(dict.fromkeys([*args.presets, *args.loader_presets, DEFAULT_PRESET]))
         mib = convert_table(source, tmp, to_convert, args.workers, args.num_images)
-        server = None
+        server = proxy = None
         if not args.no_litdata:
             from impulsevit.data.storage.shards import write_shards
 
-            shard_dirs = {"litdata:short256": str(tmp / "shards")}
-            m = write_shards(source, shard_dirs["litdata:short256"], PRESETS[DEFAULT_PRESET], progress=False,
+            shard_dirs = {LOCAL: str(tmp / "shards")}
+            m = write_shards(source, shard_dirs[LOCAL], PRESETS[DEFAULT_PRESET], progress=False,
                              log=lambda _: None, chunk_bytes=args.chunk_bytes)
             server, url = start_loopback_s3()
             write_shards(source, url, PRESETS[DEFAULT_PRESET], progress=False, log=lambda _: None,
                          chunk_bytes=args.chunk_bytes)
-            shard_dirs["litdata:short256@s3"] = url
+            shard_dirs[S3] = url
             mib["litdata"] = m["bytes"] / 2**20
             log(f"litdata shard set ({DEFAULT_PRESET}): {mib['litdata']:.1f} MiB, local and on loopback S3 {url}")
+            if args.no_slow:
+                pass
+            elif args.workers < 1:
+                log(f"{SLOW}: left out (its workers read through the proxy: needs --workers >= 1)")
+            else:
+                proxy = ThrottledProxy(os.environ["AWS_ENDPOINT_URL"], args.slow_latency_ms / 1000,
+                                       args.slow_rate * 1e6)
+                shard_dirs[SLOW] = url
+                log(f"{SLOW}: the same set through a throttled proxy {proxy.endpoint}: {args.slow_latency_ms:g} ms "
+                    f"to each response's first byte, {args.slow_rate:g} MB/s per connection")
+                if args.smoke:  # the same code path as the @s3 row's, the proxy added: one of the two suffices
+                    del shard_dirs[S3]
 
         loader_presets = list(dict.fromkeys([DEFAULT_PRESET, *args.loader_presets]))
         ratios: dict[tuple[int, str], float] = {}
@@ -332,7 +466,7 @@ def main(argv: list[str] | None = None) -> float:
                 f"the resample runs on the training device and is not in this table (benchmarks/"
                 f"device_resample_speed.py times it); its consumer only takes the canvas batch, as a GPU run's host "
                 f"does (FFCV's ToDevice copy is not timed: no GPU here)")
-        log(f"\n{'size':>5} {'loader':<22} {'img/s':>7} {'img/s/core':>10} {'ratio':>6} {'data MiB':>9}")
+        log(f"\n{'size':>5} {'loader':<24} {'img/s':>7} {'img/s/core':>10} {'ratio':>6} {'data MiB':>9}")
         for size in args.sizes:
             loaders: dict[str, Iterable] = {
                 "torchvision": torchvision_loader(tmp / "jpegs", size, args.workers, args.batch_size)}
@@ -352,9 +486,11 @@ def main(argv: list[str] | None = None) -> float:
                 import shutil
 
                 shutil.rmtree(tmp / "chunk-cache", ignore_errors=True)
-                for name, where in shard_dirs.items():
-                    loaders[name] = litdata_loader(where, tmp / "chunk-cache" if where.startswith("s3://") else None,
-                                                   size, args.workers, args.batch_size, args.block_size)
+                for name, where in shard_dirs.items():  # each remote row its own chunk cache
+                    cache = tmp / "chunk-cache" / name.split("@")[1] if "@" in name else None
+                    loaders[name] = litdata_loader(where, cache, size, args.workers, args.batch_size, args.block_size)
+                if proxy is not None:
+                    through_endpoint(loaders[SLOW], proxy.endpoint)
             rates = interleaved(loaders, args.rounds, {DEVICE: take_canvas})
             data_mib = {"torchvision": src_bytes / 2**20, **{f"ffcv:{k}": v for k, v in mib.items()},
                         LIMIT: mib[DEFAULT_PRESET], DEVICE: mib[DEFAULT_PRESET]}
@@ -364,12 +500,14 @@ def main(argv: list[str] | None = None) -> float:
                 data_mib["torchvision@256"] = sum(f.stat().st_size for f in (tmp / "jpegs256").rglob("*")) / 2**20
             for name, rate in rates.items():
                 ratios[size, name] = rate / rates["torchvision"]
-                log(f"{size:>5} {name:<22} {rate:>7.0f} {rate / args.workers:>10.0f} {ratios[size, name]:>6.2f} "
+                log(f"{size:>5} {name:<24} {rate:>7.0f} {rate / args.workers:>10.0f} {ratios[size, name]:>6.2f} "
                     f"{data_mib[name]:>9.1f}")
             limits[size] = rates[f"ffcv:{DEFAULT_PRESET}"] / rates[LIMIT]
             log(f"{size:>5} ratio ffcv:{DEFAULT_PRESET} / {LIMIT}: {limits[size]:.2f} (img/s per worker core)")
             for name in [n for n in rates if n.startswith("litdata:")]:
                 log(f"{size:>5} ratio {name} / {LIMIT}: {rates[name] / rates[LIMIT]:.2f} (img/s per worker core)")
+            for name in [n for n in (S3, SLOW) if n in rates]:
+                log(f"{size:>5} ratio {name} / local: {rates[name] / rates[LOCAL]:.2f} (img/s)")
             if DEVICE in rates:
                 device_limits[size] = rates[DEVICE] / rates[LIMIT]
                 log(f"{size:>5} ratio {DEVICE} / {LIMIT}: {device_limits[size]:.2f} (img/s per worker core; "
@@ -385,6 +523,8 @@ def main(argv: list[str] | None = None) -> float:
         if top in device_limits:
             log(f"target {DEVICE} >= {LIMIT_TARGET:g} of the {LIMIT} at {top} px (worker side only): "
                 + ("met" if device_limits[top] >= LIMIT_TARGET else "not met") + f" ({device_limits[top]:.2f})")
+        if proxy is not None:
+            proxy.stop()
         if server is not None:
             server.stop()
     ratio = ratios.get((top, f"ffcv:{DEFAULT_PRESET}"), float("nan"))

@@ -293,14 +293,28 @@ def _ddp(tmp_path: Path, name: str, backend: str, cache: Path, *extra: str, devi
     return done.stderr
 
 
+@pytest.fixture(scope="module")
+def ddp_straight(tmp_path_factory: pytest.TempPathFactory, cache: Path):
+    """The uninterrupted 2-rank run of each backend, run on first use (the litdata ones read the `s3_shards`)."""
+    runs = tmp_path_factory.mktemp("ddp-straight")
+    done: dict[str, dict] = {}
+
+    def get(backend: str) -> dict:
+        if backend not in done:
+            _ddp(runs, backend, backend, cache)
+            done[backend] = final(runs, backend)
+        return done[backend]
+
+    return get
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["torchvision", "ffcv-geometry"])
-def test_ddp_two_ranks_fresh_runs_and_mid_epoch_resume_are_bit_identical(tmp_path, cache, backend):
+def test_ddp_two_ranks_fresh_runs_and_mid_epoch_resume_are_bit_identical(tmp_path, cache, ddp_straight, backend):
     """2 gloo ranks: 256 images / 2 ranks / batch 32 = 4 steps per epoch, 8 in all; stop after step 2 (mid-epoch)."""
-    _ddp(tmp_path, "a", backend, cache)
     if backend == "torchvision":
         _ddp(tmp_path, "b", backend, cache)
-        assert_same_training(final(tmp_path, "a"), final(tmp_path, "b"))
+        assert_same_training(ddp_straight(backend), final(tmp_path, "b"))
     _ddp(tmp_path, "split", backend, cache, stop_after(2))
     ckpt = final(tmp_path, "split")
     assert ckpt["global_step"] == 2
@@ -308,7 +322,7 @@ def test_ddp_two_ranks_fresh_runs_and_mid_epoch_resume_are_bit_identical(tmp_pat
     assert len(ckpt["callbacks"]["RNGStateCheckpoint"]["ranks"]) == 2  # every rank's RNG state
     log = _ddp(tmp_path, "split", backend, cache, "--resume=auto")
     assert "resuming from" in log
-    assert_same_training(final(tmp_path, "split"), final(tmp_path, "a"))
+    assert_same_training(final(tmp_path, "split"), ddp_straight(backend))
 
 
 @pytest.mark.slow
@@ -334,6 +348,18 @@ def s3_shards():
                                   "--no-progress"], env=subprocess_env(), capture_output=True, text=True, timeout=600)
             assert run.returncode == 0, run.stderr
         yield store
+
+
+@pytest.fixture(scope="module")
+def local_shards(s3_shards, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The `s3_shards` copied into a local folder, file for file (``<folder>/{train,test}``): the same sets."""
+    root = tmp_path_factory.mktemp("local-shards")
+    client = s3_shards.client()
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="fm/"):
+        for obj in page["Contents"]:
+            (root / obj["Key"]).parent.mkdir(parents=True, exist_ok=True)
+            client.download_file(BUCKET, obj["Key"], str(root / obj["Key"]))
+    return root / "fm"
 
 
 def test_litdata_block_order_from_the_object_store_stops_and_resumes_bit_identically(tmp_path, cache, straight,
@@ -385,13 +411,17 @@ def test_litdata_store_stopped_mid_epoch_is_one_line_and_resume_auto_continues(t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["litdata", "litdata-block"])
-def test_litdata_ddp_two_ranks_mid_epoch_resume_is_bit_identical(tmp_path, cache, s3_shards, backend):
-    """2 gloo ranks read the object store, stop after step 2 of 4 in the epoch, resume: the same weights as the
-    uninterrupted 2-rank run, under the global order and the block order (the two ranks share one chunk cache
-    folder)."""
-    _ddp(tmp_path, "ref", backend, cache)
-    _ddp(tmp_path, "lit", backend, cache, stop_after(2))
-    assert final(tmp_path, "lit")["ImageDataModule"]["train_loader"]["world_size"] == 2
-    _ddp(tmp_path, "lit", backend, cache, "--resume=auto")
-    assert_same_training(final(tmp_path, "lit"), final(tmp_path, "ref"))
+@pytest.mark.parametrize(("backend", "where", "reference"), [("litdata", "s3", "litdata"),
+                                                             ("litdata-block", "s3", "litdata-block"),
+                                                             ("litdata-block", "local", "litdata-block")])
+def test_litdata_ddp_two_ranks_mid_epoch_resume_is_bit_identical(tmp_path, cache, ddp_straight, s3_shards,
+                                                                  local_shards, backend, where, reference):
+    """2 gloo ranks read the shard sets in the object store (or the same sets in a local folder), stop after step 2
+    of 4 in the epoch, resume: the same weights as the uninterrupted 2-rank run of the same order from the object
+    store (the two ranks share one chunk cache folder; a local set is read in place, the same samples)."""
+    root = [f"--data.init_args.root={local_shards}"] if where == "local" else []
+    _ddp(tmp_path, "lit", backend, cache, stop_after(2), *root)
+    state = final(tmp_path, "lit")["ImageDataModule"]["train_loader"]
+    assert (state["world_size"], state["batches"]) == (2, 2)
+    _ddp(tmp_path, "lit", backend, cache, "--resume=auto", *root)
+    assert_same_training(final(tmp_path, "lit"), ddp_straight(reference))
