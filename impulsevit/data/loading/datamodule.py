@@ -147,8 +147,8 @@ class ImageDataModule(BaseImageDataModule):
             so). Evaluation always resamples in the threads. Needs ``backend='ffcv'``.
         order: the training order (:mod:`impulsevit.data.loading.sampling`): ``global`` (one permutation of the whole
             set per epoch) or ``block`` (chunks shuffled and dealt to the ranks, samples shuffled within blocks of
-            ``storage.block_size``: whole-chunk reads from a store, ``docs/data.md``); None: ``block`` on the
-            litdata backend, ``global`` on the others (``block`` needs ``litdata``).
+            ``storage.block_size``: whole-chunk reads from a store, ``docs/data.md``; needs ``litdata``); None:
+            ``global`` on every backend.
         storage: ``.beton`` storage of the ffcv backend (:class:`~impulsevit.data.loading.config.StorageConfig`: preset,
             page cache, ready-made ``train_beton`` / ``val_beton``, integrity check, conversion limit); a mapping or
             None (the defaults).

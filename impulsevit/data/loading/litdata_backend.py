@@ -4,13 +4,13 @@ path (below) beside its transforms.
 
 How it reads: each split is a :class:`ShardSource`, an
 :class:`~impulsevit.data.sources.image_source.ImageSource` whose ``load(i)`` decodes sample ``j`` of the set. The
-training order is ``data.order``: ``block`` (the default here; :func:`~impulsevit.data.loading.sampling.block_sequence`:
+training order is ``data.order``: ``block`` (opt-in; :func:`~impulsevit.data.loading.sampling.block_sequence`:
 chunks shuffled and dealt to the ranks, samples shuffled within blocks of ``data.storage.block_size``), under which a
 remote chunk is fetched whole into the node's cache folder once (:meth:`ShardSource.fetch`), the next block's chunks
 download in a background thread of each loader process while the current block decodes (:meth:`ShardSource.follow`),
-and a cache of a few blocks suffices; or ``global`` (one permutation of the set), under which LitData downloads the
-chunk holding sample ``j`` into the cache, evicting the oldest chunks beyond ``data.storage.cache_size``. The loaders
-are the torchvision backend's
+and a cache of a few blocks suffices; or ``global`` (the default: one permutation of the set), under which LitData
+downloads the chunk holding sample ``j`` into the cache, evicting the oldest chunks beyond ``data.storage.cache_size``.
+The loaders are the torchvision backend's
 (:class:`~impulsevit.data.loading.torchvision_backend.TorchvisionBackend`): the training order is
 :func:`~impulsevit.data.loading.sampling.epoch_sequence` of (seed, epoch, rank, world size[, chunk sizes, block size])
 through
