@@ -9,11 +9,12 @@ scales of the first (PNG, written atomically).
 
 Run: ``python scripts/depth_profile.py [--figure docs/results/depth_terms.png] [--markdown]`` (about 40 s on one
 core). ``--recipe cpu_fmnist_mixer --mixer [LAYOUT ...]`` prints the Mixer's analogue instead
-(:func:`mixer_profile`). ``--maps`` prints, for any family with attention-map diagnostics (EVA-02, Swin, the
-rotary and relative-bias ViTs, where the term split does not apply), the mean mass on the target offset per block on
-the pseudo-input and on the real images, from the model's own attention (:func:`maps_profile`). A variant is
-``name`` or ``name:key=value,key=value`` of impulse options (``propagated:gain_qk=10``). Exit 2 with one line on
-bad input (an unknown recipe, a missing dataset, a malformed variant, an unknown option).
+(:func:`mixer_profile`); ``--mixer-strength`` how strong its token-mixing branch starts, per block, against
+PyTorch's init (:func:`mixer_strength`). ``--maps`` prints, for any family with attention-map diagnostics (EVA-02,
+Swin, the rotary and relative-bias ViTs, where the term split does not apply), the mean mass on the target offset
+per block on the pseudo-input and on the real images, from the model's own attention (:func:`maps_profile`). A
+variant is ``name`` or ``name:key=value,key=value`` of impulse options (``propagated:gain_qk=10``). Exit 2 with
+one line on bad input (an unknown recipe, a missing dataset, a malformed variant, an unknown option).
 """
 
 from __future__ import annotations
@@ -144,6 +145,43 @@ def image_size(model: torch.nn.Module) -> int:
     return int(embed.img_size[0])
 
 
+def mixer_strength(recipe: str, variants: list[tuple[str, dict]], images: torch.Tensor, seed: int) -> str:
+    """Markdown: per variant and block, how strong the token-mixing branch starts — the mean row norm of its
+    pseudo-input kernel (:func:`impulsevit.init.mixer.mixer_token_kernel`, ``mean_t ‖K[t, :]‖``) and, on ``images``,
+    the norm of the token MLP's output over the norm of the residual stream entering the block (eval mode). A
+    variant named ``torch`` is PyTorch's constructor init (the ``torch`` method); any other is ``impulse`` with its
+    options."""
+    import impulsevit.init as ii
+    from impulsevit.init.mixer import mixer_token_kernel, mixer_token_mlps
+
+    lines = ["| variant | block | kernel row norm | token branch / stream, real images |", "|---|---|---|---|"]
+    for label, options in variants:
+        torch.manual_seed(0)
+        model = build(recipe)
+        if label == "torch":
+            ii.initialize(model, "torch", generator=seed)
+        else:
+            ii.initialize(model, "impulse", generator=seed, **options)
+        kernels = mixer_token_kernel(model)
+        streams: list[torch.Tensor] = []
+        outputs: list[torch.Tensor] = []
+        hooks = [block.register_forward_pre_hook(lambda m, args, seen=streams: seen.append(args[0].detach()))
+                 for block in model.blocks]
+        hooks += [mlp.register_forward_hook(lambda m, args, out, seen=outputs: seen.append(out.detach()))
+                  for _, mlp in mixer_token_mlps(model)]
+        try:
+            model.eval()
+            with torch.no_grad():
+                model(images)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        for block, (k, x, y) in enumerate(zip(kernels, streams, outputs, strict=True)):
+            row = float(k.float().norm(dim=1).mean())
+            lines.append(f"| {label} | {block} | {row:.2f} | {float(y.norm() / x.norm()):.2f} |")
+    return "\n".join(lines)
+
+
 def figure(results: dict, path: Path) -> None:
     import matplotlib
 
@@ -188,7 +226,26 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead: the mass on the target offset per block from the model's own attention, for any "
                          "family (e.g. --recipe cpu_fmnist_eva02 --maps --variant default "
                          "--variant default:mass_rule=worst_case)")
+    ap.add_argument("--mixer-strength", action="store_true",
+                    help="instead: the token-mixing branch's starting strength per block, for Mixer variants (e.g. "
+                         "--recipe cpu_fmnist_mixer --mixer-strength --variant torch "
+                         "--variant default:layout=one_tap)")
     args = ap.parse_args(argv)
+    if args.mixer_strength:
+        try:
+            variants = [("torch", {}) if v == "torch" else parse_variant(v) for v in (args.variant or ["torch"])]
+            model = build(args.recipe)
+            from impulsevit.init.api import check_options_for
+
+            for label, options in variants:
+                if label != "torch":
+                    check_options_for(model, "impulse", options)
+            images = fashion_mnist(args.images, image_size(model))
+            print(mixer_strength(args.recipe, variants, images, args.seed))
+        except (ValueError, TypeError, FileNotFoundError, KeyError, AttributeError) as e:
+            print(f"depth_profile: {' '.join(str(e).split())}", file=sys.stderr)
+            return 2
+        return 0
     if args.maps:
         try:
             variants = [parse_variant(v) for v in (args.variant or ["default"])]

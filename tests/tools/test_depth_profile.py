@@ -65,3 +65,17 @@ def test_bad_input_is_one_line_and_exit_2(depth_profile, capsys, argv, says):
     assert depth_profile.main(argv) == 2
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1 and err.startswith("depth_profile: ")
+
+
+def test_mixer_strength_mode_compares_the_token_branch_with_pytorchs_init(depth_profile, capsys):
+    assert depth_profile.main(["--recipe", "cpu_fmnist_mixer", "--mixer-strength", "--images", "4", "--variant",
+                               "torch", "--variant", "default:layout=one_tap", "--variant",
+                               "default:layout=one_tap,gain_in=0.17"]) == 0
+    out = capsys.readouterr().out
+    first = {v: [float(c) for c in _rows(out, v)[0][2:]] for v in
+             ("torch", "default:layout=one_tap", "default:layout=one_tap,gain_in=0.17")}
+    assert all(len(_rows(out, v)) == 6 for v in first)
+    # block 0: the one-tap kernel is one unit tap (row norm 1), PyTorch's a small random one; gain_in scales it
+    assert first["default:layout=one_tap"][0] > 0.99 and first["torch"][0] < 0.3
+    assert abs(first["default:layout=one_tap,gain_in=0.17"][0] - 0.17) < 0.01
+    assert first["default:layout=one_tap"][1] > 3 * first["torch"][1]  # its branch dominates the stream at block 0
