@@ -185,6 +185,13 @@ class Stopped(SystemExit):
 _STOPS_REQUESTED: list[int] = []  # signals stop_on_signals received (main thread), for raise_if_stopped
 
 
+def _quiet_after_stop(unraisable: Any) -> None:
+    """``sys.unraisablehook`` once a stop signal was raised: the :class:`Stopped` can land inside a constructor (a
+    library's progress bar, say), leaving a half-built object whose ``__del__`` then fails when it is collected —
+    Python would print that as ``Exception ignored in … Traceback`` after the run's one-line stop message. The process
+    is on its way out, so such destructor failures are dropped (for the rest of the process)."""
+
+
 @contextlib.contextmanager
 def stop_on_signals(signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> Iterator[None]:
     """Inside (main thread only), the first of ``signals`` raises :class:`Stopped` where the main thread is; later
@@ -197,6 +204,7 @@ def stop_on_signals(signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) ->
         if _STOPS_REQUESTED:
             return
         _STOPS_REQUESTED.append(signum)
+        sys.unraisablehook = _quiet_after_stop
         raise Stopped(signum)
 
     _STOPS_REQUESTED.clear()
