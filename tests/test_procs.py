@@ -1,4 +1,4 @@
-"""A stop signal that lands inside a constructor leaves a half-built object; its failing ``__del__`` must not print
+"""``impulsevit.procs``: a stop signal that lands inside a constructor leaves a half-built object; its failing
 a traceback after the one-line stop (a real process: ``impulsevit.procs.stop_on_signals``)."""
 
 from __future__ import annotations
