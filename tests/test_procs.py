@@ -1,5 +1,6 @@
 """``impulsevit.procs``: a stop signal that lands inside a constructor leaves a half-built object; its failing
-a traceback after the one-line stop (a real process: ``impulsevit.procs.stop_on_signals``)."""
+``__del__`` must not print a traceback after the one-line stop (a real process,
+``impulsevit.procs.stop_on_signals``)."""
 
 from __future__ import annotations
 
