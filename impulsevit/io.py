@@ -86,6 +86,26 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} bytes ({n / 2**20:.1f} MiB)" if n >= 2**20 else f"{n} bytes"
 
 
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+
+
+def parse_size(value: str | int, what: str) -> int:
+    """A size in bytes from ``value``: an integer (bytes) or a number with a decimal unit ``B``, ``KB``, ``MB``,
+    ``GB`` or ``TB`` (case-insensitive; ``1.5MB`` is 1,500,000 — LitData's meaning of the same suffixes). Binary units
+    (``MiB``) are not accepted: they would silently mean something else to LitData.
+
+    Raises:
+        ConfigError: one line naming ``what`` (the setting or flag) and the value, when it is not such a size or is
+            not positive."""
+    text = str(value).strip()
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?B)?", text, flags=re.I)
+    size = int(float(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").upper()]) if match else 0
+    if size <= 0:
+        raise ConfigError(f"{what} must be a positive size in bytes, or one like '64MB' (units B, KB, MB, GB, TB; "
+                          f"decimal), got {value!r}")
+    return size
+
+
 def _free_bytes(path: Path) -> int | None:
     for p in (path, *path.parents):
         if p.exists():

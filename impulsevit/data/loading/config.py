@@ -168,11 +168,9 @@ class StorageConfig:
                              "`impulsevit convert`), or neither")
         if self.beton_check not in ("sampled", "full", "off"):
             raise ConfigError(f"data.storage.beton_check must be 'sampled', 'full' or 'off', got {self.beton_check!r}")
-        import re
+        from impulsevit.io import parse_size
 
-        if not re.fullmatch(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB)", str(self.cache_size).strip(), flags=re.I):
-            raise ConfigError(f"data.storage.cache_size must be a size like '200GB' or '500MB', got "
-                              f"{self.cache_size!r}")
+        parse_size(self.cache_size, "data.storage.cache_size")
         if not self.read_timeout > 0:
             raise ConfigError(f"data.storage.read_timeout must be > 0 seconds, got {self.read_timeout}")
         if self.block_size < 1:

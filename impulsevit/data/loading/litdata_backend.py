@@ -255,7 +255,10 @@ class ShardSource(ImageSource):
 
                 assert self.cache_dir is not None
                 self.cache_dir.mkdir(parents=True, exist_ok=True)
-                kwargs = dict(cache_dir=str(self.cache_dir), max_cache_size=self.cache_size,
+                from impulsevit.io import parse_size
+
+                kwargs = dict(cache_dir=str(self.cache_dir),
+                              max_cache_size=parse_size(self.cache_size, "data.storage.cache_size"),
                               storage_options={"config": Config(connect_timeout=objstore.CONNECT_TIMEOUT_S,
                                                                 read_timeout=self.read_timeout,
                                                                 retries={"max_attempts": 2, "mode": "standard"})})
@@ -530,6 +533,23 @@ class ShardDataset(SourceDataset):
             return self.plan.rest(Image.fromarray(out)), label
 
 
+def warn_unmixed(source: ShardSource, block_size: int, batch_size: int, where: str) -> None:
+    """One warning line (rank 0) when the block order would see far fewer labels per batch than the global order
+    (:func:`~impulsevit.data.loading.sampling.block_mixing` below 0.8 of it): a set stored in class order, which the
+    block order trains on a few classes at a time — measured to train near chance (docs/results.md)."""
+    from lightning.pytorch.utilities import rank_zero_warn
+
+    from impulsevit.data.loading.sampling import block_mixing
+
+    block, shuffled = block_mixing(source.labels, source.chunk_sizes(), block_size=block_size,
+                                   batch_size=batch_size)
+    if block < 0.8 * shuffled:
+        rank_zero_warn(f"data.order=block on shard set {where}: a batch holds {block:.1f} distinct labels against "
+                       f"{shuffled:.1f} under the global order (the set is stored in class order), and a model "
+                       f"trained a few classes at a time forgets the rest; rewrite the set with `impulsevit convert "
+                       f"... --format litdata --shuffle`, or use data.order=global")
+
+
 class LitDataBackend(TorchvisionBackend):
     """:class:`~impulsevit.data.loading.backends.Backend` over LitData shard sets (module docstring)."""
 
@@ -641,6 +661,7 @@ class LitDataBackend(TorchvisionBackend):
         lag = self.spec.num_workers * 2 * batch_size  # DataLoader's default prefetch_factor: 2 batches per worker
         source.plan = (self.spec.seed, position.world_size, block, lag)
         source._dataset = None  # reads go through ShardSource.fetch from now on
+        warn_unmixed(source, block, batch_size, self.location(self.spec.train_split))
         return {"chunk_sizes": source.chunk_sizes(), "block_size": block}
 
     def train_samples(self) -> int | None:

@@ -63,6 +63,7 @@ __all__ = [
     "ORDERS",
     "ResumableDataLoader",
     "SampleKey",
+    "block_mixing",
     "block_sequence",
     "distinct_per_batch",
     "epoch_sequence",
@@ -117,6 +118,22 @@ def distinct_per_batch(order: np.ndarray, groups: np.ndarray, batch_size: int) -
         raise ValueError(f"need at least one full batch of {batch_size}, got {len(order)} samples")
     g = np.sort(np.asarray(groups)[np.asarray(order)[:full]].reshape(-1, batch_size), axis=1)
     return float(np.mean(1 + np.count_nonzero(np.diff(g, axis=1), axis=1)))
+
+
+def block_mixing(labels: np.ndarray, chunk_sizes: np.ndarray | list[int], *, block_size: int, batch_size: int,
+                 seed: int = 0, window: int = 256) -> tuple[float, float]:
+    """``(block, global)``: :func:`distinct_per_batch` of ``labels`` (one per stored sample, in stored order) over
+    the first ``window`` full batches of epoch 0 (one rank) under the block order and under the global order. A set
+    stored in class order gives a block figure far below the global one; a set written shuffled gives about the
+    same. Batches beyond the set are not counted (a set smaller than one batch gives ``(0.0, 0.0)``)."""
+    labels = np.asarray(labels)
+    take = min(len(labels), window * batch_size) // batch_size * batch_size
+    if take == 0:
+        return 0.0, 0.0
+    block, _ = block_sequence(chunk_sizes, epoch=0, seed=seed, block_size=block_size)
+    shuffled, _ = epoch_sequence(len(labels), epoch=0, seed=seed)
+    return (distinct_per_batch(block[:take], labels, batch_size),
+            distinct_per_batch(shuffled[:take], labels, batch_size))
 
 
 def epoch_sequence(num_samples: int, *, epoch: int, seed: int, world_size: int = 1, repeats: int = 1,

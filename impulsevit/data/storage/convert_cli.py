@@ -57,7 +57,7 @@ from impulsevit.data.storage.integrity import BetonError, verify_beton
 from impulsevit.data.storage.manifest import read_manifest
 from impulsevit.data.storage.presets import PRESETS, Preset, default_preset
 from impulsevit.errors import ConfigError, StoreError, missing_extra
-from impulsevit.io import WriteError, check_child_name, claim_output
+from impulsevit.io import WriteError, check_child_name, claim_output, parse_size
 from impulsevit.procs import Stopped, stop_on_signals
 
 __all__ = ["build_parser", "check_main", "choose_preset", "claim_converted", "claim_outputs", "claim_shard_outputs",
@@ -101,9 +101,12 @@ def shards_path(dst: str, split: str) -> str:
     return join(dst, split)
 
 
-def request_of(info: DatasetInfo, root: Path | None, split: str, subset: int | None) -> dict:
-    """What a conversion of ``split`` records as its ``request`` in the manifest (and is compared on)."""
-    return {"dataset": info.name, "root": str(root), "split": split, "subset": subset}
+def request_of(info: DatasetInfo, root: Path | None, split: str, subset: int | None,
+               shuffle_seed: int | None = None) -> dict:
+    """What a conversion of ``split`` records as its ``request`` in the manifest (and is compared on); the
+    ``shuffle_seed`` key only for a shard set written shuffled (so sets written before the option compare equal)."""
+    request = {"dataset": info.name, "root": str(root), "split": split, "subset": subset}
+    return request if shuffle_seed is None else {**request, "shuffle_seed": int(shuffle_seed)}
 
 
 def claim_converted(existing: dict | None, out: str | os.PathLike, split: str, preset: Preset, request: dict,
@@ -205,8 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jpeg-proportion", type=float, help="share of images stored as JPEG in proportion mode")
     p.add_argument("--subset", type=int, help="convert only this many images per split (seeded random choice)")
     p.add_argument("--workers", type=int, default=max(1, min(8, os.cpu_count() or 1)))
-    p.add_argument("--chunk-bytes", default="64MB",
-                   help="--format litdata: the size of one chunk, the unit a reader downloads and caches")
+    p.add_argument("--chunk-bytes", default="64MB", type=_chunk_bytes,
+                   help="--format litdata: the size of one chunk, the unit a reader downloads and caches (bytes, or "
+                        "with a decimal unit: 64MB)")
+    p.add_argument("--shuffle", type=int, nargs="?", const=0, default=None, metavar="SEED",
+                   help="--format litdata: store the images in a seeded random order (SEED, default 0), so each "
+                        "chunk mixes classes; data.order=block needs this for a class-sorted source such as an "
+                        "image folder (docs/data.md)")
     p.add_argument("--on-error", choices=["skip", "fail"], default="skip", help="bad inputs: leave out or stop")
     p.add_argument("--verify", choices=["error", "warn", "off"], default="warn",
                    help="registry datasets: counts that differ from the published ones are an error, a warning, "
@@ -219,6 +227,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.epilog += ("\n\nimpulsevit convert --check X.beton [...] [--full]: verify .beton files against their manifests' "
                  "checksums (sampled chunks; --full: every chunk)")
     return p
+
+
+def _chunk_bytes(text: str) -> int:
+    """argparse type of ``--chunk-bytes``: :func:`~impulsevit.io.parse_size`'s bytes, its one line as the usage
+    error."""
+    try:
+        return parse_size(text, "--chunk-bytes")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def choose_preset(info: DatasetInfo, args: argparse.Namespace) -> Preset:
@@ -280,11 +297,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _convert(args: argparse.Namespace) -> int:
     try:
+        if args.shuffle is not None and args.format != "litdata":
+            raise ConfigError("--shuffle applies to --format litdata only: a .beton is read in any order at the same "
+                              "speed (nothing was written)")
         info, root = resolve_source(args.src, args.root, args.dataset)
         preset = choose_preset(info, args)
         splits = args.split or default_splits(info, root)
         shards = args.format == "litdata"
-        requests = {split: request_of(info, root, split, args.subset) for split in splits}
+        requests = {split: request_of(info, root, split, args.subset, args.shuffle) for split in splits}
         if shards:
             claim_shard_outputs(args.dst, splits, args.overwrite, preset, requests)
         else:
@@ -303,7 +323,7 @@ def _convert(args: argparse.Namespace) -> int:
 
                 write_shards(source, out, preset, on_error=args.on_error, progress=not args.no_progress,
                              force=args.force, normalization=(info.mean, info.std), request=request,
-                             chunk_bytes=args.chunk_bytes)
+                             chunk_bytes=args.chunk_bytes, shuffle_seed=args.shuffle)
                 continue
             convert_split(source, out, preset, workers=args.workers, on_error=args.on_error,
                           progress=not args.no_progress, force=args.force, normalization=(info.mean, info.std),

@@ -20,7 +20,11 @@ width (uint16 little-endian) + raw RGB bytes, or ``b"J"`` + a JPEG file. Which o
 as the ``.beton`` does (``raw``: every image raw, so the pixels are the source's; ``proportion``: JPEG with
 probability ``jpeg_proportion``, a function of the sample index; ``jpg``: all JPEG). Samples keep the source's order
 (bad inputs left out), so sample ``i`` of a set converted without ``--subset`` is image ``i`` of the split and a
-run's ``train_subset`` picks the same images as on the other backends.
+run's ``train_subset`` picks the same images as on the other backends — unless the set is written shuffled
+(``shuffle_seed``, ``convert --shuffle``): then sample ``i`` is the source's image ``source_index.npy[i]`` (int64,
+read without pickle), a seeded permutation recorded in the manifest's ``request``, and a chunk holds a random mix of
+classes instead of a run of the source's (class-sorted, for an image folder) order. The ``block`` read order needs
+that: it trains on a few chunks at a time (``docs/data.md``).
 
 Writes: chunks go to a local temporary folder through LitData's ``BinaryWriter`` (in this process, in order: its
 ``optimize`` runs a worker pool that may reorder inputs), then to the destination — a local destination is renamed
@@ -54,10 +58,11 @@ from impulsevit.errors import StoreError
 from impulsevit.io import atomic_write_json, commit
 
 __all__ = ["LABELS_NAME", "MANIFEST_NAME", "SHARDS_MANIFEST_FORMAT", "check_shard_files", "decode_image",
-           "encode_image", "litdata_available", "read_shards_manifest", "write_shards"]
+           "encode_image", "litdata_available", "read_shards_manifest", "write_order", "write_shards"]
 
 SHARDS_MANIFEST_FORMAT = "impulsevit-shards-manifest/1"
 MANIFEST_NAME = "impulsevit.manifest.json"
+SOURCE_INDEX_NAME = "source_index.npy"
 LABELS_NAME = "labels.npy"
 CHUNK_BYTES = "64MB"
 """LitData chunk size: the unit a reader downloads and caches (64 MB: ~600 ImageNet images at ``short256``)."""
@@ -166,25 +171,37 @@ def read_shards_manifest(location: str) -> dict | None:
     return manifest if isinstance(manifest, dict) and manifest.get("format") == SHARDS_MANIFEST_FORMAT else None
 
 
-def _write_local(source: ImageSource, good: np.ndarray, preset: Preset, sizes: np.ndarray, folder: Path,
-                 chunk_bytes: str | int) -> None:
+def write_order(good: np.ndarray, shuffle_seed: int | None) -> np.ndarray:
+    """The source indices in the order they are stored: ``good`` (the readable images, ascending) as they are, or
+    permuted by a generator seeded with ``shuffle_seed`` (NumPy's PCG64: the same permutation on every machine)."""
+    good = np.asarray(good, dtype=np.int64)
+    return good if shuffle_seed is None else np.random.default_rng(int(shuffle_seed)).permutation(good)
+
+
+def _write_local(source: ImageSource, stored: np.ndarray, preset: Preset, sizes: np.ndarray, folder: Path,
+                 chunk_bytes: str | int, shuffled: bool) -> None:
     from litdata.streaming.writer import BinaryWriter
 
     writer = BinaryWriter(str(folder), chunk_bytes=chunk_bytes)
-    for k, i in enumerate(good.tolist()):
+    for k, i in enumerate(stored.tolist()):
         size = (int(sizes[i][0]), int(sizes[i][1]))
         writer.add_item(k, {"image": _stored(source, i, preset, size), "label": int(source.labels[i])})
     writer.done()
     writer.merge()
-    np.save(folder / LABELS_NAME, np.asarray(source.labels[good], dtype=np.int64), allow_pickle=False)
+    np.save(folder / LABELS_NAME, np.asarray(source.labels[stored], dtype=np.int64), allow_pickle=False)
+    if shuffled:
+        np.save(folder / SOURCE_INDEX_NAME, stored, allow_pickle=False)
 
 
 def write_shards(source: ImageSource, dst: str, preset: Preset, *, on_error: OnError = "skip",
                  progress: bool = True, request: dict | None = None, force: bool = False,
                  log: Callable[[str], None] = print, chunk_bytes: str | int = CHUNK_BYTES,
-                 normalization: tuple[Sequence[float], Sequence[float]] | None = None) -> dict:
+                 normalization: tuple[Sequence[float], Sequence[float]] | None = None,
+                 shuffle_seed: int | None = None) -> dict:
     """Write ``source`` as a LitData shard set at ``dst`` (a local folder, or ``s3://bucket/prefix``; module
-    docstring) and return its manifest.
+    docstring) and return its manifest. ``chunk_bytes``: LitData's chunk size (bytes, or a string like ``"64MB"``);
+    ``shuffle_seed``: store the images in this seed's permutation (:func:`write_order`), recorded in the manifest's
+    ``request`` (so a set written in another order is another conversion); None keeps the source's order.
 
     Up to date (same ``request``, preset and source fingerprint in the manifest at ``dst``, unless ``force``): nothing
     is written, the manifest is returned with ``"skipped_existing": True``.
@@ -200,6 +217,8 @@ def write_shards(source: ImageSource, dst: str, preset: Preset, *, on_error: OnE
     if remote:
         objstore.check_writable(dst)
     request = dict(request or {})
+    if shuffle_seed is not None:
+        request["shuffle_seed"] = int(shuffle_seed)
     stat = source_stat(source)
     existing = read_shards_manifest(dst)
     if up_to_date(existing, preset, stat, request, force):
@@ -213,7 +232,8 @@ def write_shards(source: ImageSource, dst: str, preset: Preset, *, on_error: OnE
     staging = Path(tempfile.mkdtemp(prefix=f".{Path(dst).name}.tmp-{socket.gethostname()}-{os.getpid()}-",
                                     dir=staging_parent))
     try:
-        _write_local(source, good, written, scan.sizes, staging, chunk_bytes)
+        _write_local(source, write_order(good, shuffle_seed), written, scan.sizes, staging, chunk_bytes,
+                     shuffled=shuffle_seed is not None)
         files = {p.name: p.stat().st_size for p in sorted(staging.iterdir())}
         kept = source.labels[good]
         counts = np.bincount(kept, minlength=len(source.classes))
@@ -247,7 +267,8 @@ def write_shards(source: ImageSource, dst: str, preset: Preset, *, on_error: OnE
             commit(staging, dst, replace_dir=True)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    log(f"{dst}: {manifest['bytes'] / 2**20:.2f} MiB in {len(files) - 2} chunk(s), {len(good)} images in "
+    chunks = sum(name.startswith("chunk-") for name in files)
+    log(f"{dst}: {manifest['bytes'] / 2**20:.2f} MiB in {chunks} chunk(s), {len(good)} images in "
         f"{manifest['seconds']:.1f} s")
     return manifest
 
