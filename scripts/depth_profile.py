@@ -152,6 +152,7 @@ def mixer_strength(recipe: str, variants: list[tuple[str, dict]], images: torch.
     variant named ``torch`` is PyTorch's constructor init (the ``torch`` method); any other is ``impulse`` with its
     options."""
     import impulsevit.init as ii
+    from impulsevit.init.capture import module_calls
     from impulsevit.init.mixer import mixer_token_kernel, mixer_token_mlps
 
     lines = ["| variant | block | kernel row norm | token branch / stream, real images |", "|---|---|---|---|"]
@@ -163,19 +164,10 @@ def mixer_strength(recipe: str, variants: list[tuple[str, dict]], images: torch.
         else:
             ii.initialize(model, "impulse", generator=seed, **options)
         kernels = mixer_token_kernel(model)
-        streams: list[torch.Tensor] = []
-        outputs: list[torch.Tensor] = []
-        hooks = [block.register_forward_pre_hook(lambda m, args, seen=streams: seen.append(args[0].detach()))
-                 for block in model.blocks]
-        hooks += [mlp.register_forward_hook(lambda m, args, out, seen=outputs: seen.append(out.detach()))
-                  for _, mlp in mixer_token_mlps(model)]
-        try:
-            model.eval()
-            with torch.no_grad():
-                model(images)
-        finally:
-            for hook in hooks:
-                hook.remove()
+        blocks, mlps = list(model.blocks), [mlp for _, mlp in mixer_token_mlps(model)]
+        calls = module_calls(model, [*blocks, *mlps], images)
+        streams = [c.args[0] for c in calls[:len(blocks)]]
+        outputs = [c.output for c in calls[len(blocks):]]
         for block, (k, x, y) in enumerate(zip(kernels, streams, outputs, strict=True)):
             row = float(k.float().norm(dim=1).mean())
             lines.append(f"| {label} | {block} | {row:.2f} | {float(y.norm() / x.norm()):.2f} |")

@@ -1,4 +1,6 @@
-"""The attention probabilities of a model's own forward, whatever attention code it runs: :func:`captured_attention`.
+"""What a model's own forward computes inside it: the attention probabilities, whatever attention code it runs
+(:func:`captured_attention`), and the inputs and outputs of chosen modules (:func:`module_calls`). Both run the
+forward in eval mode without gradients and restore the model's mode, whatever happens.
 
 A ``TorchFunctionMode`` watches the forward: every ``softmax`` over the last axis of a square 4-D tensor (the
 explicit path: ``attn.softmax(dim=-1)``, ``nn.Softmax``) is recorded as it is, and every
@@ -11,7 +13,9 @@ run in eval mode), attention implemented without either call (e.g. custom kernel
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["captured_attention"]
+__all__ = ["ModuleCall", "captured_attention", "eval_forward", "module_calls"]
 
 _SOFTMAX = {torch.softmax, torch.Tensor.softmax, F.softmax}
 
@@ -58,6 +62,63 @@ class _Capture(TorchFunctionMode):
         return out
 
 
+@contextmanager
+def eval_forward(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode without gradients for the block's duration; its mode restored on exit (an error
+    included)."""
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+@dataclass(frozen=True)
+class ModuleCall:
+    """One module's call in a forward: its positional ``args``, keyword ``kwargs`` and ``output``, tensors detached
+    (not copied)."""
+
+    args: tuple
+    kwargs: dict[str, Any]
+    output: Any
+
+
+def _detached(x: Any) -> Any:
+    return x.detach() if isinstance(x, torch.Tensor) else x
+
+
+def module_calls(model: nn.Module, modules: Sequence[nn.Module], *inputs: Any,
+                 method: str = "forward") -> list[ModuleCall]:
+    """The first call of each of ``modules`` (in the order given) while ``getattr(model, method)(*inputs)`` runs
+    under :func:`eval_forward`. The hooks are removed whatever happens.
+
+    Raises:
+        ValueError: a module of ``modules`` did not run in that forward (naming its position in ``modules``)."""
+    calls: list[ModuleCall | None] = [None] * len(modules)
+
+    def recorder(i: int) -> Any:
+        def hook(_m: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            if calls[i] is None:
+                calls[i] = ModuleCall(tuple(_detached(a) for a in args),
+                                      {k: _detached(v) for k, v in kwargs.items()}, _detached(output))
+        return hook
+
+    hooks = [m.register_forward_hook(recorder(i), with_kwargs=True) for i, m in enumerate(modules)]
+    try:
+        with eval_forward(model):
+            getattr(model, method)(*inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    missing = [i for i, c in enumerate(calls) if c is None]
+    if missing:
+        raise ValueError(f"modules {missing} (of {len(modules)}, {type(modules[missing[0]]).__name__} first) did not "
+                         f"run in {type(model).__name__}.{method}")
+    return calls  # type: ignore[return-value]
+
+
 def captured_attention(model: nn.Module, images: torch.Tensor,
                        within: Sequence[nn.Module] | None = None) -> list[torch.Tensor]:
     """Every attention softmax of ``model(images)`` in forward order, each ``(B', heads, T, T)`` float32 (``B'`` =
@@ -67,7 +128,6 @@ def captured_attention(model: nn.Module, images: torch.Tensor,
         within: record only while one of these modules runs (e.g. the transformer blocks, leaving out an attention
             pooling head).
     """
-    was_training = model.training
     mode = _Capture()
     hooks = []
     if within is not None:
@@ -82,11 +142,9 @@ def captured_attention(model: nn.Module, images: torch.Tensor,
         for module in within:
             hooks += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
     try:
-        model.eval()
-        with torch.no_grad(), mode:
+        with eval_forward(model), mode:
             model(images)
     finally:
         for hook in hooks:
             hook.remove()
-        model.train(was_training)
     return mode.maps

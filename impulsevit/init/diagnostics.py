@@ -18,6 +18,7 @@ from torch import nn
 
 from impulsevit.init import impulse
 from impulsevit.init.api import InitReport, read_full
+from impulsevit.init.capture import module_calls
 from impulsevit.init.vit_layout import VitLayout, is_vit, patch_pseudo_input, vit_layout
 
 __all__ = [
@@ -117,19 +118,8 @@ def _float_call(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _vit_image_maps(model: nn.Module, layout: VitLayout, images: torch.Tensor) -> AttentionMaps:
     """Each block's attention in the real forward of ``images`` (in eval mode; the mode is restored), with biases,
     averaged over the batch: ``(h, L, L)``, prefix tokens first."""
-    captured: list[torch.Tensor] = []
-    hooks = [
-        a.register_forward_pre_hook(lambda m, args: captured.append(_head_attention(m, args[0], True).mean(0)))
-        for a in layout.attns
-    ]
-    was_training = model.training
-    try:
-        model.eval()
-        model(images)
-    finally:
-        for hook in hooks:
-            hook.remove()
-        model.train(was_training)
+    calls = module_calls(model, list(layout.attns), images)
+    captured = [_head_attention(a, c.args[0], True).mean(0) for a, c in zip(layout.attns, calls, strict=True)]
     return AttentionMaps(captured, layout.grid, layout.num_prefix, "images")
 
 

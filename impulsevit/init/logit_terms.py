@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from impulsevit.init.api import read_full
+from impulsevit.init.capture import module_calls
 from impulsevit.init.diagnostics import summarize
 from impulsevit.init.vit_layout import VitLayout, vit_layout
 
@@ -112,26 +113,8 @@ class _Streams:
 
 def _capture(model: nn.Module, images: torch.Tensor) -> _Streams:
     """Each block's ``norm1`` input and output in the eval-mode forward of ``images`` (float32; mode restored)."""
-    blocks = list(model.blocks.children())
-    xs: list[torch.Tensor | None] = [None] * len(blocks)
-    us: list[torch.Tensor | None] = [None] * len(blocks)
-
-    def hook(i: int):
-        def fn(_m: nn.Module, args: tuple, out: torch.Tensor) -> None:
-            xs[i], us[i] = args[0].detach().float(), out.detach().float()
-        return fn
-
-    hooks = [b.norm1.register_forward_hook(hook(i)) for i, b in enumerate(blocks)]
-    was_training = model.training
-    try:
-        model.eval()
-        with torch.no_grad():
-            model(images)
-    finally:
-        for h in hooks:
-            h.remove()
-        model.train(was_training)
-    return _Streams([t for t in xs if t is not None], [t for t in us if t is not None])
+    calls = module_calls(model, [b.norm1 for b in model.blocks.children()], images)
+    return _Streams([c.args[0].float() for c in calls], [c.output.float() for c in calls])
 
 
 def _check_norms(model: nn.Module, layout: VitLayout) -> list[nn.LayerNorm]:

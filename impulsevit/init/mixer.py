@@ -38,6 +38,7 @@ from torch import nn
 
 from impulsevit.init.api import InitResult, read_full, register
 from impulsevit.init.baselines import as_tensor, base_values, write_values
+from impulsevit.init.capture import module_calls
 from impulsevit.init.diagnostics import AttentionMaps, register_attention_maps
 from impulsevit.init.impulse import impulse_indicator, impulse_offsets
 from impulsevit.init.options import BaseOptions, OffsetOptions, as_dict, check_range
@@ -285,19 +286,9 @@ def mixer_token_jacobians(model: nn.Module, images: torch.Tensor) -> list[torch.
     (the pseudo-input kernel), so the two compare directly with :func:`mixer_kernel_summary`. The model's mode is
     restored."""
     mlps = mixer_token_mlps(model)
-    inputs: list[torch.Tensor] = []
-    hooks = [mlp.register_forward_pre_hook(lambda m, args: inputs.append(args[0].detach())) for _, mlp in mlps]
-    was_training = model.training
-    try:
-        model.eval()
-        with torch.no_grad():
-            model(images)
-    finally:
-        for hook in hooks:
-            hook.remove()
-        model.train(was_training)
     out = []
-    for (_, mlp), u in zip(mlps, inputs, strict=True):
+    for (_, mlp), call in zip(mlps, module_calls(model, [mlp for _, mlp in mlps], images), strict=True):
+        u = call.args[0]
         rows = u.reshape(-1, u.shape[-1])  # (B·C, N): the token MLP acts on each channel's token vector
         out.append(torch.func.vmap(torch.func.jacrev(mlp))(rows).detach().float())
     return out

@@ -37,7 +37,7 @@ from torch import nn
 
 from impulsevit.init.api import InitResult, read_full, register, write_full_
 from impulsevit.init.baselines import base_values, write_values
-from impulsevit.init.capture import captured_attention
+from impulsevit.init.capture import captured_attention, module_calls
 from impulsevit.init.diagnostics import AttentionMaps, register_attention_maps
 from impulsevit.init.impulse import impulse_offsets
 from impulsevit.init.kinds import _beit_classes, _relpos_classes, is_relbias_vit, is_swinv2
@@ -110,17 +110,8 @@ def _mlp_features(mlp: nn.Module, last: nn.Linear, coords: torch.Tensor) -> Call
     """The inputs of ``last`` when ``mlp`` runs on ``coords`` (captured from the MLP's own forward, eval mode)."""
 
     def run() -> torch.Tensor:
-        seen: list[torch.Tensor] = []
-        hook = last.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach()))
-        was = mlp.training
-        try:
-            mlp.eval()
-            with torch.no_grad():
-                mlp(read_full(coords))
-        finally:
-            hook.remove()
-            mlp.train(was)
-        return seen[0].reshape(-1, last.in_features).double()
+        (call,) = module_calls(mlp, [last], read_full(coords))
+        return call.args[0].reshape(-1, last.in_features).double()
 
     return run
 

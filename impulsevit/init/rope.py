@@ -38,7 +38,7 @@ from torch import nn
 
 from impulsevit.init.api import InitResult, read_full, register, write_full_
 from impulsevit.init.baselines import base_values, write_values
-from impulsevit.init.capture import captured_attention
+from impulsevit.init.capture import captured_attention, module_calls
 from impulsevit.init.diagnostics import AttentionMaps, register_attention_maps
 from impulsevit.init.impulse import impulse_offsets
 from impulsevit.init.kinds import is_rope_vit
@@ -53,22 +53,11 @@ def _grid(model: nn.Module) -> tuple[int, int]:
 
 def _captured_ropes(model: nn.Module) -> list[torch.Tensor]:
     """The ``rope`` tensor each block's attention receives in the model's own forward (eval mode)."""
-    ropes: list[torch.Tensor] = []
-    hooks = [blk.attn.register_forward_pre_hook(lambda _m, _a, kw: ropes.append(kw["rope"].detach()),
-                                                with_kwargs=True) for blk in model.blocks]
     H, W = _grid(model)
     patch = model.patch_embed.patch_size
     images = torch.zeros(1, model.patch_embed.proj.in_channels, H * patch[0], W * patch[1])
-    was = model.training
-    try:
-        model.eval()
-        with torch.no_grad():
-            model.forward_features(images)
-    finally:
-        for hook in hooks:
-            hook.remove()
-        model.train(was)
-    return ropes
+    calls = module_calls(model, [blk.attn for blk in model.blocks], images, method="forward_features")
+    return [c.kwargs["rope"] for c in calls]
 
 
 def rope_rotations(rope: torch.Tensor, head_dim: int, half: bool) -> torch.Tensor:
