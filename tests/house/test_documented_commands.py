@@ -168,13 +168,17 @@ def _module_path(code: str) -> str | None:
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     """The folder every documented command runs in (its cwd, ``$PWD``), shared by all of them in table order: images
-    for ``predict``, the init card's plugin module, torchvision's CIFAR-10 pointed at a loopback server, and the
+    for ``predict``, an image folder of two classes, the init card's plugin module, torchvision's CIFAR-10 pointed at a loopback server, and the
     caches and data home in a folder beside it."""
     if not FASHION.exists():
         pytest.skip("Debian's dataset-fashion-mnist is not installed (scripts/setup.sh installs it)")
     ws, side = tmp_path_factory.mktemp("docs"), tmp_path_factory.mktemp("docs-caches")
     for i in range(3):
         save_jpeg(ws / "my_images" / f"img{i}.jpg", 28, 28, seed=i)
+    for split, n in (("train", 16), ("val", 4)):  # the README's own image folder
+        for c, cls in enumerate(("cats", "dogs")):
+            for i in range(n):
+                save_jpeg(ws / "my_folder" / split / cls / f"{i}.jpg", 30 + i, 40 - i, seed=100 * c + i)
     for snippet in DOC_SNIPPETS:
         if SNIPPETS.get(snippet.id, {}).get("form") == "module":
             path = ws / _module_path(snippet.code)
