@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -147,11 +148,19 @@ class ShardSource(ImageSource):
         # chunk -> its image column (``_compat.litdata.chunk_column`` over a memory map of the file; None: no Arrow
         # footer, read through LitData), least recently used first
         self._columns: OrderedDict[int, list | None] = OrderedDict()
+        # the loader threads of one process share the source: the column cache, the prefetch window's bookkeeping
+        # and LitData's reader are used under this lock (the reads and decodes themselves run outside it)
+        self._lock = threading.RLock()
 
     def __getstate__(self) -> dict:
         state = {**self.__dict__, "_dataset": None, "_pool": None, "_client": None}
         state.update(_fetched=set(), _live=None, _orders={}, _columns=OrderedDict())
+        del state["_lock"]
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     # ------------------------------------------------------------------------------------------------ chunks
     def chunk_table(self) -> list[dict]:
@@ -294,6 +303,11 @@ class ShardSource(ImageSource):
         b = i // block
         if self._live == (epoch, b):
             return
+        with self._lock:
+            self._follow(epoch, rank, b, block, lag)
+
+    def _follow(self, epoch: int, rank: int, b: int, block: int, lag: int) -> None:
+        assert self.cache_dir is not None
         self._live = (epoch, b)
         order, owner = self._rank_order(epoch, rank), self.chunk_of()
 
@@ -326,6 +340,10 @@ class ShardSource(ImageSource):
         """Chunk ``chunk``'s image column (:func:`impulsevit._compat.litdata.chunk_column`) from its file (the set's
         folder, or the cache folder where :meth:`fetch` put it); None where LitData must read it (a remote set under
         the global order, whose chunks LitData downloads and evicts itself, or a chunk without an Arrow footer)."""
+        with self._lock:
+            return self._open_column(chunk)
+
+    def _open_column(self, chunk: int) -> list | None:
         if chunk in self._columns:
             self._columns.move_to_end(chunk)
             return self._columns[chunk]
@@ -368,12 +386,14 @@ class ShardSource(ImageSource):
                             return memoryview(values[int(offsets[k - first]):int(offsets[k - first + 1])])
                 # a slice, not dataset[j]: a slice reads through the chunk file (LitData's ``on_demand_bytes``
                 # would read an int index's bytes alone)
-                return memoryview(self._open()[j:j + 1][0]["image"])
+                with self._lock:  # LitData's reader is not shared between threads
+                    return memoryview(self._open()[j:j + 1][0]["image"])
             except DataError:
                 raise
             except Exception as exc:  # noqa: BLE001 - LitData / botocore / obstore errors share no base class
                 if attempt == 0 and self._evicted(exc):
-                    self._dataset = None  # the chunk was deleted by another process: fetch it again
+                    with self._lock:
+                        self._dataset = None  # the chunk was deleted by another process: fetch it again
                     continue
                 if self._evicted(exc):
                     raise DataError(f"reading {self.location}: a chunk was evicted from the cache {self.cache_dir} "
@@ -437,11 +457,15 @@ class CropPlan:
         self.flip_prob, self.crop_pct, self.seed = float(flip_prob), float(crop_pct), int(seed)
         self.repeated, self.rest = bool(repeated), rest
 
-    def __call__(self, pixels: np.ndarray, index: int, epoch: int = 0, position: int = 0) -> np.ndarray:
-        """``pixels`` ``(H, W, 3)`` uint8 (C-contiguous) of stored sample ``index`` → ``(S, S, 3)`` uint8."""
+    def __call__(self, pixels: np.ndarray, index: int, epoch: int = 0, position: int = 0,
+                 out: np.ndarray | None = None) -> np.ndarray:
+        """``pixels`` ``(H, W, 3)`` uint8 (C-contiguous) of stored sample ``index`` → ``(S, S, 3)`` uint8, written
+        into ``out`` when given (C-contiguous, e.g. one image of a batch buffer) and returned. The compiled kernels
+        release the GIL."""
         from impulsevit.data.loading import resample as rs
 
-        out = np.empty((self.size, self.size, 3), dtype=np.uint8)
+        if out is None:
+            out = np.empty((self.size, self.size, 3), dtype=np.uint8)
         if pixels.flags.writeable:  # one compiled variant of the kernels: read-only sources (the stored raw images)
             pixels = pixels.view()
             pixels.flags.writeable = False
@@ -509,6 +533,15 @@ class ShardDataset(SourceDataset):
         # the plan's samples are (S, S, 3) HWC tensors: stacked as they are and handed on as a channels-last
         # (B, 3, S, S) view, as the FFCV loader's batches (a CHW sample would cost a transposing copy each)
         self.collate_fn = channels_last_batch if plan is not None and plan.rest is None else None
+
+    def fill(self, key: SampleKey, out: np.ndarray) -> int:
+        """Decode and crop the training sample ``key`` into ``out`` (``(S, S, 3)`` uint8, C-contiguous: an image of
+        a batch buffer) as :meth:`__getitem__` does, and return its label. Not supported: a plan with ``rest``
+        transforms, no plan. The caller hands ``key`` to :meth:`ShardSource.follow` first (in order)."""
+        assert self.plan is not None and self.plan.rest is None
+        i, pixels = self._readable(key.index)
+        self.plan(pixels, int(self.source.indices[i]), key.epoch, key.position, out=out)
+        return int(self.source.labels[i])
 
     def __getitem__(self, key: int | SampleKey):  # noqa: ANN204
         if self.plan is None:
@@ -630,6 +663,21 @@ class LitDataBackend(TorchvisionBackend):
         return ShardSource(where, manifest["classes"], labels, self._indices(split), self.cache_folder(split),
                            self.spec.storage.cache_size, self.spec.storage.read_timeout)
 
+    def train_loader(self, position: LoaderPosition, batch_size: int, device: Any = None) -> Any:
+        """On the fast path without ``rest`` transforms and with ``data.storage.loader='threads'`` (the default):
+        a :class:`~impulsevit.data.loading.threaded_loader.ThreadedLoader` of ``num_workers`` threads; else the
+        torchvision backend's ``DataLoader`` of worker processes. The same batches and loader state either way."""
+        ds = self.sets["train"]
+        plan = getattr(ds, "plan", None)
+        if self.spec.storage.loader != "threads" or plan is None or plan.rest is not None:
+            return super().train_loader(position, batch_size, device)
+        import torch
+
+        from impulsevit.data.loading.threaded_loader import ThreadedLoader
+
+        return ThreadedLoader(ds, sampler=self.train_sampler(position, batch_size), batch_size=batch_size,
+                              threads=self.spec.num_workers, pin_memory=torch.cuda.is_available())
+
     def order_arguments(self, position: LoaderPosition, batch_size: int) -> dict[str, Any]:
         """The block order's chunk sizes and block size (``data.order='block'``), also handed to the training
         source for its prefetch (:meth:`ShardSource.follow`); none under the global order."""
@@ -638,7 +686,8 @@ class LitDataBackend(TorchvisionBackend):
         source = self.sets["train"].source
         assert isinstance(source, ShardSource)
         block = self.spec.storage.block_size
-        lag = self.spec.num_workers * 2 * batch_size  # DataLoader's default prefetch_factor: 2 batches per worker
+        # DataLoader's default prefetch_factor: 2 batches per worker; the threaded loader's window is the same
+        lag = self.spec.num_workers * 2 * batch_size
         source.plan = (self.spec.seed, position.world_size, block, lag)
         source._dataset = None  # reads go through ShardSource.fetch from now on
         return {"chunk_sizes": source.chunk_sizes(), "block_size": block}
