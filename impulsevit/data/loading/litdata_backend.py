@@ -7,7 +7,7 @@ How it reads: each split is a :class:`ShardSource`, an
 training order is ``data.order``: ``block`` (opt-in; :func:`~impulsevit.data.loading.sampling.block_sequence`:
 chunks shuffled and dealt to the ranks, samples shuffled within blocks of ``data.storage.block_size``), under which a
 remote chunk is fetched whole into the node's cache folder once (:meth:`ShardSource.fetch`), the next block's chunks
-download in a background thread of each loader process while the current block decodes (:meth:`ShardSource.follow`),
+download in background threads of each loader process while the current block decodes (:meth:`ShardSource.follow`),
 and a cache of a few blocks suffices; or ``global`` (the default: one permutation of the set), under which LitData
 downloads the chunk holding sample ``j`` into the cache, evicting the oldest chunks beyond ``data.storage.cache_size``.
 The loaders are the torchvision backend's
@@ -137,6 +137,9 @@ class ShardSource(ImageSource):
         self._ends: np.ndarray | None = None
         # (seed, world size, block size, lag) of the block order; lag: samples a loader worker may run ahead of another
         self.plan: tuple[int, int, int, int] | None = None
+        # concurrent chunk downloads of the block order's prefetch in this process: 2 per loader worker process, and
+        # 2 per thread of the threaded loader (which sets it), so both paths keep as many requests in flight
+        self.prefetch_streams = 2
         self._reset_process_state()
 
     def _reset_process_state(self) -> None:
@@ -293,8 +296,9 @@ class ShardSource(ImageSource):
         """The sample at global ``position`` of ``epoch``'s block order is about to be read (remote sets under the
         block order, :attr:`plan` set): on entering a new block, queue the next block's chunks for download in a
         background thread and delete the chunks this process fetched that are outside the live window — from
-        ``lag`` samples before the current block (another loader worker may still be reading there) to the end of
-        the next block."""
+        ``lag`` samples before the current block (another loader worker, or thread, may still be reading there) to
+        the end of the next block. Safe to call from several threads (the threaded loader calls it from the thread
+        taking a batch, for the batch's keys in order)."""
         if not self._fetches():
             return
         assert self.plan is not None and self.cache_dir is not None
@@ -324,7 +328,7 @@ class ShardSource(ImageSource):
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="impulsevit-prefetch")
+            self._pool = ThreadPoolExecutor(max_workers=self.prefetch_streams, thread_name_prefix="impulsevit-prefetch")
         for c in chunks((b + 1) * block, (b + 2) * block):
             self._pool.submit(self._prefetch, c)
 

@@ -21,7 +21,9 @@ Threads: ``threads`` (``data.num_workers``); 0 fills each batch in the consuming
 are handed to the threads in order, at most ``2 · threads`` ahead of the batch the consumer waits for (the
 ``DataLoader``'s default two batches per worker: the backend's prefetch window, ``lag``, counts on it); each key is
 handed to :meth:`~impulsevit.data.loading.litdata_backend.ShardSource.follow` in order, by the thread taking the batch,
-so the block order's chunk prefetch and deletion see one process reading in order. Every batch is a fresh tensor: a
+so the block order's chunk prefetch and deletion see one process reading in order; its downloads run 2 per thread
+(:attr:`~impulsevit.data.loading.litdata_backend.ShardSource.prefetch_streams`), as many as the worker processes'
+prefetch threads together. Every batch is a fresh tensor: a
 batch the consumer keeps is never overwritten.
 
 Failures: the first exception of a thread (a store that stopped answering: the source's one-line
@@ -58,6 +60,7 @@ class ThreadedLoader(ResumableDataLoader):
         super().__init__(dataset, batch_size=batch_size, sampler=sampler, drop_last=True, num_workers=0,
                          pin_memory=bool(pin_memory), collate_fn=dataset.collate_fn)
         self.threads = self.num_workers = int(threads)  # set after: DataLoader's check of worker processes
+        dataset.source.prefetch_streams = 2 * max(self.threads, 1)  # as many chunk downloads as 2 per worker process
 
     def _buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         size = self.dataset.plan.size
