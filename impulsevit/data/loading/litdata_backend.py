@@ -29,7 +29,9 @@ raw mixed), ``Image.fromarray`` 140, torchvision's ``RandomResizedCrop`` of the 
 ``PILToTensor`` 130, seeding the three global RNGs 340; now: the stored bytes ~50 (chunk openings included),
 torchvision's JPEG decode ~600 per JPEG, the numba crop ~250. ``benchmarks/loader_speed.py`` (224 px, 2 workers,
 block order, loaded machine): 0.96–1.01 of ``ffcv:short256`` on the same stored images with 400 images (before:
-0.34), 0.75 with 2,000, bounded by the ``DataLoader``'s process hop (``docs/data.md``). What differs from the
+0.34); with 2,000, 0.73–0.75 through ``DataLoader`` worker processes (their process hop) and 0.76–0.87 through the
+training loader's threads (:mod:`~impulsevit.data.loading.threaded_loader`, the default where no timm transform
+follows the crop; ``docs/data.md``). What differs from the
 torchvision backend: the training crops and flips (other draws, and Pillow 13's pass order on crops that shrink
 both axes: a few levels on a few percent of them); with ``--preset raw`` the training batches are the FFCV loader's
 image for image and the eval batches the torchvision backend's, byte for byte
