@@ -24,14 +24,15 @@ else, as a GPU run's host (FFCV's ``ToDevice`` copy, made on GPU runs, is not ti
 decode-limit`` is printed per size: the workers' side of that mode against the decode floor.
 
 ``litdata:short256`` reads a LitData shard set of the same images (``impulsevit convert --format litdata --preset
-short256``, :mod:`impulsevit.data.storage.shards`) from a local folder, ``litdata:short256@s3`` the same set uploaded
-to an S3-compatible server on 127.0.0.1 (moto's server mode, a dev dependency) through the backend's chunk cache
-(emptied before the warm-up epoch): both read as the litdata backend reads a training split (``litdata_loader``:
-its own classes; the stored bytes from the chunk files' memory maps, libjpeg-turbo decode, the FFCV decoder's draws
-and bicubic resample of the crop box, in ``num_workers`` processes), in the block order (``--block-size`` samples,
-``--chunk-bytes`` chunks: whole chunks, the next block prefetched, chunks outside the live blocks deleted, so every
-epoch of the ``@s3`` row downloads the set again through a cache of a few blocks); ``/ decode-limit`` is printed for
-them too.
+short256``, :mod:`impulsevit.data.storage.shards`) from a local folder, ``litdata:short256@s3`` the same set uploaded to
+an S3-compatible server on 127.0.0.1 (moto's server mode, a dev dependency, in a process of its own) through the
+backend's chunk cache (emptied before the warm-up epoch): both read as the litdata backend reads a training split
+(``litdata_loader``: its own classes; the stored bytes from the chunk files' memory maps, libjpeg-turbo decode, the FFCV
+decoder's draws and bicubic resample of the crop box, in ``num_workers`` threads of the process as the backend's default
+``data.storage.loader=threads``, or ``--litdata-loader processes``: ``DataLoader`` worker processes), in the block order
+(``--block-size`` samples, ``--chunk-bytes`` chunks: whole chunks, the next block prefetched, chunks outside the live
+blocks deleted, so every epoch of the ``@s3`` row downloads the set again through a cache of a few blocks);
+``/ decode-limit`` is printed for them too.
 ``litdata:short256@s3-slow`` reads the same uploaded set as a distant store serves it: through
 :class:`ThrottledProxy` on 127.0.0.1 in front of the moto server (``--slow-latency-ms``, default 50 ms from each
 request to its response's first byte; ``--slow-rate``, default 100 MB/s per connection), its own chunk cache, so the
@@ -193,13 +194,14 @@ def decode_limit_loader(path: Path, workers: int, batch: int):  # noqa: ANN201 -
 
 
 def litdata_loader(location: str, cache: Path | None, size: int, workers: int, batch: int,
-                   block_size: int) -> torch.utils.data.DataLoader:
+                   block_size: int, kind: str = "threads") -> torch.utils.data.DataLoader:
     """The litdata contender: what the litdata backend builds for a training split —
     :class:`~impulsevit.data.loading.litdata_backend.ShardSource` (stored bytes read from the chunk files' memory
     maps), :class:`~impulsevit.data.loading.litdata_backend.ShardDataset` with the fast path's
     :class:`~impulsevit.data.loading.litdata_backend.CropPlan` (libjpeg-turbo decode, the FFCV decoder's draws and
-    bicubic resample of the crop box only, the flip) in ``workers`` processes, the block order of ``block_size``
-    samples (:class:`~impulsevit.data.loading.sampling.EpochSampler`; each key first handed to
+    bicubic resample of the crop box only, the flip) in ``workers`` threads (``kind`` ``threads``:
+    :class:`~impulsevit.data.loading.threaded_loader.ThreadedLoader`) or processes (``processes``), the block order
+    of ``block_size`` samples (:class:`~impulsevit.data.loading.sampling.EpochSampler`; each key first handed to
     :meth:`ShardSource.follow`: a remote set's next block prefetched, chunks outside the live blocks deleted)."""
     from impulsevit.data.loading.config import StorageConfig
     from impulsevit.data.loading.litdata_backend import CropPlan, ShardDataset, ShardSource, shards_manifest
@@ -215,19 +217,58 @@ def litdata_loader(location: str, cache: Path | None, size: int, workers: int, b
     source.plan = (0, 1, block_size, max(workers, 1) * 2 * batch)  # seed 0, one rank; lag as the backend's
     ds = ShardDataset(source, None, seed=0, plan=CropPlan(size, train=True, interpolation="bicubic"))
     sampler = EpochSampler(ds, seed=0, batch_size=batch, chunk_sizes=source.chunk_sizes(), block_size=block_size)
+    if kind == "threads":
+        from impulsevit.data.loading.threaded_loader import ThreadedLoader
+
+        return ThreadedLoader(ds, sampler=sampler, batch_size=batch, threads=workers)
     return torch.utils.data.DataLoader(ds, batch_size=batch, sampler=sampler, num_workers=workers, drop_last=True,
                                        persistent_workers=workers > 0, collate_fn=ds.collate_fn)
 
 
-def start_loopback_s3() -> tuple[object, str]:
-    """moto's S3 server on 127.0.0.1 with a bucket ``bench``; its endpoint and keys set in ``os.environ``."""
-    import boto3
-    from moto.server import ThreadedMotoServer
+class MotoProcess:
+    """moto's S3 server (``python -m moto.server``) on 127.0.0.1 in a process of its own, as a real store is: in the
+    benchmark's process its Python request handling would share the GIL with the litdata loader's threads (its
+    request log goes nowhere). The server gets SIGTERM when this process exits."""
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    os.environ.update(AWS_ENDPOINT_URL=f"http://{host}:{port}", AWS_ACCESS_KEY_ID="bench",
+    def __init__(self, timeout_s: float = 60.0) -> None:
+        import socket
+        import subprocess
+        import sys
+        import urllib.request
+
+        from impulsevit.procs import popen
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{port}"
+        self.proc = popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=5).close()
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"moto's server did not start on {self.endpoint}") from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        """End the server process."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+
+def start_loopback_s3() -> tuple[MotoProcess, str]:
+    """moto's S3 server on 127.0.0.1 (:class:`MotoProcess`) with a bucket ``bench``; its endpoint and keys set in
+    ``os.environ``."""
+    import boto3
+
+    server = MotoProcess()
+    os.environ.update(AWS_ENDPOINT_URL=server.endpoint, AWS_ACCESS_KEY_ID="bench",
                       AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
     boto3.session.Session().client("s3").create_bucket(Bucket="bench")
     return server, "s3://bench/set"
@@ -332,11 +373,24 @@ def _use_endpoint(endpoint: str, then: Callable[[int], None] | None, worker_id: 
 
 
 def through_endpoint(loader: torch.utils.data.DataLoader, endpoint: str) -> torch.utils.data.DataLoader:
-    """``loader`` with its worker processes reading the object store at ``endpoint`` instead of the process's
-    ``AWS_ENDPOINT_URL`` (the main process, and other loaders, keep theirs). Needs ``num_workers >= 1``: the chunk
-    reads of a 0-worker loader run in the main process."""
+    """``loader`` reading the object store at ``endpoint`` instead of the process's ``AWS_ENDPOINT_URL`` (other
+    loaders keep theirs): a threaded loader's source gets its chunk client from there (the one client its
+    :meth:`~impulsevit.data.loading.litdata_backend.ShardSource.fetch` uses); a ``DataLoader``'s worker processes
+    get the endpoint as theirs, which needs ``num_workers >= 1`` (the chunk reads of a 0-worker loader run in the
+    main process)."""
     import functools
 
+    from impulsevit.data.loading.threaded_loader import ThreadedLoader
+    from impulsevit.data.storage import objstore
+
+    if isinstance(loader, ThreadedLoader):
+        source, saved = loader.dataset.source, os.environ["AWS_ENDPOINT_URL"]
+        os.environ["AWS_ENDPOINT_URL"] = endpoint  # boto3 reads it when the client is made
+        try:
+            source._client = objstore.s3_client(source.read_timeout)
+        finally:
+            os.environ["AWS_ENDPOINT_URL"] = saved
+        return loader
     if loader.num_workers < 1:
         raise ValueError("through_endpoint: needs a loader with worker processes (num_workers >= 1)")
     loader.worker_init_fn = functools.partial(_use_endpoint, endpoint, loader.worker_init_fn)
@@ -395,6 +449,9 @@ def main(argv: list[str] | None = None) -> float:
     p.add_argument("--block-size", type=int, default=256,
                    help="the litdata rows' data.storage.block_size (samples; the backend's default is 65,536: a "
                         "benchmark set is small, and a block ~10%% of it keeps the cache at a few blocks)")
+    p.add_argument("--litdata-loader", choices=("threads", "processes"), default="threads",
+                   help="the litdata rows' loader (data.storage.loader): threads of this process (the default) or "
+                        "DataLoader worker processes")
     p.add_argument("--default-malloc", action="store_true",
                    help="leave glibc malloc at its defaults instead of the setting `impulsevit fit` applies")
     p.add_argument("--chunk-bytes", default="1MB",
@@ -443,11 +500,12 @@ def main(argv: list[str] | None = None) -> float:
                          chunk_bytes=args.chunk_bytes)
             shard_dirs[S3] = url
             mib["litdata"] = m["bytes"] / 2**20
-            log(f"litdata shard set ({DEFAULT_PRESET}): {mib['litdata']:.1f} MiB, local and on loopback S3 {url}")
+            log(f"litdata shard set ({DEFAULT_PRESET}): {mib['litdata']:.1f} MiB, local and on loopback S3 {url}; "
+                f"read by {args.workers} {args.litdata_loader} (data.storage.loader)")
             if args.no_slow:
                 pass
-            elif args.workers < 1:
-                log(f"{SLOW}: left out (its workers read through the proxy: needs --workers >= 1)")
+            elif args.workers < 1 and args.litdata_loader == "processes":
+                log(f"{SLOW}: left out (its worker processes read through the proxy: needs --workers >= 1)")
             else:
                 proxy = ThrottledProxy(os.environ["AWS_ENDPOINT_URL"], args.slow_latency_ms / 1000,
                                        args.slow_rate * 1e6)
@@ -488,7 +546,8 @@ def main(argv: list[str] | None = None) -> float:
                 shutil.rmtree(tmp / "chunk-cache", ignore_errors=True)
                 for name, where in shard_dirs.items():  # each remote row its own chunk cache
                     cache = tmp / "chunk-cache" / name.split("@")[1] if "@" in name else None
-                    loaders[name] = litdata_loader(where, cache, size, args.workers, args.batch_size, args.block_size)
+                    loaders[name] = litdata_loader(where, cache, size, args.workers, args.batch_size, args.block_size,
+                                                   args.litdata_loader)
                 if proxy is not None:
                     through_endpoint(loaders[SLOW], proxy.endpoint)
             rates = interleaved(loaders, args.rounds, {DEVICE: take_canvas})

@@ -109,6 +109,10 @@ class AugmentConfig:
             raise ConfigError(f"data.augment.repeated_aug must be >= 1, got {self.repeated_aug}")
 
 
+LOADERS = ("threads", "processes")
+"""The values of ``data.storage.loader`` (:class:`StorageConfig`)."""
+
+
 @dataclass
 class StorageConfig:
     """How the ffcv backend stores and reads the ``.beton`` files (the torchvision backend reads the source files and
@@ -145,6 +149,11 @@ class StorageConfig:
             rank's share of an epoch is read a block at a time, its samples shuffled within the block, so a block's
             chunks are what a rank needs on disk at once (with the next block's, downloading meanwhile). Larger:
             closer to a global shuffle, more cache (``docs/data.md``: block order).
+        loader: how the litdata backend's training loader fills batches on its fast path (a crop and flip with
+            nothing after them: no RandAugment, no colour jitter): ``threads`` (the default: ``num_workers`` threads
+            of the training process write into the batch tensors, as FFCV's loader;
+            :mod:`~impulsevit.data.loading.threaded_loader`) or ``processes`` (``DataLoader`` worker processes, the
+            path of every other case). The same batches either way. Ignored by the other backends.
         convert_limit: images, ``>= 0``. In a multi-process run (world size > 1) ``prepare_data`` does not convert a
             split larger than this: it stops with the ``impulsevit convert`` command to run first (``impulsevit
             submit`` submits that as its own job). Single-process runs convert any size.
@@ -159,6 +168,7 @@ class StorageConfig:
     cache_size: str = "200GB"
     read_timeout: float = 30.0
     block_size: int = 65536
+    loader: str = "threads"
 
     def __post_init__(self) -> None:
         if self.preset is not None and self.preset not in PRESETS:
@@ -175,5 +185,7 @@ class StorageConfig:
             raise ConfigError(f"data.storage.read_timeout must be > 0 seconds, got {self.read_timeout}")
         if self.block_size < 1:
             raise ConfigError(f"data.storage.block_size must be >= 1 samples, got {self.block_size}")
+        if self.loader not in LOADERS:
+            raise ConfigError(f"data.storage.loader must be one of {', '.join(LOADERS)}, got {self.loader!r}")
         if self.convert_limit < 0:
             raise ConfigError(f"data.storage.convert_limit must be >= 0, got {self.convert_limit}")

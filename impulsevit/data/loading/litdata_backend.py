@@ -7,7 +7,7 @@ How it reads: each split is a :class:`ShardSource`, an
 training order is ``data.order``: ``block`` (opt-in; :func:`~impulsevit.data.loading.sampling.block_sequence`:
 chunks shuffled and dealt to the ranks, samples shuffled within blocks of ``data.storage.block_size``), under which a
 remote chunk is fetched whole into the node's cache folder once (:meth:`ShardSource.fetch`), the next block's chunks
-download in a background thread of each loader process while the current block decodes (:meth:`ShardSource.follow`),
+download in background threads of each loader process while the current block decodes (:meth:`ShardSource.follow`),
 and a cache of a few blocks suffices; or ``global`` (the default: one permutation of the set), under which LitData
 downloads the chunk holding sample ``j`` into the cache, evicting the oldest chunks beyond ``data.storage.cache_size``.
 The loaders are the torchvision backend's
@@ -29,7 +29,9 @@ raw mixed), ``Image.fromarray`` 140, torchvision's ``RandomResizedCrop`` of the 
 ``PILToTensor`` 130, seeding the three global RNGs 340; now: the stored bytes ~50 (chunk openings included),
 torchvision's JPEG decode ~600 per JPEG, the numba crop ~250. ``benchmarks/loader_speed.py`` (224 px, 2 workers,
 block order, loaded machine): 0.96–1.01 of ``ffcv:short256`` on the same stored images with 400 images (before:
-0.34), 0.75 with 2,000, bounded by the ``DataLoader``'s process hop (``docs/data.md``). What differs from the
+0.34); with 2,000, 0.73–0.75 through ``DataLoader`` worker processes (their process hop) and 0.76–0.87 through the
+training loader's threads (:mod:`~impulsevit.data.loading.threaded_loader`, the default where no timm transform
+follows the crop; ``docs/data.md``). What differs from the
 torchvision backend: the training crops and flips (other draws, and Pillow 13's pass order on crops that shrink
 both axes: a few levels on a few percent of them); with ``--preset raw`` the training batches are the FFCV loader's
 image for image and the eval batches the torchvision backend's, byte for byte
@@ -66,6 +68,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -136,6 +139,9 @@ class ShardSource(ImageSource):
         self._ends: np.ndarray | None = None
         # (seed, world size, block size, lag) of the block order; lag: samples a loader worker may run ahead of another
         self.plan: tuple[int, int, int, int] | None = None
+        # concurrent chunk downloads of the block order's prefetch in this process: 2 per loader worker process, and
+        # 2 per thread of the threaded loader (which sets it), so both paths keep as many requests in flight
+        self.prefetch_streams = 2
         self._reset_process_state()
 
     def _reset_process_state(self) -> None:
@@ -147,11 +153,19 @@ class ShardSource(ImageSource):
         # chunk -> its image column (``_compat.litdata.chunk_column`` over a memory map of the file; None: no Arrow
         # footer, read through LitData), least recently used first
         self._columns: OrderedDict[int, list | None] = OrderedDict()
+        # the loader threads of one process share the source: the column cache, the prefetch window's bookkeeping
+        # and LitData's reader are used under this lock (the reads and decodes themselves run outside it)
+        self._lock = threading.RLock()
 
     def __getstate__(self) -> dict:
         state = {**self.__dict__, "_dataset": None, "_pool": None, "_client": None}
         state.update(_fetched=set(), _live=None, _orders={}, _columns=OrderedDict())
+        del state["_lock"]
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     # ------------------------------------------------------------------------------------------------ chunks
     def chunk_table(self) -> list[dict]:
@@ -287,8 +301,9 @@ class ShardSource(ImageSource):
         """The sample at global ``position`` of ``epoch``'s block order is about to be read (remote sets under the
         block order, :attr:`plan` set): on entering a new block, queue the next block's chunks for download in a
         background thread and delete the chunks this process fetched that are outside the live window — from
-        ``lag`` samples before the current block (another loader worker may still be reading there) to the end of
-        the next block."""
+        ``lag`` samples before the current block (another loader worker, or thread, may still be reading there) to
+        the end of the next block. Safe to call from several threads (the threaded loader calls it from the thread
+        taking a batch, for the batch's keys in order)."""
         if not self._fetches():
             return
         assert self.plan is not None and self.cache_dir is not None
@@ -297,6 +312,11 @@ class ShardSource(ImageSource):
         b = i // block
         if self._live == (epoch, b):
             return
+        with self._lock:
+            self._follow(epoch, rank, b, block, lag)
+
+    def _follow(self, epoch: int, rank: int, b: int, block: int, lag: int) -> None:
+        assert self.cache_dir is not None
         self._live = (epoch, b)
         order, owner = self._rank_order(epoch, rank), self.chunk_of()
 
@@ -313,7 +333,7 @@ class ShardSource(ImageSource):
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="impulsevit-prefetch")
+            self._pool = ThreadPoolExecutor(max_workers=self.prefetch_streams, thread_name_prefix="impulsevit-prefetch")
         for c in chunks((b + 1) * block, (b + 2) * block):
             self._pool.submit(self._prefetch, c)
 
@@ -329,6 +349,10 @@ class ShardSource(ImageSource):
         """Chunk ``chunk``'s image column (:func:`impulsevit._compat.litdata.chunk_column`) from its file (the set's
         folder, or the cache folder where :meth:`fetch` put it); None where LitData must read it (a remote set under
         the global order, whose chunks LitData downloads and evicts itself, or a chunk without an Arrow footer)."""
+        with self._lock:
+            return self._open_column(chunk)
+
+    def _open_column(self, chunk: int) -> list | None:
         if chunk in self._columns:
             self._columns.move_to_end(chunk)
             return self._columns[chunk]
@@ -371,12 +395,14 @@ class ShardSource(ImageSource):
                             return memoryview(values[int(offsets[k - first]):int(offsets[k - first + 1])])
                 # a slice, not dataset[j]: a slice reads through the chunk file (LitData's ``on_demand_bytes``
                 # would read an int index's bytes alone)
-                return memoryview(self._open()[j:j + 1][0]["image"])
+                with self._lock:  # LitData's reader is not shared between threads
+                    return memoryview(self._open()[j:j + 1][0]["image"])
             except DataError:
                 raise
             except Exception as exc:  # noqa: BLE001 - LitData / botocore / obstore errors share no base class
                 if attempt == 0 and self._evicted(exc):
-                    self._dataset = None  # the chunk was deleted by another process: fetch it again
+                    with self._lock:
+                        self._dataset = None  # the chunk was deleted by another process: fetch it again
                     continue
                 if self._evicted(exc):
                     raise DataError(f"reading {self.location}: a chunk was evicted from the cache {self.cache_dir} "
@@ -440,11 +466,15 @@ class CropPlan:
         self.flip_prob, self.crop_pct, self.seed = float(flip_prob), float(crop_pct), int(seed)
         self.repeated, self.rest = bool(repeated), rest
 
-    def __call__(self, pixels: np.ndarray, index: int, epoch: int = 0, position: int = 0) -> np.ndarray:
-        """``pixels`` ``(H, W, 3)`` uint8 (C-contiguous) of stored sample ``index`` → ``(S, S, 3)`` uint8."""
+    def __call__(self, pixels: np.ndarray, index: int, epoch: int = 0, position: int = 0,
+                 out: np.ndarray | None = None) -> np.ndarray:
+        """``pixels`` ``(H, W, 3)`` uint8 (C-contiguous) of stored sample ``index`` → ``(S, S, 3)`` uint8, written
+        into ``out`` when given (C-contiguous, e.g. one image of a batch buffer) and returned. The compiled kernels
+        release the GIL."""
         from impulsevit.data.loading import resample as rs
 
-        out = np.empty((self.size, self.size, 3), dtype=np.uint8)
+        if out is None:
+            out = np.empty((self.size, self.size, 3), dtype=np.uint8)
         if pixels.flags.writeable:  # one compiled variant of the kernels: read-only sources (the stored raw images)
             pixels = pixels.view()
             pixels.flags.writeable = False
@@ -512,6 +542,15 @@ class ShardDataset(SourceDataset):
         # the plan's samples are (S, S, 3) HWC tensors: stacked as they are and handed on as a channels-last
         # (B, 3, S, S) view, as the FFCV loader's batches (a CHW sample would cost a transposing copy each)
         self.collate_fn = channels_last_batch if plan is not None and plan.rest is None else None
+
+    def fill(self, key: SampleKey, out: np.ndarray) -> int:
+        """Decode and crop the training sample ``key`` into ``out`` (``(S, S, 3)`` uint8, C-contiguous: an image of
+        a batch buffer) as :meth:`__getitem__` does, and return its label. Not supported: a plan with ``rest``
+        transforms, no plan. The caller hands ``key`` to :meth:`ShardSource.follow` first (in order)."""
+        assert self.plan is not None and self.plan.rest is None
+        i, pixels = self._readable(key.index)
+        self.plan(pixels, int(self.source.indices[i]), key.epoch, key.position, out=out)
+        return int(self.source.labels[i])
 
     def __getitem__(self, key: int | SampleKey):  # noqa: ANN204
         if self.plan is None:
@@ -650,6 +689,21 @@ class LitDataBackend(TorchvisionBackend):
         return ShardSource(where, manifest["classes"], labels, self._indices(split), self.cache_folder(split),
                            self.spec.storage.cache_size, self.spec.storage.read_timeout)
 
+    def train_loader(self, position: LoaderPosition, batch_size: int, device: Any = None) -> Any:
+        """On the fast path without ``rest`` transforms and with ``data.storage.loader='threads'`` (the default):
+        a :class:`~impulsevit.data.loading.threaded_loader.ThreadedLoader` of ``num_workers`` threads; else the
+        torchvision backend's ``DataLoader`` of worker processes. The same batches and loader state either way."""
+        ds = self.sets["train"]
+        plan = getattr(ds, "plan", None)
+        if self.spec.storage.loader != "threads" or plan is None or plan.rest is not None:
+            return super().train_loader(position, batch_size, device)
+        import torch
+
+        from impulsevit.data.loading.threaded_loader import ThreadedLoader
+
+        return ThreadedLoader(ds, sampler=self.train_sampler(position, batch_size), batch_size=batch_size,
+                              threads=self.spec.num_workers, pin_memory=torch.cuda.is_available())
+
     def order_arguments(self, position: LoaderPosition, batch_size: int) -> dict[str, Any]:
         """The block order's chunk sizes and block size (``data.order='block'``), also handed to the training
         source for its prefetch (:meth:`ShardSource.follow`); none under the global order."""
@@ -658,7 +712,8 @@ class LitDataBackend(TorchvisionBackend):
         source = self.sets["train"].source
         assert isinstance(source, ShardSource)
         block = self.spec.storage.block_size
-        lag = self.spec.num_workers * 2 * batch_size  # DataLoader's default prefetch_factor: 2 batches per worker
+        # DataLoader's default prefetch_factor: 2 batches per worker; the threaded loader's window is the same
+        lag = self.spec.num_workers * 2 * batch_size
         source.plan = (self.spec.seed, position.world_size, block, lag)
         source._dataset = None  # reads go through ShardSource.fetch from now on
         warn_unmixed(source, block, batch_size, self.location(self.spec.train_split))

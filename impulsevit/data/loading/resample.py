@@ -17,7 +17,9 @@ of threads, or on what was drawn before it (no shared generator state). See :fun
 Every function here works on numpy arrays and scalars only, so numba compiles it with ``njit`` (FFCV's ``Compiler``);
 called from plain Python it runs (slowly) with the same results, except :func:`sample_key` / :func:`uniform`, whose
 64-bit wrap-around arithmetic needs the compiled form (use :data:`draw_uniform` from Python), and the horizontal
-pass, whose 4-byte pixel moves are numba intrinsics (compiled code only).
+pass, whose 4-byte pixel moves are numba intrinsics (compiled code only). Compiled with ``nogil=True``: called from
+Python (the litdata backend's loader threads) a kernel releases the GIL while it runs, so threads resample in
+parallel.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ __all__ = [
 ]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _filter(kind: int, x: float) -> float:
     if x < 0.0:
         x = -x
@@ -53,7 +55,7 @@ def _filter(kind: int, x: float) -> float:
     return 0.0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def coefficients(in_size: int, in0: float, in1: float, out_full: int, out_start: int, out_n: int,
                  kind: int) -> tuple[np.ndarray, np.ndarray]:
     """Pillow's ``precompute_coeffs`` + ``normalize_coeffs_8bpc`` for output pixels ``out_start .. out_start + out_n``
@@ -98,7 +100,7 @@ LANES = 96
 vector loops without runtime checks (~30 % faster than the same loops over a runtime count)."""
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fir_block(src: np.ndarray, r0: int, i0: int, bounds: np.ndarray, weights: np.ndarray, acc: np.ndarray,
                dst: np.ndarray, d0: int) -> None:
     """:func:`_fir` for the :data:`LANES` lanes ``i0 .. i0 + LANES`` of ``src``, written at ``d0 ..`` of ``dst``."""
@@ -119,7 +121,7 @@ def _fir_block(src: np.ndarray, r0: int, i0: int, bounds: np.ndarray, weights: n
             row[i] = np.uint8(0 if v < 0 else (255 if v > 255 else v))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fir(src: np.ndarray, r0: int, i0: int, n_lanes: int, bounds: np.ndarray, weights: np.ndarray,
          acc: np.ndarray, dst: np.ndarray) -> None:
     """The one resampling kernel of both passes: ``dst[o, i] = clip8(Σ_t src[r0 + bounds[o, 0] + t, i0 + i] ·
@@ -153,7 +155,7 @@ def _fir(src: np.ndarray, r0: int, i0: int, n_lanes: int, bounds: np.ndarray, we
             row[i] = np.uint8(0 if v < 0 else (255 if v > 255 else v))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _vpass(src: np.ndarray, r0: int, c0: int, bounds: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
     """Vertical pass: ``out[o, x] = Σ_t src[r0 + bounds[o, 0] + t, c0 + x] · weights[o, t]`` (fixed point, int32 as
     Pillow), :func:`_fir` over the image rows (the lanes are a row's ``3 · n_out_cols`` bytes)."""
@@ -200,7 +202,7 @@ HPASS_ROWS = LANES // 3
 _TILE = LANES + 4  # a tile row's bytes: room for a 4-byte store at its last pixel
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _hpass(src: np.ndarray, r0: int, c0: int, n_rows: int, bounds: np.ndarray, weights: np.ndarray,
            out: np.ndarray, flip: bool = False) -> None:
     """Horizontal pass ``out[r, o] = Σ_t src[r0 + r, c0 + bounds[o, 0] + t] · weights[o, t]`` for ``r < n_rows``
@@ -246,7 +248,7 @@ def _hpass(src: np.ndarray, r0: int, c0: int, n_rows: int, bounds: np.ndarray, w
                     row[3 * ol + c] = res_flat[ol * _TILE + 3 * r + c]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def copy_window(src: np.ndarray, top: int, left: int, height: int, width: int, dst: np.ndarray) -> None:
     """``dst[:height, :width] = src[top:top + height, left:left + width]`` for C-contiguous ``(H, W, 3)`` uint8
     arrays, as a loop over flat row slices indexed from 0 (the copy vectorises; numba's 3-D slice assignment, or
@@ -259,7 +261,7 @@ def copy_window(src: np.ndarray, top: int, left: int, height: int, width: int, d
             row[i] = line[i]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def hflip(image: np.ndarray) -> None:
     """Mirror an ``(H, W, 3)`` uint8 image left-right in place."""
     height, width = image.shape[0], image.shape[1]
@@ -272,7 +274,7 @@ def hflip(image: np.ndarray) -> None:
                 image[r, k, c] = t
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def vertical_first(height: int, width: int, out_h: int, out_w: int) -> bool:
     """Pass order: Pillow 13 resamples vertically first when the height shrinks and the width does not, and (in the
     cases measured) mostly when both shrink and the vertical-first intermediate is smaller; else horizontally first."""
@@ -283,7 +285,7 @@ def vertical_first(height: int, width: int, out_h: int, out_w: int) -> bool:
     return out_h * width < height * out_w
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def resample_crop(src: np.ndarray, top: int, left: int, height: int, width: int, out_h: int, out_w: int,
                   out_top: int, out_left: int, dst: np.ndarray, kind: int, flip: bool = False) -> None:
     """Write into ``dst`` ``(n_h, n_w, 3)`` uint8 the window starting at ``(out_top, out_left)`` of
@@ -329,7 +331,7 @@ def resample_crop(src: np.ndarray, top: int, left: int, height: int, width: int,
             hflip(dst)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def center_crop_geometry(height: int, width: int, size: int, crop_pct: float) -> tuple[int, int, int, int]:
     """timm's eval geometry (``Resize(floor(size / crop_pct))`` on the shorter side, then ``CenterCrop(size)``) for
     a ``height × width`` image: ``(resized_h, resized_w, crop_top, crop_left)`` as torchvision computes them
@@ -342,7 +344,7 @@ def center_crop_geometry(height: int, width: int, size: int, crop_pct: float) ->
     return new_h, new_w, _round_half_even_half(new_h - size), _round_half_even_half(new_w - size)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _round_half_even_half(d: int) -> int:
     """Python's ``int(round(d / 2.0))`` for an integer ``d``."""
     if d % 2 == 0:
@@ -351,7 +353,7 @@ def _round_half_even_half(d: int) -> int:
     return k if k % 2 == 0 else k + 1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def resize_short_crop_center(src: np.ndarray, height: int, width: int, crop_pct: float, dst: np.ndarray,
                              kind: int) -> None:
     """timm's eval transform of ``src[:height, :width]`` into the square ``dst`` ``(S, S, 3)``: the shorter side
@@ -369,14 +371,14 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _mix(z: np.uint64) -> np.uint64:
     z = (z ^ (z >> np.uint64(30))) * _M1
     z = (z ^ (z >> np.uint64(27))) * _M2
     return z ^ (z >> np.uint64(31))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def sample_key(seed: int, epoch: int, rank: int, index: int, occurrence: int) -> np.uint64:
     """A 64-bit key for one sample's draws in one epoch: a hash chain over the five integers."""
     h = _mix(np.uint64(seed) + _GOLDEN)
@@ -386,20 +388,20 @@ def sample_key(seed: int, epoch: int, rank: int, index: int, occurrence: int) ->
     return _mix(h ^ (np.uint64(occurrence) + _GOLDEN))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def uniform(key: np.uint64, draw: int) -> float:
     """The ``draw``-th uniform float in ``[0, 1)`` of ``key`` (53 random bits)."""
     z = _mix(key + np.uint64(draw + 1) * _GOLDEN)
     return float(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def draw_uniform(seed: int, epoch: int, rank: int, index: int, occurrence: int, draw: int) -> float:
     """:func:`uniform` of :func:`sample_key` (compiled; for tests and Python callers)."""
     return uniform(sample_key(seed, epoch, rank, index, occurrence), draw)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def random_resized_crop(height: int, width: int, scale0: float, scale1: float, log_ratio0: float, log_ratio1: float,
                         key: np.uint64) -> tuple[int, int, int, int]:
     """torchvision's ``RandomResizedCrop.get_params`` (10 tries, then the centre fallback) with the uniforms of
@@ -427,7 +429,7 @@ def random_resized_crop(height: int, width: int, scale0: float, scale1: float, l
     return (height - h) // 2, (width - w) // 2, h, w
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def train_crop(src: np.ndarray, seed: int, epoch: int, rank: int, index: int, occurrence: int, scale0: float,
                scale1: float, log_ratio0: float, log_ratio1: float, flip_prob: float, kind: int,
                dst: np.ndarray) -> None:

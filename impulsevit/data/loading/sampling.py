@@ -362,7 +362,12 @@ class ResumableDataLoader(DataLoader):
         r = sampler._resume
         done = r.batches if r is not None and r.epoch == sampler.epoch else 0
         self._position = (sampler.epoch, done)
-        return self._count(super().__iter__(), sampler.epoch, done)
+        return self._count(self._batches(), sampler.epoch, done)
+
+    def _batches(self) -> Iterator:
+        """The batches of the sampler's current epoch (``DataLoader``'s iteration; the litdata backend's threaded
+        loader fills them itself)."""
+        return super().__iter__()
 
     def _count(self, it: Iterator, epoch: int, done: int) -> Iterator:
         for batch in it:

@@ -169,6 +169,13 @@ class TorchvisionBackend(Backend):
     def train_loader(self, position: LoaderPosition, batch_size: int,
                      device: torch.device | None = None) -> ResumableDataLoader:
         ds = self.sets["train"]
+        sampler = self.train_sampler(position, batch_size)
+        return ResumableDataLoader(ds, sampler=sampler, drop_last=True, **self._common(position, batch_size, ds))
+
+    def train_sampler(self, position: LoaderPosition, batch_size: int) -> EpochSampler:
+        """The training order of ``position``'s rank (:class:`~impulsevit.data.loading.sampling.EpochSampler`, set
+        to ``position``'s epoch), after checking that an epoch has a step."""
+        ds = self.sets["train"]
         check_train_split(self.spec, len(ds), batch_size, position.world_size)
         # The order is a function of (seed, epoch) and the epoch is set here: on a resumed run Lightning fetches
         # the first batch before its own set_epoch call.
@@ -176,7 +183,7 @@ class TorchvisionBackend(Backend):
                                repeats=self.spec.augment.repeated_aug, batch_size=batch_size,
                                **self.order_arguments(position, batch_size))
         sampler.set_epoch(position.epoch)
-        return ResumableDataLoader(ds, sampler=sampler, drop_last=True, **self._common(position, batch_size, ds))
+        return sampler
 
     def order_arguments(self, position: LoaderPosition, batch_size: int) -> dict[str, Any]:
         """Extra :class:`~impulsevit.data.loading.sampling.EpochSampler` arguments of the training order: none here

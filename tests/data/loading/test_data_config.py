@@ -41,6 +41,7 @@ RECIPES = sorted((Path(__file__).resolve().parents[3] / "recipes").glob("*.yaml"
     (StorageConfig, {"convert_limit": -1}, r"data.storage.convert_limit must be >= 0, got -1"),
     (StorageConfig, {"read_timeout": 0}, r"data.storage.read_timeout must be > 0 seconds, got 0"),
     (StorageConfig, {"block_size": 0}, r"data.storage.block_size must be >= 1 samples, got 0"),
+    (StorageConfig, {"loader": "forks"}, r"data.storage.loader must be one of threads, processes, got 'forks'"),
 ])
 def test_out_of_range_values_name_the_key_in_one_line(block, kwargs, message):
     with pytest.raises(ConfigError, match=message) as info:
@@ -60,7 +61,8 @@ def test_defaults_are_the_previous_flat_defaults_and_pairs_become_float_tuples()
         "force_color_jitter": False, "re_prob": 0.0, "re_mode": "pixel", "re_count": 1, "repeated_aug": 1}
     assert dataclasses.asdict(StorageConfig()) == {
         "preset": None, "in_memory": None, "train_beton": None, "val_beton": None, "beton_check": "sampled",
-        "convert_limit": 200_000, "cache_size": "200GB", "read_timeout": 30.0, "block_size": 65536}
+        "convert_limit": 200_000, "cache_size": "200GB", "read_timeout": 30.0, "block_size": 65536,
+        "loader": "threads"}
 
 
 def test_datamodule_takes_a_mapping_a_dataclass_or_none():

@@ -127,6 +127,22 @@ def test_batches_are_the_torchvision_backends_with_the_fast_crop(where, local_se
         assert any((tmp_path / "cache").rglob("chunk-0-0.bin"))  # read through the local cache
 
 
+def test_the_training_loader_is_threaded_on_the_fast_path_with_the_same_batches(local_set):
+    """``data.storage.loader``: ``threads`` (the default) on the fast path, ``processes`` (a ``DataLoader``) when
+    asked for or when timm's transforms follow the crop; threads and processes give the same batches."""
+    from impulsevit.data.loading.threaded_loader import ThreadedLoader
+
+    made = {}
+    for name, extra in (("threads", {}), ("processes", {"storage": {"loader": "processes"}}),
+                        ("rand", {"augment": {"auto_augment": "rand-m9-mstd0.5"}})):
+        dm = ImageDataModule(backend="litdata", root=local_set, order="global", **KW, **extra)
+        dm.setup("fit")
+        made[name] = dm.loader(True, LoaderPosition(epoch=1))
+    assert isinstance(made["threads"], ThreadedLoader)
+    assert not isinstance(made["processes"], ThreadedLoader) and not isinstance(made["rand"], ThreadedLoader)
+    assert _same(list(made["threads"]), list(made["processes"]))
+
+
 def test_without_numba_the_batches_are_the_torchvision_backends_byte_for_byte(local_set, torchvision_dm, tmp_path,
                                                                               monkeypatch):
     """The PIL fallback (no numba, or a transform the fast path does not cover): timm's transforms and draws."""
