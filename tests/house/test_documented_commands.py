@@ -168,8 +168,8 @@ def _module_path(code: str) -> str | None:
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     """The folder every documented command runs in (its cwd, ``$PWD``), shared by all of them in table order: images
-    for ``predict``, an image folder of two classes, the init card's plugin module, torchvision's CIFAR-10 pointed at a loopback server, and the
-    caches and data home in a folder beside it."""
+    for ``predict``, an image folder of two classes, the init card's plugin module, torchvision's CIFAR-10 pointed at
+    a loopback server, and the caches and data home in a folder beside it."""
     if not FASHION.exists():
         pytest.skip("Debian's dataset-fashion-mnist is not installed (scripts/setup.sh installs it)")
     ws, side = tmp_path_factory.mktemp("docs"), tmp_path_factory.mktemp("docs-caches")
