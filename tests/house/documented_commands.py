@@ -201,10 +201,16 @@ COMMANDS: dict[str, Form] = {
     "impulsevit convert imagenet21k s3://BUCKET/imagenet21k --root DATA --format litdata": synopsis(),
     # the block-order study (docs/results.md): a class-ordered shard set, then one run per seed and order
     "impulsevit convert FOLDER SHARDS --format litdata --preset raw --chunk-bytes 600KB": synopsis(),
+    "impulsevit convert FOLDER SHARDS-SHUFFLED --format litdata --preset raw --chunk-bytes 600KB --shuffle": synopsis(),
     "impulsevit fit --recipe cpu_fmnist_vit_smallimg --runs-dir runs/smallimg-order-ORDER --name impulse-sS "
     "--resume auto --model.init.seed=S --seed_everything=S --data.init_args.seed=S "
     "--data.init_args.dataset=imagefolder --data.init_args.backend=litdata --data.init_args.root=SHARDS "
     "--data.init_args.download=false --data.init_args.storage.block_size=896 --data.init_args.order=ORDER":
+        synopsis(),
+    "impulsevit fit --recipe cpu_fmnist_vit_smallimg --runs-dir runs/smallimg-order-block-shuffled --name impulse-sS "
+    "--resume auto --model.init.seed=S --seed_everything=S --data.init_args.seed=S "
+    "--data.init_args.dataset=imagefolder --data.init_args.backend=litdata --data.init_args.root=SHARDS-SHUFFLED "
+    "--data.init_args.download=false --data.init_args.storage.block_size=896 --data.init_args.order=block":
         synopsis(),
     "impulsevit fit --plugins my_inits.scaled --recipe R --model.init.method=scaled_normal "
     "--model.init.options='{\"scale\": 0.5}'": synopsis(),
