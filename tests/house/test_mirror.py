@@ -3,7 +3,8 @@
 and a package with sub-packages, ``data/``, holds its tests there) or in one of the declared cross-cutting folders, a
 test file at the top of ``tests/`` is named after a leaf module of the package's root, every test folder is a row of
 tests/README.md's table, test modules have unique names (pytest's ``prepend`` import mode imports them by file name),
-and a file that runs the real command, a SLURM cluster or distributed ranks is in the slow lane as a whole."""
+and a file that runs the real command, a SLURM cluster or distributed ranks is in the slow lane as a whole; the
+long groups conftest.py starts first name test files."""
 
 from __future__ import annotations
 
@@ -96,3 +97,16 @@ def test_files_that_start_the_command_or_a_cluster_are_slow_as_a_whole():
     unmarked = sorted(f"tests/{rel}" for rel in _test_files()
                       if _PROCESS_HELPERS.search(text := (TESTS / rel).read_text()) and not _slow_file(text))
     assert not unmarked, f"files that start processes without pytestmark = pytest.mark.slow: {unmarked}"
+
+
+def test_the_long_groups_name_test_files():
+    """conftest.py's ``LONG_GROUPS`` start first under ``--dist loadgroup``: each names a test file (its group) or the
+    SLURM files' group, so a renamed file cannot drop out of the order unnoticed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tests_conftest", TESTS / "conftest.py")
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    names = {rel.name for rel in _test_files()} | {"slurm"}
+    assert [g for g in conftest.LONG_GROUPS if g not in names] == []
+    assert len(set(conftest.LONG_GROUPS)) == len(conftest.LONG_GROUPS)
