@@ -56,6 +56,7 @@ def quiet_prefetch_crash() -> None:
     if os.environ.get("IMPULSEVIT_DEBUG", "") not in ("", "0") or getattr(PrepareChunksThread, "_impulsevit_quiet",
                                                                           False):
         return
+    PrepareChunksThread._impulsevit_loud = PrepareChunksThread._report_crash  # type: ignore[attr-defined]
     PrepareChunksThread._report_crash = lambda self, exc: None  # type: ignore[method-assign]
     PrepareChunksThread._impulsevit_quiet = True  # type: ignore[attr-defined]
 

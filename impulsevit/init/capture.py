@@ -13,7 +13,7 @@ run in eval mode), attention implemented without either call (e.g. custom kernel
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -89,26 +89,31 @@ def _detached(x: Any) -> Any:
     return x.detach() if isinstance(x, torch.Tensor) else x
 
 
-def module_calls(model: nn.Module, modules: Sequence[nn.Module], *inputs: Any,
-                 method: str = "forward") -> list[ModuleCall]:
+def module_calls(model: nn.Module, modules: Sequence[nn.Module], *inputs: Any, method: str = "forward",
+                 during: Callable[[nn.Module, ModuleCall], Any] | None = None) -> list[Any]:
     """The first call of each of ``modules`` (in the order given) while ``getattr(model, method)(*inputs)`` runs
-    under :func:`eval_forward`. The hooks are removed whatever happens.
+    under :func:`eval_forward`, as a :class:`ModuleCall`, or ``during(module, call)`` computed inside that call — where
+    a computation needs the module's parameters as its forward sees them (FSDP2 unshards them only while the module
+    runs; after the forward they are sharded ``DTensor`` again). ``method="forward"`` calls ``model(*inputs)``, so the
+    model's own hooks run (FSDP2's root hook unshards and casts the inputs to its parameter dtype); another method is
+    called as it is. The hooks are removed whatever happens.
 
     Raises:
         ValueError: a module of ``modules`` did not run in that forward (naming its position in ``modules``)."""
-    calls: list[ModuleCall | None] = [None] * len(modules)
+    calls: list[Any] = [None] * len(modules)
 
     def recorder(i: int) -> Any:
         def hook(_m: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             if calls[i] is None:
-                calls[i] = ModuleCall(tuple(_detached(a) for a in args),
-                                      {k: _detached(v) for k, v in kwargs.items()}, _detached(output))
+                call = ModuleCall(tuple(_detached(a) for a in args), {k: _detached(v) for k, v in kwargs.items()},
+                                  _detached(output))
+                calls[i] = call if during is None else during(_m, call)
         return hook
 
     hooks = [m.register_forward_hook(recorder(i), with_kwargs=True) for i, m in enumerate(modules)]
     try:
         with eval_forward(model):
-            getattr(model, method)(*inputs)
+            (model if method == "forward" else getattr(model, method))(*inputs)
     finally:
         for hook in hooks:
             hook.remove()

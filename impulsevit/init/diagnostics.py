@@ -118,8 +118,8 @@ def _float_call(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _vit_image_maps(model: nn.Module, layout: VitLayout, images: torch.Tensor) -> AttentionMaps:
     """Each block's attention in the real forward of ``images`` (in eval mode; the mode is restored), with biases,
     averaged over the batch: ``(h, L, L)``, prefix tokens first."""
-    calls = module_calls(model, list(layout.attns), images)
-    captured = [_head_attention(a, c.args[0], True).mean(0) for a, c in zip(layout.attns, calls, strict=True)]
+    captured = module_calls(model, list(layout.attns), images,  # inside each call: FSDP2's unsharded weights
+                            during=lambda attn, call: _head_attention(attn, call.args[0], True).mean(0))
     return AttentionMaps(captured, layout.grid, layout.num_prefix, "images")
 
 

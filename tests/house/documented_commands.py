@@ -105,7 +105,8 @@ COMMANDS: dict[str, Form] = {
     "--out preview/": run(*TINY_DATA, "--overwrite"),  # the README's preview wrote preview/ in this workspace
     "impulsevit fit --recipe vit_tiny_cifar10 --data.init_args.root=data/cifar10": run(*SMALL, *ON_CPU),
     # your own image folder (the workspace's my_folder: 2 classes, JPEGs of mixed sizes) with a CPU recipe
-    "impulsevit fit --recipe cpu_fmnist_vit --data.init_args.dataset=imagefolder --data.init_args.root=my_folder":
+    "impulsevit fit --recipe cpu_fmnist_vit --name mine --data.init_args.dataset=imagefolder "
+    "--data.init_args.root=my_folder":
         run(*SMALL),
     # studies: the plan (every run's fit command), nothing trained
     "impulsevit study --recipe cpu_fmnist_vit --methods impulse,mimetic,torch --seeds 3": dry(),

@@ -723,7 +723,9 @@ def test_quiet_prefetch_crash(monkeypatch, capfd):
     ``quiet_prefetch_crash`` it prints nothing and still hands the exception to the reader (``prefetch_error``)."""
     reader = pytest.importorskip("litdata.streaming.reader")
     monkeypatch.delenv("IMPULSEVIT_DEBUG", raising=False)
-    monkeypatch.setattr(reader.PrepareChunksThread, "_report_crash", reader.PrepareChunksThread._report_crash)
+    cls = reader.PrepareChunksThread  # LitData's own report, even after another test of this process quietened it
+    monkeypatch.setattr(cls, "_report_crash", getattr(cls, "_impulsevit_loud", cls._report_crash))
+    monkeypatch.setattr(cls, "_impulsevit_quiet", False, raising=False)
     thread = object.__new__(reader.PrepareChunksThread)  # only the crash report's attributes
     thread._rank, thread._worker_env = 0, type("W", (), {"rank": 0})()
     thread._error = None
@@ -736,7 +738,6 @@ def test_quiet_prefetch_crash(monkeypatch, capfd):
     thread._error = None
     reader.PrepareChunksThread.run(thread)
     assert capfd.readouterr().err == "" and isinstance(thread.prefetch_error(), ConnectionError)
-    monkeypatch.delattr(reader.PrepareChunksThread, "_impulsevit_quiet")
 
 
 def compat_ffcv():  # noqa: ANN201

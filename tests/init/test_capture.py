@@ -48,3 +48,17 @@ def test_a_failing_forward_restores_the_mode_and_removes_the_hooks_and_a_module_
     with pytest.raises(ValueError, match=r"modules \[1\] .*Linear first.*did not run in _Net.scaled"):
         module_calls(net, [net.a, net.unused], torch.randn(2, 3), method="scaled")
     assert not net.unused._forward_hooks
+
+
+def test_the_models_own_hooks_run_as_in_a_real_call():
+    """FSDP2 unshards the root's parameters and casts the inputs in the root's forward pre-hook: ``module_calls``
+    must call the model, not its ``forward`` (the stand-in hook here doubles the input), and ``during`` runs inside
+    the module's call (where FSDP2's parameters are unsharded)."""
+    net = _Net()
+    net.register_forward_pre_hook(lambda _m, args: (args[0] * 2,))
+    x = torch.randn(4, 3)
+    (a,) = module_calls(net, [net.a], x)
+    assert torch.equal(a.args[0], x * 2)
+    inside = []
+    (seen,) = module_calls(net, [net.a], x, during=lambda m, call: inside.append(m) or call.output.sum())
+    assert inside == [net.a] and torch.allclose(seen, net.a(x * 2).sum())
