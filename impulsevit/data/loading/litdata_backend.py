@@ -70,7 +70,7 @@ import contextlib
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -147,6 +147,7 @@ class ShardSource(ImageSource):
     def _reset_process_state(self) -> None:
         self._fetched: set[int] = set()  # chunks this process downloaded and has not deleted
         self._live: tuple[int, int] | None = None  # (epoch, block) whose chunks are live in this process
+        self._live_chunks: frozenset[int] = frozenset()  # those chunks: the window a queued prefetch must still be in
         self._orders: dict[int, np.ndarray] = {}
         self._pool: Any = None
         self._client: Any = None
@@ -203,9 +204,11 @@ class ShardSource(ImageSource):
         source's samples are in set order, so each chunk's are consecutive)."""
         return np.bincount(self.chunk_of(), minlength=len(self.chunk_table())).astype(np.int64)
 
-    def fetch(self, chunk: int) -> bool:
+    def fetch(self, chunk: int, wanted: Callable[[], bool] | None = None) -> bool:
         """Make chunk ``chunk`` of a remote set a file of the cache folder (one GET of the whole object, written
         atomically, under the chunk's lock file: another process of the node waits and then finds it there).
+        ``wanted``, asked under the lock when the file is absent: whether the chunk is still to be read (a prefetch
+        queued for a window the reader has since left must not download a chunk that was read and deleted).
         Returns whether this call downloaded it.
 
         Raises:
@@ -219,7 +222,7 @@ class ShardSource(ImageSource):
         if path.is_file():
             return False
         with file_lock(self.cache_dir / f".{name}.lock", log=lambda _: None):
-            if path.is_file():
+            if path.is_file() or (wanted is not None and not wanted()):
                 return False
             try:
                 if self._client is None:
@@ -323,7 +326,8 @@ class ShardSource(ImageSource):
         def chunks(lo: int, hi: int) -> list[int]:
             return list(dict.fromkeys(owner[order[max(lo, 0):max(hi, 0)]].tolist()))
 
-        live = set(chunks(b * block - lag, (b + 2) * block))
+        live = frozenset(chunks(b * block - lag, (b + 2) * block))
+        self._live_chunks = live  # before the deletions below: a queued prefetch of a chunk outside it is dropped
         for c in [c for c in self._columns if c not in live]:
             del self._columns[c]  # its memory map goes with the last image read from it (disk space freed then)
         for c in sorted(self._fetched - live):
@@ -339,7 +343,7 @@ class ShardSource(ImageSource):
 
     def _prefetch(self, chunk: int) -> None:
         with contextlib.suppress(DataError, OSError):  # a failed prefetch is retried, and reported, by the read
-            self.fetch(chunk)
+            self.fetch(chunk, wanted=lambda: chunk in self._live_chunks)
 
     MAPPED_CHUNKS: ClassVar[int] = 64
     """Chunks whose memory maps a process keeps open (least recently read closed first; under the block order,

@@ -347,11 +347,19 @@ def test_submit_streams_from_the_store_with_no_conversion_job(store, remote_set,
     assert f"--data.init_args.root={remote_set}" in run.stdout and "--trainer.num_nodes=2" in run.stdout
 
 
-def test_block_order_fetches_each_chunk_once_per_epoch_with_a_cache_of_a_few_blocks(store, tmp_path):
+def test_block_order_fetches_each_chunk_once_per_epoch_with_a_cache_of_a_few_blocks(store, tmp_path, monkeypatch):
     """``data.order=block`` on a remote set of ~170 small chunks, 2 loader workers sharing the
     rank's cache: the loopback server's request log has at most one GET per chunk in an epoch (every chunk the epoch
-    reads), and the cache folder never holds more than 10 % of the chunks (the live blocks, not the set)."""
+    reads), and the cache folder never holds more than 10 % of the chunks (the live blocks, not the set). Each
+    prefetch starts 50 ms late, as on a loaded machine: one still queued when the reader has fetched, read and
+    deleted its chunk must not download it again."""
     import logging
+    import time
+
+    from impulsevit.data.loading.litdata_backend import ShardSource
+
+    prefetch = ShardSource._prefetch
+    monkeypatch.setattr(ShardSource, "_prefetch", lambda self, chunk: (time.sleep(0.05), prefetch(self, chunk)))
 
     dst, local = f"s3://{BUCKET}/blocks", tmp_path / "blocks"
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
