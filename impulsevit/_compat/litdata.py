@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["chunk_column", "quiet_prefetch_crash", "read_whole_set", "sdk_chunk_downloads"]
+from pathlib import Path
+
+__all__ = ["chunk_column", "clear_stale_cache_state", "quiet_prefetch_crash", "read_whole_set", "sdk_chunk_downloads"]
 
 
 def sdk_chunk_downloads() -> None:
@@ -59,6 +61,32 @@ def quiet_prefetch_crash() -> None:
     PrepareChunksThread._impulsevit_loud = PrepareChunksThread._report_crash  # type: ignore[attr-defined]
     PrepareChunksThread._report_crash = lambda self, exc: None  # type: ignore[method-assign]
     PrepareChunksThread._impulsevit_quiet = True  # type: ignore[attr-defined]
+
+
+def clear_stale_cache_state(cache_dir: Path) -> int:
+    """Delete the cross-process bookkeeping LitData keeps beside the chunks in ``cache_dir`` (recursively): reference
+    counts (``*.cnt``), download and count lock files (``*.lock``), the cache's slot budget
+    (``.litdata_cache_slots*``) and half-written downloads (``*.tmp.<pid>``). For a folder no live process uses
+    (:func:`~impulsevit.data.locking.claim_folder`): a run killed mid-epoch leaves counts that nobody will release,
+    so LitData's prefetch skips those chunks and its reader waits ~30 s (``_FORCE_DOWNLOAD_TIME``) for each before
+    downloading it itself. Whole chunk files stay (a resume reads them). Returns the number of files deleted.
+
+    Reaches: LitData's cache-folder file names (``<chunk>.cnt``, ``<file>.lock``, ``.litdata_cache_slots``,
+        ``<chunk>.tmp.<pid>``), not an API
+    Checked on: litdata>=0.2.76,<0.3
+    Waits for: a LitData call that resets a cache folder's bookkeeping, or counts that expire with their process.
+    """
+    import contextlib
+    import re
+
+    stale = re.compile(r"(\.cnt|\.lock|\.tmp\.\d+)$|^\.litdata_cache_slots")
+    deleted = 0
+    for path in sorted(cache_dir.rglob("*")):
+        if path.is_file() and stale.search(path.name):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                deleted += 1
+    return deleted
 
 
 def chunk_column(chunk: memoryview, name: str) -> list[tuple[int, object, object]] | None:

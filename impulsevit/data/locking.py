@@ -8,6 +8,10 @@ the unlocked file it leaves is simply taken by the next caller. A normal exit de
 it re-opens the path when the inode it locked was unlinked meanwhile), so no lock files are left behind.
 Not supported: file systems without ``flock`` (some FUSE mounts): there the lock call fails naming the path
 (filelock's soft-lock fallback is off: a lock without stale detection could block forever after a crash).
+
+:func:`claim_folder` is the other use of ``flock``: every process that reads a shared folder (a chunk cache) holds a
+shared lock on it for its lifetime, and the first finds out that no live process holds one, so what earlier processes
+left there (reference counts, download markers) is stale.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-__all__ = ["file_lock"]
+__all__ = ["claim_folder", "file_lock"]
+
+_CLAIMED: dict[str, int] = {}  # folder -> the descriptor holding this process's shared lock on it
 
 
 def _write_holder(fd: int) -> None:
@@ -57,3 +63,44 @@ def file_lock(path: str | os.PathLike, what: str = "", log: Callable[[str], None
         with contextlib.suppress(OSError):
             path.unlink()  # while still held: a waiter that then locks the unlinked inode retries on the new path
         lock.release()
+
+
+def claim_folder(folder: str | os.PathLike, clear_stale: Callable[[Path], object]) -> bool:
+    """Register this process as a user of ``folder`` until it exits (a shared ``flock`` on ``<folder>/.users``, held
+    by a descriptor kept open; children forked later share it). When no other live process holds the folder and this
+    process has not claimed it before, whatever processes that have exited left in it is stale: ``clear_stale(folder)``
+    runs first, under the exclusive lock (no process can claim the folder meanwhile), and the call returns True. The
+    exclusive lock then turns shared. A process killed by any signal releases its claim (the kernel closes its
+    descriptors), so a claim never outlives its process.
+
+    Raises:
+        OSError: the folder cannot be created or locked (a file system without ``flock``), naming the path."""
+    import fcntl
+
+    key = os.path.abspath(folder)
+    if key in _CLAIMED:
+        return False
+    path = Path(key) / ".users"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot open {path} ({exc.strerror})") from exc
+    first = True
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            first = False
+        if first:
+            clear_stale(Path(key))
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError as exc:
+        os.close(fd)
+        raise OSError(exc.errno, f"cannot lock {path} ({exc.strerror}); the file system may not support "
+                                 f"flock") from exc
+    except BaseException:
+        os.close(fd)
+        raise
+    _CLAIMED[key] = fd
+    return first

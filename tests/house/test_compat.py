@@ -175,6 +175,8 @@ ENTRY_TESTS = {
     "litdata.read_whole_set": "house/test_compat.py::test_read_whole_set",
     "litdata.quiet_prefetch_crash": "house/test_compat.py::test_quiet_prefetch_crash",
     "litdata.chunk_column": "house/test_compat.py::test_chunk_column",
+    "litdata.clear_stale_cache_state":
+        "data/loading/test_litdata_backend.py::test_what_a_killed_reader_left_in_the_chunk_cache_is_cleared_by_the_next_first_reader",
 }
 
 

@@ -271,8 +271,11 @@ class ShardSource(ImageSource):
                     sdk_chunk_downloads()
 
                 assert self.cache_dir is not None
-                self.cache_dir.mkdir(parents=True, exist_ok=True)
+                from impulsevit._compat.litdata import clear_stale_cache_state
+                from impulsevit.data.locking import claim_folder
                 from impulsevit.io import parse_size
+
+                claim_folder(self.cache_dir, clear_stale_cache_state)  # what a killed run left would stall the reads
 
                 kwargs = dict(cache_dir=str(self.cache_dir),
                               max_cache_size=parse_size(self.cache_size, "data.storage.cache_size"),

@@ -333,6 +333,27 @@ def test_a_chunk_evicted_from_the_cache_is_read_again_not_reported_as_an_outage(
     assert evicted and Path(evicted[0]).is_file()  # the race happened, and the chunk was fetched again
 
 
+def test_what_a_killed_reader_left_in_the_chunk_cache_is_cleared_by_the_next_first_reader(store, remote_set,
+                                                                                          tmp_path):
+    """A process reading a remote set (global order) that dies mid-epoch leaves LitData's reference counts and lock
+    files beside the chunks; the next process to open the cache, with no other live reader, deletes them before it
+    reads (a count nobody releases pins its chunk in the cache, LitData's prefetch then waits for room and the read
+    ~30 s for its chunk) and keeps the chunks."""
+    cache = tmp_path / "cache"
+    opened = (f"from impulsevit.data import ImageDataModule; dm = ImageDataModule(backend='litdata', "
+              f"root={remote_set!r}, cache_dir={str(cache)!r}, order='global', **{KW!r}); dm.setup('fit'); "
+              f"dm.data_backend.sets['train'].source.load(0)")
+    run = subprocess.run([sys.executable, "-c", f"import os; {opened}; os._exit(0)"], env=subprocess_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    counts = {p: p.read_text() for p in cache.rglob("*.cnt")}
+    assert counts and set(counts.values()) == {"1"}, counts  # LitData's layout, as clear_stale_cache_state knows it
+    chunks = {p for p in cache.rglob("chunk-*.bin")}
+    exec(opened, {})  # this process: the first live reader of the folder
+    assert chunks and all(p.is_file() for p in chunks)
+    assert not [p for p in counts if p.is_file()]  # the dead reader's counts: gone, not pinning chunk 0
+
+
 def test_submit_streams_from_the_store_with_no_conversion_job(store, remote_set, tmp_path):
     """``impulsevit submit`` on the litdata backend (a cluster without a shared data disk): one training job whose
     command reads the bucket; no conversion job is chained before it (the shards exist); the AWS variables reach the
