@@ -49,7 +49,7 @@ BackendName = Literal["ffcv", "torchvision", "litdata"]
 BackendChoice = Literal["auto", "ffcv", "torchvision", "litdata"]
 """What a recipe may say: a backend, or ``auto`` (:func:`resolve_backend`)."""
 ResampleOn = Literal["workers", "device"]
-DataOrder = Literal["global", "block"]
+DataOrder = Literal["auto", "global", "block"]
 
 
 def default_cache_dir() -> Path:
@@ -201,8 +201,10 @@ def resolve_spec(*, dataset: str, root: str | None, backend: str, image_size: in
     if resample_on == "device" and backend != "ffcv":
         raise ConfigError(f"data.resample_on='device' needs backend='ffcv' (the torchvision backend resizes in "
                           f"its workers), got backend={backend!r}")
-    if order is not None and order not in ("global", "block"):
-        raise ConfigError(f"data.order must be 'global' or 'block', got {order!r}")
+    if order is not None and order not in ("auto", "global", "block"):
+        raise ConfigError(f"data.order must be 'auto', 'global' or 'block', got {order!r}")
+    if order in (None, "auto"):  # block on a litdata set written shuffled (LitDataBackend.check_given), else global
+        order = "auto" if backend == "litdata" and augment.repeated_aug == 1 else "global"
     if order == "block" and backend != "litdata":
         raise ConfigError(f"data.order='block' reads a shard set's chunks a block at a time: it needs "
                           f"backend='litdata', got backend={backend!r} (use data.order=global)")
@@ -261,7 +263,7 @@ def resolve_spec(*, dataset: str, root: str | None, backend: str, image_size: in
         betons=({train_split: Path(storage.train_beton), val_split: Path(storage.val_beton)}
                 if storage.train_beton else {}),
         explicit_norm=mean is not None or std is not None, download=bool(download),
-        order=order or "global")  # type: ignore[arg-type]
+        order=order)  # type: ignore[arg-type]
 
 
 def check_train_split(spec: DataSpec, num_samples: int, batch_size: int, world_size: int) -> None:

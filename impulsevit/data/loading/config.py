@@ -145,9 +145,10 @@ class StorageConfig:
             reported after the retries of botocore, s3transfer and LitData (on the loopback test store: about 50 s at
             2 s, 2 min 15 s at the default); raise it for large chunks on a slow link. Ignored for local shard sets
             and the other backends.
-        block_size: samples, ``>= 1``: the block of ``data.order='block'`` (opt-in on the litdata backend): each
-            rank's share of an epoch is read a block at a time, its samples shuffled within the block, so a block's
-            chunks are what a rank needs on disk at once (with the next block's, downloading meanwhile). Larger:
+        block_size: samples, ``>= 1``: the block of ``data.order='block'`` (litdata backend; what ``auto`` picks
+            for a set converted ``--shuffle``): each rank's share of an epoch is read a block at a time, its samples
+            shuffled within the block, so a block's chunks are what a rank needs on disk at once (with the next
+            block's, downloading meanwhile). Larger:
             closer to a global shuffle, more cache (``docs/data.md``: block order).
         loader: how the litdata backend's training loader fills batches on its fast path (a crop and flip with
             nothing after them: no RandAugment, no colour jitter): ``threads`` (the default: ``num_workers`` threads

@@ -147,8 +147,9 @@ class ImageDataModule(BaseImageDataModule):
             so). Evaluation always resamples in the threads. Needs ``backend='ffcv'``.
         order: the training order (:mod:`impulsevit.data.loading.sampling`): ``global`` (one permutation of the whole
             set per epoch) or ``block`` (chunks shuffled and dealt to the ranks, samples shuffled within blocks of
-            ``storage.block_size``: whole-chunk reads from a store, ``docs/data.md``; needs ``litdata``); None:
-            ``global`` on every backend.
+            ``storage.block_size``: whole-chunk reads from a store, ``docs/data.md``; needs ``litdata``); ``auto``
+            or None (the default): ``block`` on a litdata shard set written shuffled (``convert --shuffle``, read
+            from its manifest when the datamodule is built), else ``global``. :attr:`order` is the resolved one.
         storage: ``.beton`` storage of the ffcv backend (:class:`~impulsevit.data.loading.config.StorageConfig`: preset,
             page cache, ready-made ``train_beton`` / ``val_beton``, integrity check, conversion limit); a mapping or
             None (the defaults).
@@ -194,13 +195,18 @@ class ImageDataModule(BaseImageDataModule):
         # with weights_only=True.
         augment, storage = dataclasses.asdict(aug), dataclasses.asdict(store)
         self.save_hyperparameters()
-        self.spec: DataSpec = spec
         self.data_backend: Backend = make_backend(spec)  # chosen once
         self.download = spec.download  # resolved: a shard set (litdata) never downloads
         self._device_augment: DeviceAugment | None = None
         self._augment_logged = False
         self._cpu_resample_warned = False
         self.data_backend.check_given()  # given files / shard sets that contradict the run: refused before work
+
+    @property
+    def spec(self) -> DataSpec:
+        """The resolved settings: the backend's (the litdata backend resolves ``order='auto'`` from the training
+        set's manifest when it checks the sets)."""
+        return self.data_backend.spec
 
     info = _from_spec("info")
     root = _from_spec("root")

@@ -4,11 +4,13 @@ path (below) beside its transforms.
 
 How it reads: each split is a :class:`ShardSource`, an
 :class:`~impulsevit.data.sources.image_source.ImageSource` whose ``load(i)`` decodes sample ``j`` of the set. The
-training order is ``data.order``: ``block`` (opt-in; :func:`~impulsevit.data.loading.sampling.block_sequence`:
+training order is ``data.order``: ``block`` (the default, ``auto``, on a set written shuffled;
+:func:`~impulsevit.data.loading.sampling.block_sequence`:
 chunks shuffled and dealt to the ranks, samples shuffled within blocks of ``data.storage.block_size``), under which a
 remote chunk is fetched whole into the node's cache folder once (:meth:`ShardSource.fetch`), the next block's chunks
 download in background threads of each loader process while the current block decodes (:meth:`ShardSource.follow`),
-and a cache of a few blocks suffices; or ``global`` (the default: one permutation of the set), under which LitData
+and a cache of a few blocks suffices; or ``global`` (``auto`` on a set in the source's order: one permutation of
+the set), under which LitData
 downloads the chunk holding sample ``j`` into the cache, evicting the oldest chunks beyond ``data.storage.cache_size``.
 The loaders are the torchvision backend's
 (:class:`~impulsevit.data.loading.torchvision_backend.TorchvisionBackend`): the training order is
@@ -67,6 +69,7 @@ Not supported: ``resample_on='device'``, ``download``, ``.beton`` files (``data.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import threading
 from collections import OrderedDict
@@ -579,6 +582,14 @@ class ShardDataset(SourceDataset):
             return self.plan.rest(Image.fromarray(out)), label
 
 
+def auto_order(manifest: dict) -> str:
+    """``data.order='auto'`` for the training shard set of ``manifest``: ``block`` where it was written shuffled
+    (``convert --shuffle``: a seeded permutation, so a block of chunks already holds a mix of the set, and the
+    paired study in docs/results.md finds no loss against ``global``), else ``global`` (a set in the source's order,
+    often class order, would train near chance under ``block``)."""
+    return "block" if (manifest.get("request") or {}).get("shuffle_seed") is not None else "global"
+
+
 def warn_unmixed(source: ShardSource, block_size: int, batch_size: int, where: str) -> None:
     """One warning line (rank 0) when the block order would see far fewer labels per batch than the global order
     (:func:`~impulsevit.data.loading.sampling.block_mixing` below 0.8 of it): a set stored in class order, which the
@@ -683,6 +694,8 @@ class LitDataBackend(TorchvisionBackend):
                               + hint)
         for split in splits:
             check_shard_files(self.location(split), self.manifest(split))
+        if spec.order == "auto":
+            self.spec = dataclasses.replace(spec, order=auto_order(self.manifest(spec.train_split)))
 
     def open_source(self, split: str) -> ShardSource:
         manifest, where = self.manifest(split), self.location(split)

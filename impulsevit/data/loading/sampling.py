@@ -13,16 +13,16 @@ sample is ``i * W + r``. Two kinds:
   augmentations). Each rank keeps ``floor(N // 256 * 256 / world)`` indices, so an epoch has as many steps as without
   repetition and sees about ``1 / repeats`` of the distinct images. Below 256 images per epoch the 256-rounding is
   skipped (tiny test sets would otherwise be empty).
-- block order (``data.order: block``, opt-in on the litdata backend; :func:`block_sequence`), for shard sets read
-  from a store: the chunks (runs of consecutive samples, ``chunk_sizes``) are shuffled (``default_rng([seed, epoch,
-  0xB10C])``) and laid end to end, the stream is cut into ``W`` equal contiguous shares (padded by wrapping around,
-  as above), even ranks read their share backward and odd ranks forward (so a chunk cut between ranks ``r`` and ``r +
-  1`` is read by both at the same time: at the start or at the end of the epoch), and each share is cut into blocks
-  of ``block_size`` samples whose samples are shuffled within the block. A rank therefore reads whole chunks, a block
-  at a time (``block_size / chunk size + 1`` chunks live at once), and a node fetches each of its chunks once per
-  epoch with a cache of a few blocks instead of the whole set — in the family of MosaicML Streaming's
-  ``py1b`` / ``py1e`` orders. The global sequence interleaves the ranks' orders (``seq[r::W]`` is rank ``r``'s), so
-  positions, resume and per-sample seeds are those of the other orders.
+- block order (``data.order: block``, litdata backend, the ``auto`` choice for a set written shuffled;
+  :func:`block_sequence`), for shard sets read from a store: the chunks (runs of consecutive samples, ``chunk_sizes``)
+  are shuffled (``default_rng([seed, epoch, 0xB10C])``) and laid end to end, the stream is cut into ``W`` equal
+  contiguous shares (padded by wrapping around, as above), even ranks read their share backward and odd ranks forward
+  (so a chunk cut between ranks ``r`` and ``r + 1`` is read by both at the same time: at the start or at the end of
+  the epoch), and each share is cut into blocks of ``block_size`` samples whose samples are shuffled within the block.
+  A rank therefore reads whole chunks, a block at a time (``block_size / chunk size + 1`` chunks live at once), and a
+  node fetches each of its chunks once per epoch with a cache of a few blocks instead of the whole set — in the family
+  of MosaicML Streaming's ``py1b`` / ``py1e`` orders. The global sequence interleaves the ranks' orders (``seq[r::W]``
+  is rank ``r``'s), so positions, resume and per-sample seeds are those of the other orders.
 
 **Resuming** (:class:`LoaderState`, :func:`resumed_shard`). A training loader's position is ``(epoch, batches)``: the
 next batch it yields is batch ``batches`` of this rank's order in ``epoch`` (every rank has consumed the same number
@@ -53,8 +53,8 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 ORDERS = ("global", "block")
-"""The values of ``data.order``: ``global`` (one permutation of the whole set per epoch) or ``block``
-(:func:`block_sequence`)."""
+"""The training orders: ``global`` (one permutation of the whole set per epoch) or ``block``
+(:func:`block_sequence`). ``data.order`` may also say ``auto``, which the datamodule resolves to one of them."""
 
 __all__ = [
     "EpochSampler",

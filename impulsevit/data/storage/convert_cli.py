@@ -213,8 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "with a decimal unit: 64MB)")
     p.add_argument("--shuffle", type=int, nargs="?", const=0, default=None, metavar="SEED",
                    help="--format litdata: store the images in a seeded random order (SEED, default 0), so each "
-                        "chunk mixes classes; data.order=block needs this for a class-sorted source such as an "
-                        "image folder (docs/data.md)")
+                        "chunk mixes classes; training on such a set then reads whole chunks (data.order=auto "
+                        "picks block), which a class-sorted source such as an image folder needs (docs/data.md)")
     p.add_argument("--on-error", choices=["skip", "fail"], default="skip", help="bad inputs: leave out or stop")
     p.add_argument("--verify", choices=["error", "warn", "off"], default="warn",
                    help="registry datasets: counts that differ from the published ones are an error, a warning, "

@@ -144,7 +144,7 @@ def test_fit_prints_a_bad_block_value_as_one_line(tmp_path, capsys):
     ("--data.init_args.order=block", "data.order='block' reads a shard set's chunks a block at a time: it needs "
                                      "backend='litdata', got backend='torchvision' (use data.order=global)"),
     ("--data.init_args.order=shuffled", "key 'data.init_args.order': value 'shuffled' is not valid (expected "
-                                        "'global'/'block' | None)"),
+                                        "'auto'/'global'/'block' | None)"),
 ])
 def test_fit_prints_a_bad_data_order_as_one_line(arg, line, tmp_path, capsys):
     from impulsevit.cli import main

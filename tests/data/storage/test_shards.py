@@ -103,3 +103,32 @@ def test_chunk_bytes_takes_plain_bytes_and_refuses_a_unit_litdata_would_misread(
         code, err = _cli("src", str(tmp_path / "out"), "--format", "litdata", "--chunk-bytes", bad)
         assert code == 2 and "--chunk-bytes must be a positive size in bytes" in err and repr(bad) in err
         assert not (tmp_path / "out").exists()
+
+
+def test_the_default_order_is_block_on_a_shuffled_set_and_global_on_one_in_source_order(tmp_path):
+    """``data.order`` unset (``auto``): the litdata backend reads the training set's manifest when the datamodule is
+    built, ``block`` where it was written ``--shuffle``, else ``global``; an explicit order and repeated augmentation
+    keep theirs, and the other backends are ``global``. The training loader and its checkpointed state follow."""
+    from impulsevit.data import ImageDataModule
+    from impulsevit.data.loading.position import LoaderPosition
+
+    make_tree(tmp_path / "folder", per_class=12, size=(12, 12))
+    for name, extra in (("shuffled", ["--shuffle"]), ("kept", [])):
+        for split in ("train", "val"):
+            assert _cli(str(tmp_path / "folder"), str(tmp_path / name), "--format", "litdata", "--split", split,
+                        "--chunk-bytes", "2000", "--no-progress", *extra) == (0, "")
+    kw = dict(dataset="imagefolder", image_size=8, batch_size=4, num_workers=0, storage={"block_size": 8})
+
+    def order(root: Path | str, backend: str = "litdata", **extra: object) -> str:
+        return ImageDataModule(backend=backend, root=str(root), **{**kw, **extra}).order
+
+    assert order(tmp_path / "shuffled") == "block" and order(tmp_path / "kept") == "global"
+    assert order(tmp_path / "shuffled", order="auto") == "block"
+    assert order(tmp_path / "shuffled", order="global") == "global"
+    assert order(tmp_path / "kept", order="block") == "block"
+    assert order(tmp_path / "shuffled", augment={"repeated_aug": 2}) == "global"
+    assert order(tmp_path / "folder", backend="torchvision") == "global"
+    dm = ImageDataModule(backend="litdata", root=str(tmp_path / "shuffled"), **kw)
+    loader = dm.loader(True, LoaderPosition(epoch=0, batches_done=0, rank=0, world_size=1))
+    assert sum(len(images) for images, _ in loader) > 0
+    assert loader.state_dict()["order"] == "block"
