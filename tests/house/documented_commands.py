@@ -119,6 +119,10 @@ COMMANDS: dict[str, Form] = {
         dry(),
     "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods impulse --seeds 3 --name smallimg-depth-propagated "
     "--model.init.options.pseudo_input=propagated": dry(),
+    "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods impulse --seeds 3 "
+    "--name smallimg-depth-propagated-g12 --model.init.options.pseudo_input=propagated --model.init.options.gain_qk=12": dry(),
+    "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods impulse --seeds 3 --name smallimg-depth-released-g12 "
+    "--model.init.options.gain_qk=12": dry(),
     "impulsevit study --recipe cpu_fmnist_mixer --methods impulse --seeds 5 --name mixer-onetap-g017 "
     "--model.init.options.layout=one_tap --model.init.options.gain_in=0.17": dry(),
     "impulsevit study --recipe cpu_fmnist_mixer --methods torch --seeds 5 --name mixer-torch": dry(),
