@@ -120,7 +120,8 @@ COMMANDS: dict[str, Form] = {
     "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods impulse --seeds 3 --name smallimg-depth-propagated "
     "--model.init.options.pseudo_input=propagated": dry(),
     "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods impulse --seeds 3 "
-    "--name smallimg-depth-propagated-g12 --model.init.options.pseudo_input=propagated --model.init.options.gain_qk=12": dry(),
+    "--name smallimg-depth-propagated-g12 --model.init.options.pseudo_input=propagated "
+    "--model.init.options.gain_qk=12": dry(),
     "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods impulse --seeds 3 --name smallimg-depth-released-g12 "
     "--model.init.options.gain_qk=12": dry(),
     "impulsevit study --recipe cpu_fmnist_mixer --methods impulse --seeds 5 --name mixer-onetap-g017 "
