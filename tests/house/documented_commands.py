@@ -126,6 +126,8 @@ COMMANDS: dict[str, Form] = {
     "--model.init.options.gain_qk=12": dry(),
     "impulsevit study --recipe cpu_fmnist_mixer --methods impulse --seeds 5 --name mixer-onetap-g017 "
     "--model.init.options.layout=one_tap --model.init.options.gain_in=0.17": dry(),
+    "impulsevit study --recipe cpu_fmnist_mixer --methods impulse --seeds 5 --name mixer-onetap-g0085 "
+    "--model.init.options.layout=one_tap --model.init.options.gain_in=0.085": dry(),
     "impulsevit study --recipe cpu_fmnist_mixer --methods torch --seeds 5 --name mixer-torch": dry(),
     "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods impulse --seeds 3 "
     "--name cpu_fmnist_vit_smallimg-logit --model.init.options.qk_normalize=logit": dry(),
