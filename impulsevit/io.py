@@ -254,9 +254,11 @@ def _umask_modes(path: Path) -> None:
             os.chmod(p, full & ~mask)
 
 
-def commit(tmp: str | os.PathLike, path: str | os.PathLike, replace_dir: bool = False) -> None:
+def commit(tmp: str | os.PathLike, path: str | os.PathLike, replace_dir: bool = False, durable: bool = True) -> None:
     """Make the finished temp file or directory ``tmp`` durable and move it over ``path``. Disk errors become
-    :class:`WriteError`; ``tmp`` is removed when the commit fails.
+    :class:`WriteError`; ``tmp`` is removed when the commit fails. ``durable=False`` skips the fsyncs (the file and
+    the rename are then atomic for other processes, but a machine that loses power may leave an empty or short file):
+    for caches whose reader checks what it finds (the chunk cache of a remote shard set checks each chunk's size).
 
     Outputs are never deleted: a ``path`` that is a directory while ``tmp`` is a file (or a file while ``tmp`` is a
     directory) raises :class:`WriteError` naming ``path``. A directory ``tmp`` replaces an existing directory ``path``
@@ -278,7 +280,8 @@ def commit(tmp: str | os.PathLike, path: str | os.PathLike, replace_dir: bool = 
                              f"(it is left as it is)", errno.EISDIR, path)
         with disk_errors(path):
             _umask_modes(tmp)
-            _fsync_tree(tmp)
+            if durable:
+                _fsync_tree(tmp)
             if existing == "directory":
                 old = temp_path(path, "old")
                 remove(old)
@@ -287,7 +290,8 @@ def commit(tmp: str | os.PathLike, path: str | os.PathLike, replace_dir: bool = 
                 remove(old)
             else:
                 os.replace(tmp, path)
-            fsync_dir(path.parent)
+            if durable:
+                fsync_dir(path.parent)
     except BaseException:
         _discard(tmp)
         raise
@@ -304,8 +308,9 @@ def _kind(path: Path) -> str | None:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, needed: int | None = None) -> Iterator[Path]:
-    """Yield a temp path next to ``path``; when the block ends without an error, :func:`commit` it over ``path``.
+def atomic_path(path: str | os.PathLike, needed: int | None = None, durable: bool = True) -> Iterator[Path]:
+    """Yield a temp path next to ``path``; when the block ends without an error, :func:`commit` it over ``path``
+    (``durable``: :func:`commit`'s).
 
     The parent directory is created. On any error (also KeyboardInterrupt) the temp file is removed; disk errors
     inside the block or the commit become :class:`WriteError` naming ``path`` (with ``needed`` bytes, when given).
@@ -322,21 +327,22 @@ def atomic_path(path: str | os.PathLike, needed: int | None = None) -> Iterator[
     try:
         with disk_errors(path, needed):
             yield tmp
-        commit(tmp, path)
+        commit(tmp, path, durable=durable)
     finally:
         _discard(tmp)
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any], needed: int | None = None) -> None:
+def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any], needed: int | None = None,
+                 durable: bool = True) -> None:
     """Call ``write(fh)`` on a binary temp file next to ``path``, then commit it (see :func:`atomic_path`)."""
-    with atomic_path(path, needed) as tmp, open(tmp, "wb") as fh:
+    with atomic_path(path, needed, durable) as tmp, open(tmp, "wb") as fh:
         write(fh)
         fh.flush()
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically."""
-    atomic_write(path, lambda fh: fh.write(data), needed=len(data))
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, durable: bool = True) -> None:
+    """Write ``data`` to ``path`` atomically (``durable``: :func:`commit`'s)."""
+    atomic_write(path, lambda fh: fh.write(data), needed=len(data), durable=durable)
 
 
 def read_json(path: str | os.PathLike) -> Any:

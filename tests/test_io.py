@@ -48,3 +48,18 @@ def test_run_checkpoint_and_export_files_get_the_umask_mode(tmp_path, mask):
     assert {"model.safetensors", "config.json", "checkpoints/last.ckpt", "config.yaml", "run.json"} <= \
         set(_modes(tmp_path / "export")) | set(_modes(tmp_path / "runs" / "r"))
     assert stat.S_IMODE((tmp_path / "plain.bin").stat().st_mode) == files
+
+
+def test_a_durable_write_fsyncs_the_file_and_its_folder_and_a_cache_write_does_not(tmp_path, monkeypatch):
+    """``atomic_write_bytes`` flushes the file and the rename to disk before it returns (a checkpoint survives a power
+    loss); ``durable=False`` (the remote shard set's chunk cache, whose reader checks each file's size) skips both
+    fsyncs and is still atomic: the file appears whole under its name, no temp file is left."""
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    atomic_write_bytes(tmp_path / "ckpt.bin", b"x" * 4096)
+    assert len(synced) == 2  # the file, then the folder holding the rename
+    atomic_write_bytes(tmp_path / "chunk.bin", b"y" * 4096, durable=False)
+    assert len(synced) == 2
+    assert (tmp_path / "chunk.bin").read_bytes() == b"y" * 4096
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chunk.bin", "ckpt.bin"]

@@ -173,8 +173,8 @@ class ShardSource(ImageSource):
 
     # ------------------------------------------------------------------------------------------------ chunks
     def chunk_table(self) -> list[dict]:
-        """LitData's chunk entries of the set (``index.json``: ``filename``, ``chunk_size`` samples), in sample
-        order.
+        """LitData's chunk entries of the set (``index.json``: ``filename``, ``chunk_size`` samples, ``chunk_bytes``
+        the file's size where the index gives it), in sample order.
 
         Raises:
             DataError: the store cannot be read."""
@@ -188,7 +188,8 @@ class ShardSource(ImageSource):
             if data is None:
                 raise DataError(f"shard set {self.location}: index.json is missing (an interrupted upload); rewrite "
                                 f"it with `impulsevit convert ... --format litdata --force`")
-            self._chunks = [{"filename": c["filename"], "chunk_size": int(c["chunk_size"])}
+            self._chunks = [{"filename": c["filename"], "chunk_size": int(c["chunk_size"]),
+                             "chunk_bytes": int(c["chunk_bytes"]) if c.get("chunk_bytes") is not None else None}
                             for c in json.loads(data)["chunks"]]
         return self._chunks
 
@@ -208,11 +209,12 @@ class ShardSource(ImageSource):
         return np.bincount(self.chunk_of(), minlength=len(self.chunk_table())).astype(np.int64)
 
     def fetch(self, chunk: int, wanted: Callable[[], bool] | None = None) -> bool:
-        """Make chunk ``chunk`` of a remote set a file of the cache folder (one GET of the whole object, written
-        atomically, under the chunk's lock file: another process of the node waits and then finds it there).
+        """Make chunk ``chunk`` of a remote set a file of the cache folder (one GET of the whole object, its size
+        checked against ``index.json``, written atomically without fsync, under the chunk's lock file: another process
+        of the node waits and then finds it there; a file of another size, as a power loss may leave, is fetched again).
         ``wanted``, asked under the lock when the file is absent: whether the chunk is still to be read (a prefetch
-        queued for a window the reader has since left must not download a chunk that was read and deleted).
-        Returns whether this call downloaded it.
+        queued for a window the reader has since left must not download a chunk that was read and deleted). Returns
+        whether this call downloaded it.
 
         Raises:
             DataError: the store cannot be read (one line naming the location and the cause)."""
@@ -220,12 +222,20 @@ class ShardSource(ImageSource):
         from impulsevit.io import atomic_write_bytes
 
         assert self.cache_dir is not None
-        name = self.chunk_table()[chunk]["filename"]
+        entry = self.chunk_table()[chunk]
+        name, size = entry["filename"], entry.get("chunk_bytes")
         path = self.cache_dir / name
-        if path.is_file():
+
+        def present() -> bool:  # a cache file is written without fsync: one a power loss cut short is not the chunk
+            try:
+                return size is None or path.stat().st_size == size
+            except OSError:
+                return False
+
+        if present():
             return False
         with file_lock(self.cache_dir / f".{name}.lock", log=lambda _: None):
-            if path.is_file() or (wanted is not None and not wanted()):
+            if present() or (wanted is not None and not wanted()):
                 return False
             try:
                 if self._client is None:
@@ -234,10 +244,11 @@ class ShardSource(ImageSource):
             except StoreError as exc:
                 raise DataError(f"{exc} (the last checkpoint is kept: rerun with --resume auto once the store is "
                                 f"back)") from exc
-            if data is None:
-                raise DataError(f"shard set {self.location}: chunk {name} is missing (an interrupted upload); "
+            if data is None or (size is not None and len(data) != size):
+                what = "is missing" if data is None else f"is {len(data)} bytes where index.json says {size}"
+                raise DataError(f"shard set {self.location}: chunk {name} {what} (an interrupted upload); "
                                 f"rewrite it with `impulsevit convert ... --format litdata --force`")
-            atomic_write_bytes(path, data)
+            atomic_write_bytes(path, data, durable=False)  # a cache: present() checks what a crash left
         self._fetched.add(chunk)
         return True
 
@@ -307,12 +318,12 @@ class ShardSource(ImageSource):
         return self._orders[key]
 
     def follow(self, epoch: int, position: int) -> None:
-        """The sample at global ``position`` of ``epoch``'s block order is about to be read (remote sets under the
-        block order, :attr:`plan` set): on entering a new block, queue the next block's chunks for download in a
-        background thread and delete the chunks this process fetched that are outside the live window — from
-        ``lag`` samples before the current block (another loader worker, or thread, may still be reading there) to
-        the end of the next block. Safe to call from several threads (the threaded loader calls it from the thread
-        taking a batch, for the batch's keys in order)."""
+        """The sample at global ``position`` of ``epoch``'s block order is about to be read (remote sets under the block
+        order, :attr:`plan` set): on entering a new block, queue the chunks of this block not yet here and then the next
+        block's for download in background threads, and delete the chunks this process fetched that are outside the live
+        window — from ``lag`` samples before the current block (another loader worker, or thread, may still be reading
+        there) to the end of the next block. Safe to call from several threads (the threaded loader calls it from the
+        thread taking a batch, for the batch's keys in order)."""
         if not self._fetches():
             return
         assert self.plan is not None and self.cache_dir is not None
@@ -344,8 +355,11 @@ class ShardSource(ImageSource):
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(max_workers=self.prefetch_streams, thread_name_prefix="impulsevit-prefetch")
-        for c in chunks((b + 1) * block, (b + 2) * block):
-            self._pool.submit(self._prefetch, c)
+        # this block's chunks first (at an epoch's start or a resume none is here yet; the readers would otherwise
+        # download them one at a time, each read waiting on its own chunk), then the next block's
+        for c in dict.fromkeys(chunks(b * block, (b + 2) * block)):
+            if c not in self._fetched:
+                self._pool.submit(self._prefetch, c)
 
     def _prefetch(self, chunk: int) -> None:
         with contextlib.suppress(DataError, OSError):  # a failed prefetch is retried, and reported, by the read

@@ -421,3 +421,27 @@ def test_block_order_fetches_each_chunk_once_per_epoch_with_a_cache_of_a_few_blo
     assert chunks > 100 and n == 512
     assert len(gets) == len(set(gets)) == len(read)  # each chunk the epoch reads, fetched once
     assert 0 < most <= 0.1 * chunks, (most, chunks)
+
+    # entering an epoch (or resuming) downloads the chunks of the block it starts in, not only the next block's
+    from impulsevit.data.loading.sampling import block_sequence
+    from impulsevit.errors import DataError
+
+    source.follow(1, 0)
+    source._pool.shutdown(wait=True)
+    source._pool = None
+    order, _ = block_sequence(source.chunk_sizes(), epoch=1, seed=dm.spec.seed, world_size=1, block_size=8)
+    first_two = set(source.chunk_of()[order[:16]].tolist())
+    assert all((source.cache_dir / source.chunk_table()[c]["filename"]).is_file() for c in first_two)
+    # a cache file cut short (a power loss: the cache is written without fsync) is fetched again
+    c = min(first_two)
+    cached = source.cache_dir / source.chunk_table()[c]["filename"]
+    whole = cached.read_bytes()
+    cached.write_bytes(whole[: len(whole) // 2])
+    assert source.fetch(c) and cached.read_bytes() == whole
+    # an object of another size than index.json's: one line naming the chunk, nothing left in the cache
+    other = next(i for i in range(chunks) if i not in first_two and i not in source._fetched)
+    name = source.chunk_table()[other]["filename"]
+    client.put_object(Bucket=BUCKET, Key=f"blocks/train/{name}", Body=b"short")
+    with pytest.raises(DataError, match=rf"chunk {name} is 5 bytes where index.json says \d+ \(an interrupted"):
+        source.fetch(other)
+    assert not (source.cache_dir / name).exists()
