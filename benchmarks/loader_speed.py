@@ -82,6 +82,7 @@ TARGET = 3.0
 LIMIT, LIMIT_TARGET = "decode-limit", 0.7
 DEVICE = f"ffcv:{DEFAULT_PRESET}+device"  # data.resample_on=device: the workers decode and copy, the device resamples
 LOCAL, S3, SLOW = "litdata:short256", "litdata:short256@s3", "litdata:short256@s3-slow"
+LOCAL_DEVICE = f"{LOCAL}+device"  # the litdata backend's data.resample_on=device: threads decode and copy
 
 
 def make_jpegs(root: Path, n: int, seed: int = 0) -> None:
@@ -194,7 +195,7 @@ def decode_limit_loader(path: Path, workers: int, batch: int):  # noqa: ANN201 -
 
 
 def litdata_loader(location: str, cache: Path | None, size: int, workers: int, batch: int,
-                   block_size: int, kind: str = "threads") -> torch.utils.data.DataLoader:
+                   block_size: int, kind: str = "threads", device: bool = False) -> torch.utils.data.DataLoader:
     """The litdata contender: what the litdata backend builds for a training split —
     :class:`~impulsevit.data.loading.litdata_backend.ShardSource` (stored bytes read from the chunk files' memory
     maps), :class:`~impulsevit.data.loading.litdata_backend.ShardDataset` with the fast path's
@@ -202,7 +203,9 @@ def litdata_loader(location: str, cache: Path | None, size: int, workers: int, b
     bicubic resample of the crop box only, the flip) in ``workers`` threads (``kind`` ``threads``:
     :class:`~impulsevit.data.loading.threaded_loader.ThreadedLoader`) or processes (``processes``), the block order
     of ``block_size`` samples (:class:`~impulsevit.data.loading.sampling.EpochSampler`; each key first handed to
-    :meth:`ShardSource.follow`: a remote set's next block prefetched, chunks outside the live blocks deleted)."""
+    :meth:`ShardSource.follow`: a remote set's next block prefetched, chunks outside the live blocks deleted).
+    ``device``: ``data.resample_on=device`` — the plan copies each crop box onto a canvas sized by the manifest's
+    ``max_size`` and the batches are canvases (the resample is the training device's)."""
     from impulsevit.data.loading.config import StorageConfig
     from impulsevit.data.loading.litdata_backend import CropPlan, ShardDataset, ShardSource, shards_manifest
     from impulsevit.data.loading.sampling import EpochSampler
@@ -215,7 +218,12 @@ def litdata_loader(location: str, cache: Path | None, size: int, workers: int, b
     source = ShardSource(location, manifest["classes"], labels, np.arange(len(labels)), cache, storage.cache_size,
                          storage.read_timeout)
     source.plan = (0, 1, block_size, max(workers, 1) * 2 * batch)  # seed 0, one rank; lag as the backend's
-    ds = ShardDataset(source, None, seed=0, plan=CropPlan(size, train=True, interpolation="bicubic"))
+    canvas = None
+    if device:
+        from impulsevit.data.loading.device_resample import canvas_side
+
+        canvas = canvas_side(np.array(manifest["max_size"][:1]), np.array(manifest["max_size"][1:]), (3 / 4, 4 / 3))
+    ds = ShardDataset(source, None, seed=0, plan=CropPlan(size, train=True, interpolation="bicubic", canvas=canvas))
     sampler = EpochSampler(ds, seed=0, batch_size=batch, chunk_sizes=source.chunk_sizes(), block_size=block_size)
     if kind == "threads":
         from impulsevit.data.loading.threaded_loader import ThreadedLoader
@@ -548,13 +556,17 @@ def main(argv: list[str] | None = None) -> float:
                     cache = tmp / "chunk-cache" / name.split("@")[1] if "@" in name else None
                     loaders[name] = litdata_loader(where, cache, size, args.workers, args.batch_size, args.block_size,
                                                    args.litdata_loader)
+                if not args.no_device and LOCAL in shard_dirs:
+                    loaders[LOCAL_DEVICE] = litdata_loader(shard_dirs[LOCAL], None, size, args.workers,
+                                                           args.batch_size, args.block_size, args.litdata_loader,
+                                                           device=True)
                 if proxy is not None:
                     through_endpoint(loaders[SLOW], proxy.endpoint)
-            rates = interleaved(loaders, args.rounds, {DEVICE: take_canvas})
+            rates = interleaved(loaders, args.rounds, {DEVICE: take_canvas, LOCAL_DEVICE: take_canvas})
             data_mib = {"torchvision": src_bytes / 2**20, **{f"ffcv:{k}": v for k, v in mib.items()},
                         LIMIT: mib[DEFAULT_PRESET], DEVICE: mib[DEFAULT_PRESET]}
             if not args.no_litdata:
-                data_mib |= {name: mib["litdata"] for name in shard_dirs}
+                data_mib |= {name: mib["litdata"] for name in [*shard_dirs, LOCAL_DEVICE] if name in rates}
             if not args.no_capped:
                 data_mib["torchvision@256"] = sum(f.stat().st_size for f in (tmp / "jpegs256").rglob("*")) / 2**20
             for name, rate in rates.items():
@@ -571,6 +583,9 @@ def main(argv: list[str] | None = None) -> float:
                 device_limits[size] = rates[DEVICE] / rates[LIMIT]
                 log(f"{size:>5} ratio {DEVICE} / {LIMIT}: {device_limits[size]:.2f} (img/s per worker core; "
                     f"its resample runs on the training device, timed separately)")
+            if LOCAL_DEVICE in rates and DEVICE in rates:
+                log(f"{size:>5} ratio {LOCAL_DEVICE} / {DEVICE}: {rates[LOCAL_DEVICE] / rates[DEVICE]:.2f} (img/s; "
+                    f"the same bytes, both resampled on the device)")
             del loaders
         top = max(args.sizes)
         met = [name for (size, name), r in ratios.items()

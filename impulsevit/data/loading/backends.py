@@ -178,7 +178,7 @@ def resolve_spec(*, dataset: str, root: str | None, backend: str, image_size: in
     if root is None and info.needs_root:  # the system copy, else the user's data home (DatasetInfo.default_location)
         where = info.default_location()
         root = str(where) if where is not None else None
-    only_ffcv = ("data.resample_on='device'" if resample_on == "device" else
+    only_ffcv = ("data.resample_on='device'" if resample_on == "device" and backend != "litdata" else
                  "data.storage.train_beton" if storage.train_beton is not None else "")
     backend = resolve_backend(backend, needs_ffcv=only_ffcv)
     if backend == "litdata":
@@ -198,9 +198,9 @@ def resolve_spec(*, dataset: str, root: str | None, backend: str, image_size: in
                           f"bilinear); use backend='torchvision' for other filters")
     if resample_on not in ("workers", "device"):
         raise ConfigError(f"data.resample_on must be 'workers' or 'device', got {resample_on!r}")
-    if resample_on == "device" and backend != "ffcv":
-        raise ConfigError(f"data.resample_on='device' needs backend='ffcv' (the torchvision backend resizes in "
-                          f"its workers), got backend={backend!r}")
+    if resample_on == "device" and backend not in ("ffcv", "litdata"):
+        raise ConfigError(f"data.resample_on='device' needs backend='ffcv' or 'litdata' (the torchvision backend "
+                          f"resizes in its workers), got backend={backend!r}")
     if order is not None and order not in ("auto", "global", "block"):
         raise ConfigError(f"data.order must be 'auto', 'global' or 'block', got {order!r}")
     if order in (None, "auto"):  # block on a litdata set written shuffled (LitDataBackend.check_given), else global

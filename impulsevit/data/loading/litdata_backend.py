@@ -63,7 +63,10 @@ shard's size with the manifest's (a truncated or interrupted upload: one line). 
 (the store went away) stops the run with one line (:class:`~impulsevit.errors.DataError`); the last checkpoint stays,
 and ``--resume auto`` continues from it once the store is back.
 
-Not supported: ``resample_on='device'``, ``download``, ``.beton`` files (``data.storage.train_beton``).
+``resample_on='device'``: the training threads (or workers) decode and copy each crop box onto a canvas sized by the
+manifest's ``max_size``, and the training device resamples it (:class:`CropPlan`), as on the ffcv backend; only on the
+fast path without transforms after the crop. Not supported: ``download``, ``.beton`` files
+(``data.storage.train_beton``).
 """
 
 from __future__ import annotations
@@ -477,32 +480,47 @@ class CropPlan:
     — or, with repeated augmentation, 1 + the sample's global position, so the copies of an image draw
     differently); for evaluation, timm's ``Resize(floor(S / crop_pct))`` + ``CenterCrop(S)``. ``rest``: the timm
     transforms that follow the crop and flip (RandAugment, colour jitter), applied by PIL to the crop under the
-    torchvision backend's seeded RNGs, or None."""
+    torchvision backend's seeded RNGs, or None. ``canvas`` (training without ``rest`` only; ``data.resample_on:
+    device``): the side ``K`` of the canvas each sample becomes instead, ``(K + 1, K, 3)``: the same draws, the crop
+    box copied unresampled with its size and flip packed in row ``K``
+    (:func:`~impulsevit.data.loading.resample.train_canvas`), resampled on the training device into the same pixels
+    (:func:`~impulsevit.data.loading.device_resample.resample_canvas`)."""
 
     def __init__(self, size: int, *, train: bool, interpolation: str, scale: tuple[float, float] = (0.08, 1.0),
                  ratio: tuple[float, float] = (3 / 4, 4 / 3), flip_prob: float = 0.5, crop_pct: float = 0.875,
-                 seed: int = 0, repeated: bool = False, rest: Any = None) -> None:
+                 seed: int = 0, repeated: bool = False, rest: Any = None, canvas: int | None = None) -> None:
         from impulsevit.data.loading.filters import FILTERS
 
+        if canvas is not None and (not train or rest is not None):
+            raise ValueError("a canvas plan is for training crops without `rest` transforms")
+        self.canvas = None if canvas is None else int(canvas)
         self.size, self.train, self.kind = int(size), bool(train), FILTERS[interpolation]
         self.scale = (float(scale[0]), float(scale[1]))
         self.log_ratio = (float(np.log(ratio[0])), float(np.log(ratio[1])))
         self.flip_prob, self.crop_pct, self.seed = float(flip_prob), float(crop_pct), int(seed)
         self.repeated, self.rest = bool(repeated), rest
 
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """One output sample's shape: ``(S, S, 3)``, or ``(K + 1, K, 3)`` for a canvas plan."""
+        return (self.size, self.size, 3) if self.canvas is None else (self.canvas + 1, self.canvas, 3)
+
     def __call__(self, pixels: np.ndarray, index: int, epoch: int = 0, position: int = 0,
                  out: np.ndarray | None = None) -> np.ndarray:
-        """``pixels`` ``(H, W, 3)`` uint8 (C-contiguous) of stored sample ``index`` → ``(S, S, 3)`` uint8, written
-        into ``out`` when given (C-contiguous, e.g. one image of a batch buffer) and returned. The compiled kernels
-        release the GIL."""
+        """``pixels`` ``(H, W, 3)`` uint8 (C-contiguous) of stored sample ``index`` → :attr:`shape` uint8 (``(S, S,
+        3)``, or the canvas), written into ``out`` when given (C-contiguous, e.g. one image of a batch buffer) and
+        returned. The compiled kernels release the GIL."""
         from impulsevit.data.loading import resample as rs
 
         if out is None:
-            out = np.empty((self.size, self.size, 3), dtype=np.uint8)
+            out = np.empty(self.shape, dtype=np.uint8)
         if pixels.flags.writeable:  # one compiled variant of the kernels: read-only sources (the stored raw images)
             pixels = pixels.view()
             pixels.flags.writeable = False
-        if self.train:
+        if self.canvas is not None:
+            rs.train_canvas(pixels, self.seed, int(epoch), 0, int(index), int(position) + 1 if self.repeated else 0,
+                            self.scale[0], self.scale[1], self.log_ratio[0], self.log_ratio[1], self.flip_prob, out)
+        elif self.train:
             rs.train_crop(pixels, self.seed, int(epoch), 0, int(index), int(position) + 1 if self.repeated else 0,
                           self.scale[0], self.scale[1], self.log_ratio[0], self.log_ratio[1], self.flip_prob,
                           self.kind, out)
@@ -511,22 +529,38 @@ class CropPlan:
         return out
 
 
-def crop_plans(spec: DataSpec, train_tf: Any) -> tuple[CropPlan | None, CropPlan | None]:
+def crop_plans(spec: DataSpec, train_tf: Any,
+               max_size: Sequence[int] | None = None) -> tuple[CropPlan | None, CropPlan | None]:
     """The fast path's ``(train, eval)`` plans for ``spec`` (``train_tf``: timm's train transform of it,
     :func:`~impulsevit.data.loading.torchvision_backend.timm_transforms`), each None where it does not apply:
     numba not importable (the ``litdata`` extra installs it), an interpolation other than ``bicubic`` /
     ``bilinear``, or a train transform that does not start with timm's random resized crop and (optional)
-    horizontal flip and end with its tensor conversion (then PIL runs timm's transforms, with their own draws)."""
+    horizontal flip and end with its tensor conversion (then PIL runs timm's transforms, with their own draws).
+    With ``spec.resample_on == 'device'`` the train plan makes canvases sized for ``max_size`` (the training set's
+    largest stored ``(height, width)``).
+
+    Raises:
+        ConfigError: ``resample_on='device'`` where the training crop is not the fast path's (one line saying why)."""
     from timm.data.transforms import MaybePILToTensor, RandomResizedCropAndInterpolation
     from torchvision.transforms import Compose, RandomHorizontalFlip
 
     from impulsevit.data.loading.filters import FILTERS
 
+    device = spec.resample_on == "device"
+
+    def refuse(why: str) -> ConfigError:
+        return ConfigError(f"data.resample_on='device' on the litdata backend resamples the fast path's random "
+                           f"resized crop on the device, and {why}; use data.resample_on=workers")
+
     try:
         import impulsevit.data.loading.resample  # noqa: F401 - numba
     except ImportError:
+        if device:
+            raise refuse("numba is not installed (pip install 'impulsevit[litdata]')") from None
         return None, None
     if spec.interpolation not in FILTERS:
+        if device:
+            raise refuse(f"data.interpolation={spec.interpolation!r} is not bicubic or bilinear")
         return None, None
     evaluate = CropPlan(spec.image_size, train=False, interpolation=spec.interpolation, crop_pct=spec.crop_pct)
     aug = spec.augment
@@ -536,11 +570,24 @@ def crop_plans(spec: DataSpec, train_tf: Any) -> tuple[CropPlan | None, CropPlan
             or isinstance(steps[0].interpolation, (tuple, list))
             or (aug.hflip > 0 and type(steps[1]) is not RandomHorizontalFlip)
             or type(steps[-1]) is not MaybePILToTensor):
+        if device:
+            raise refuse("this recipe's training transform is not timm's crop and flip")
         return None, evaluate
     middle = steps[head:-1]
+    canvas = None
+    if device:
+        from impulsevit.data.loading.device_resample import canvas_side
+
+        if middle:
+            raise refuse("this recipe's transforms after the crop (RandAugment, colour jitter) run on the crop in "
+                         "the workers (the ffcv backend runs them on the device)")
+        if max_size is None:
+            raise refuse("the training shard set's manifest has no max_size (written by an older impulsevit: "
+                         "rewrite it with `impulsevit convert ... --format litdata --force`)")
+        canvas = canvas_side(np.array([max_size[0]]), np.array([max_size[1]]), tuple(aug.ratio))
     train = CropPlan(spec.image_size, train=True, interpolation=spec.interpolation, scale=tuple(aug.scale),
                      ratio=tuple(aug.ratio), flip_prob=aug.hflip, seed=spec.seed, repeated=aug.repeated_aug > 1,
-                     rest=Compose([*middle, steps[-1]]) if middle else None)
+                     rest=Compose([*middle, steps[-1]]) if middle else None, canvas=canvas)
     return train, evaluate
 
 
@@ -568,9 +615,10 @@ class ShardDataset(SourceDataset):
         self.collate_fn = channels_last_batch if plan is not None and plan.rest is None else None
 
     def fill(self, key: SampleKey, out: np.ndarray) -> int:
-        """Decode and crop the training sample ``key`` into ``out`` (``(S, S, 3)`` uint8, C-contiguous: an image of
-        a batch buffer) as :meth:`__getitem__` does, and return its label. Not supported: a plan with ``rest``
-        transforms, no plan. The caller hands ``key`` to :meth:`ShardSource.follow` first (in order)."""
+        """Decode and crop the training sample ``key`` into ``out`` (the plan's :attr:`CropPlan.shape` uint8,
+        C-contiguous: an image of a batch buffer) as :meth:`__getitem__` does, and return its label. Not supported:
+        a plan with ``rest`` transforms, no plan. The caller hands ``key`` to :meth:`ShardSource.follow` first (in
+        order)."""
         assert self.plan is not None and self.plan.rest is None
         i, pixels = self._readable(key.index)
         self.plan(pixels, int(self.source.indices[i]), key.epoch, key.position, out=out)
@@ -637,7 +685,8 @@ class LitDataBackend(TorchvisionBackend):
         from impulsevit.data.loading.torchvision_backend import timm_transforms
 
         classes = super().setup(stage, known_classes)
-        plans = dict(zip(("train", "val"), crop_plans(self.spec, timm_transforms(self.spec)[0])))
+        largest = self.manifest(self.spec.train_split).get("max_size") if self.spec.resample_on == "device" else None
+        plans = dict(zip(("train", "val"), crop_plans(self.spec, timm_transforms(self.spec)[0], largest)))
         for name, ds in self.sets.items():
             assert isinstance(ds.source, ShardSource)
             self.sets[name] = ShardDataset(ds.source, ds.transform, ds.seed, plans[name])

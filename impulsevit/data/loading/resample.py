@@ -31,11 +31,13 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+from impulsevit.data.loading.device_resample import pack_box
 from impulsevit.data.loading.filters import BICUBIC, BILINEAR, FILTERS, PRECISION_BITS
 
 __all__ = [
     "BICUBIC", "BILINEAR", "FILTERS", "center_crop_geometry", "copy_window", "draw_uniform", "hflip",
-    "random_resized_crop", "resample_crop", "resize_short_crop_center", "sample_key", "train_crop", "uniform",
+    "random_resized_crop", "resample_crop", "resize_short_crop_center", "sample_key", "train_canvas", "train_crop",
+    "uniform",
 ]
 
 
@@ -442,3 +444,21 @@ def train_crop(src: np.ndarray, seed: int, epoch: int, rank: int, index: int, oc
     i, j, h, w = random_resized_crop(src.shape[0], src.shape[1], scale0, scale1, log_ratio0, log_ratio1, key)
     flip = flip_prob > 0 and uniform(key, 22) < flip_prob
     resample_crop(src, i, j, h, w, dst.shape[0], dst.shape[1], 0, 0, dst, kind, flip)
+
+
+_pack_box = njit(cache=True, nogil=True)(pack_box)
+
+
+@njit(cache=True, nogil=True)
+def train_canvas(src: np.ndarray, seed: int, epoch: int, rank: int, index: int, occurrence: int, scale0: float,
+                 scale1: float, log_ratio0: float, log_ratio1: float, flip_prob: float, dst: np.ndarray) -> None:
+    """:func:`train_crop`'s draws for the same arguments, the crop box copied unresampled to the top-left of ``dst``
+    ``(K + 1, K, 3)`` uint8 and the box and flip packed into its row ``K``
+    (:func:`impulsevit.data.loading.device_resample.pack_box`): the canvas of ``data.resample_on: device``, which
+    :func:`~impulsevit.data.loading.device_resample.resample_canvas` turns into :func:`train_crop`'s pixels. ``K``
+    must hold the box (:func:`~impulsevit.data.loading.device_resample.canvas_side` of the stored sizes)."""
+    key = sample_key(seed, epoch, rank, index, occurrence)
+    i, j, h, w = random_resized_crop(src.shape[0], src.shape[1], scale0, scale1, log_ratio0, log_ratio1, key)
+    flip = flip_prob > 0 and uniform(key, 22) < flip_prob
+    copy_window(src, i, j, h, w, dst)
+    _pack_box(dst[dst.shape[1]].reshape(-1), h, w, flip)

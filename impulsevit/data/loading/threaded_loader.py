@@ -63,8 +63,7 @@ class ThreadedLoader(ResumableDataLoader):
         dataset.source.prefetch_streams = 2 * max(self.threads, 1)  # as many chunk downloads as 2 per worker process
 
     def _buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        size = self.dataset.plan.size
-        return (torch.empty((n, size, size, 3), dtype=torch.uint8, pin_memory=self.pin_memory),
+        return (torch.empty((n, *self.dataset.plan.shape), dtype=torch.uint8, pin_memory=self.pin_memory),
                 torch.empty(n, dtype=torch.int64, pin_memory=self.pin_memory))
 
     def _fill(self, keys: list[SampleKey], stop: threading.Event | None = None) -> tuple[torch.Tensor, torch.Tensor]:

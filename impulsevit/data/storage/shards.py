@@ -13,7 +13,8 @@ A shard set of one split is a folder (or ``s3://bucket/prefix/<split>``) holding
 ``impulsevit.manifest.json`` (format :data:`SHARDS_MANIFEST_FORMAT`: the beton manifest's fields — ``request``,
 ``num_samples``, ``classes``, ``class_counts``, ``preset``, ``normalization``, ``source_checksum`` /
 ``source_stat``, ``skipped`` — plus ``files``, the size of every file, which the reader compares to find a truncated
-or replaced upload). The manifest is written last: a set without one is incomplete.
+or replaced upload, and ``max_size``, the largest stored ``[height, width]``, which sizes the canvas of
+``data.resample_on: device``). The manifest is written last: a set without one is incomplete.
 
 Each sample is ``{"image": bytes, "label": int}``; ``image`` is :func:`encode_image`'s framing: ``b"R"`` + height,
 width (uint16 little-endian) + raw RGB bytes, or ``b"J"`` + a JPEG file. Which one follows the storage preset exactly
@@ -141,7 +142,9 @@ def decode_image(data: bytes | memoryview) -> np.ndarray:
     raise ValueError(f"unknown stored image kind {kind!r}")
 
 
-def _stored(source: ImageSource, i: int, preset: Preset, size: tuple[int, int]) -> bytes:
+def _stored(source: ImageSource, i: int, preset: Preset, size: tuple[int, int]) -> tuple[bytes, tuple[int, int]]:
+    """Source image ``i`` (``size`` ``(width, height)`` from the scan) as stored under ``preset``: its
+    :func:`encode_image` bytes and its stored ``(height, width)``."""
     w, h = size
     image = preset.shrink(source.load(i, preset.load_hint(w, h) if w and h else None))
     if preset.max_resolution is not None and max(image.shape[:2]) > preset.max_resolution:
@@ -152,7 +155,7 @@ def _stored(source: ImageSource, i: int, preset: Preset, size: tuple[int, int]) 
     mode = preset.write_mode
     jpeg = mode == "jpg" or (mode == "proportion"
                              and np.random.default_rng([0x5A4D, i]).random() < preset.jpeg_proportion)
-    return encode_image(image, preset.jpeg_quality if jpeg else None)
+    return encode_image(image, preset.jpeg_quality if jpeg else None), (int(image.shape[0]), int(image.shape[1]))
 
 
 def read_shards_manifest(location: str) -> dict | None:
@@ -179,7 +182,9 @@ def write_order(good: np.ndarray, shuffle_seed: int | None) -> np.ndarray:
 
 
 def _write_local(source: ImageSource, stored: np.ndarray, preset: Preset, sizes: np.ndarray, folder: Path,
-                 chunk_bytes: str | int, shuffled: bool) -> None:
+                 chunk_bytes: str | int, shuffled: bool) -> tuple[int, int]:
+    """Write source images ``stored`` (in that order) as a LitData set into ``folder``; returns the largest stored
+    height and width (each over the set)."""
     import warnings
 
     from litdata.streaming.writer import BinaryWriter
@@ -191,14 +196,17 @@ def _write_local(source: ImageSource, stored: np.ndarray, preset: Preset, sizes:
         # nothing to act on; index.json records each chunk's real size
         warnings.filterwarnings("ignore", message="An item was larger than the target chunk size", category=UserWarning)
         writer = BinaryWriter(str(folder), chunk_bytes=chunk_bytes)
+        largest = (0, 0)
         for k, i in enumerate(stored.tolist()):
-            size = (int(sizes[i][0]), int(sizes[i][1]))
-            writer.add_item(k, {"image": _stored(source, i, preset, size), "label": int(source.labels[i])})
+            data, (h, w) = _stored(source, i, preset, (int(sizes[i][0]), int(sizes[i][1])))
+            largest = (max(largest[0], h), max(largest[1], w))
+            writer.add_item(k, {"image": data, "label": int(source.labels[i])})
         writer.done()
         writer.merge()
     np.save(folder / LABELS_NAME, np.asarray(source.labels[stored], dtype=np.int64), allow_pickle=False)
     if shuffled:
         np.save(folder / SOURCE_INDEX_NAME, stored, allow_pickle=False)
+    return largest
 
 
 def write_shards(source: ImageSource, dst: str, preset: Preset, *, on_error: OnError = "skip",
@@ -240,8 +248,8 @@ def write_shards(source: ImageSource, dst: str, preset: Preset, *, on_error: OnE
     staging = Path(tempfile.mkdtemp(prefix=f".{Path(dst).name}.tmp-{socket.gethostname()}-{os.getpid()}-",
                                     dir=staging_parent))
     try:
-        _write_local(source, write_order(good, shuffle_seed), written, scan.sizes, staging, chunk_bytes,
-                     shuffled=shuffle_seed is not None)
+        largest = _write_local(source, write_order(good, shuffle_seed), written, scan.sizes, staging, chunk_bytes,
+                               shuffled=shuffle_seed is not None)
         files = {p.name: p.stat().st_size for p in sorted(staging.iterdir())}
         kept = source.labels[good]
         counts = np.bincount(kept, minlength=len(source.classes))
@@ -254,6 +262,7 @@ def write_shards(source: ImageSource, dst: str, preset: Preset, *, on_error: OnE
             "classes": list(source.classes),
             "class_counts": {c: int(k) for c, k in zip(source.classes, counts)},
             "preset": asdict(preset),
+            "max_size": list(largest),  # (height, width): the canvas of data.resample_on='device' holds any crop
             "source_checksum": scan.checksum,
             "source_stat": stat,
             "skipped": [asdict(p) for p in scan.problems],

@@ -6,6 +6,7 @@ RandomResizedCrop can draw, and it runs without a host synchronisation."""
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -179,16 +180,79 @@ def test_device_resample_yields_the_workers_training_batches(photos):
     assert not torch.equal(batches["workers"][0][0], batches["workers"][4][0])  # the epochs differ
 
 
+@pytest.fixture(scope="module")
+def photo_shards(photos) -> Path:
+    """``photos`` converted to a litdata shard set at ``short256`` (train and val), as ``impulsevit convert`` writes
+    it (its manifest's ``max_size`` sizes the canvas)."""
+    import contextlib
+    import io
+
+    from impulsevit.data.storage import convert_cli
+
+    dst = photos.parent / f"{photos.name}-shards"
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        for split in ("train", "val"):
+            assert convert_cli.main([str(photos), str(dst), "--format", "litdata", "--split", split, "--preset",
+                                     "short256", "--no-progress"]) == 0
+    return dst
+
+
+@pytest.mark.parametrize("loader", ["threads", "processes"])
+def test_litdata_device_resample_yields_the_workers_training_batches(photo_shards, loader):
+    """The litdata backend with ``resample_on='device'``: its loader (threads, or worker processes) hands on canvas
+    batches sized by the manifest's ``max_size``, and the datamodule's device resample of each equals the batch the
+    same loader builds with ``resample_on='workers'``, byte for byte, over two epochs."""
+    from impulsevit.data.loading.datamodule import ImageDataModule
+    from impulsevit.data.loading.position import LoaderPosition
+    from impulsevit.data.storage.shards import read_shards_manifest
+
+    height, width = read_shards_manifest(str(photo_shards / "train"))["max_size"]
+    assert 256 < max(height, width) < 330  # the largest stored sides, per axis: short256 kept a long side
+    side = canvas_side(np.array([height]), np.array([width]), (3 / 4, 4 / 3))
+    batches = {}
+    for where in ("workers", "device"):
+        dm = ImageDataModule("imagefolder", root=str(photo_shards), backend="litdata", image_size=48, batch_size=8,
+                             num_workers=2, seed=5, storage={"loader": loader}, resample_on=where)
+        dm.setup("fit")
+        out = []
+        for epoch in range(2):
+            for images, labels in dm.loader(True, LoaderPosition(epoch=epoch, batches_done=0, rank=0, world_size=1)):
+                if where == "device":
+                    assert images.shape == (8, 3, side + 1, side)  # the canvas batch
+                    images = dm.train_pixels(images)
+                out.append((images.clone(), labels.clone()))
+        batches[where] = out
+    assert len(batches["workers"]) == len(batches["device"]) == 2 * (36 // 8)
+    for (x, y), (xd, yd) in zip(batches["workers"], batches["device"]):
+        assert x.shape == xd.shape == (8, 3, 48, 48) and torch.equal(y, yd) and torch.equal(x, xd)
+    assert not torch.equal(batches["workers"][0][0], batches["workers"][4][0])  # the epochs differ
+
+
+def test_litdata_device_resample_refuses_what_it_cannot_resample_before_work(photo_shards):
+    """Transforms after the crop (RandAugment) run on the crop in the litdata workers: ``resample_on='device'``
+    is a one-line ConfigError naming both keys when the datamodule is set up, before any batch."""
+    from impulsevit.data.loading.datamodule import ImageDataModule
+    from impulsevit.errors import ConfigError
+
+    dm = ImageDataModule("imagefolder", root=str(photo_shards), backend="litdata", image_size=48, batch_size=8,
+                         num_workers=0, augment={"auto_augment": "rand-m9-mstd0.5"}, resample_on="device")
+    with pytest.raises(ConfigError, match=r"data.resample_on='device' on the litdata backend .*RandAugment.* "
+                                          r"use data.resample_on=workers$"):
+        dm.setup("fit")
+
+
 @pytest.mark.ffcv
 @pytest.mark.parametrize(("options", "expected"), [
     (dict(resample_on="gpu"), "data.resample_on must be 'workers' or 'device', got 'gpu'"),
-    (dict(resample_on="device", backend="torchvision"), "data.resample_on='device' needs backend='ffcv'"),
+    (dict(resample_on="device", backend="torchvision"),
+     "data.resample_on='device' needs backend='ffcv' or 'litdata' (the torchvision backend resizes in its workers), "
+     "got backend='torchvision'"),
 ])
 def test_bad_resample_on_is_a_config_error_naming_the_key(photos, options, expected):
     from impulsevit.data.loading.datamodule import ImageDataModule
     from impulsevit.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=re.escape(expected)):
         ImageDataModule("imagefolder", root=str(photos), image_size=32, **{"backend": "ffcv", **options})
 
 

@@ -148,7 +148,7 @@ def test_without_numba_the_batches_are_the_torchvision_backends_byte_for_byte(lo
     """The PIL fallback (no numba, or a transform the fast path does not cover): timm's transforms and draws."""
     from impulsevit.data.loading import litdata_backend
 
-    monkeypatch.setattr(litdata_backend, "crop_plans", lambda spec, tf: (None, None))
+    monkeypatch.setattr(litdata_backend, "crop_plans", lambda spec, tf, largest=None: (None, None))
     dm = ImageDataModule(backend="litdata", root=local_set, order="global", **KW)
     dm.setup("fit")
     assert _same(_batches(dm, True), _batches(torchvision_dm, True))
