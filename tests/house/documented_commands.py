@@ -129,6 +129,9 @@ COMMANDS: dict[str, Form] = {
     "impulsevit study --recipe cpu_fmnist_vit --methods impulse --seeds 5 --name fmnistvit-depth-default": dry(),
     "impulsevit study --recipe cpu_fmnist_vit --methods impulse --seeds 5 --name fmnistvit-depth-propagated "
     "--model.init.options.pseudo_input=propagated": dry(),
+    "impulsevit study --recipe quickstart --methods impulse --seeds 3 --name qs-depth-released": dry(),
+    "impulsevit study --recipe quickstart --methods impulse --seeds 3 --name qs-depth-propagated "
+    "--model.init.options.pseudo_input=propagated": dry(),
     "impulsevit study --recipe cpu_fmnist_mixer --methods impulse --seeds 5 --name mixer-onetap-g0085 "
     "--model.init.options.layout=one_tap --model.init.options.gain_in=0.085": dry(),
     "impulsevit study --recipe cpu_fmnist_mixer --methods torch --seeds 5 --name mixer-torch": dry(),
