@@ -266,17 +266,18 @@ class CaptureInputs(L.Callback):
         self.inputs.append((batch[0].detach().clone(), batch[1].clone()))
 
 
-@pytest.mark.ffcv
 @pytest.mark.slow  # two short CLI fits on CPU
-def test_fit_through_the_cli_feeds_the_model_the_same_batches(photos, tmp_path):
+@pytest.mark.parametrize("backend", [pytest.param("ffcv", marks=pytest.mark.ffcv), "litdata"])
+def test_fit_through_the_cli_feeds_the_model_the_same_batches(photos, photo_shards, backend, tmp_path):
     from _cli_helpers import run_cli, tiny
 
     captured = {}
     for where in ("workers", "device"):
+        root, storage = (photos, {"preset": "short256"}) if backend == "ffcv" else (photo_shards, {})
         data = {"class_path": "impulsevit.data.ImageDataModule",
-                "init_args": {"dataset": "imagefolder", "root": str(photos), "image_size": 32, "batch_size": 8,
-                              "num_workers": 1, "cache_dir": str(tmp_path / "cache"), "seed": 1,
-                              "storage": {"preset": "short256"}, "resample_on": where}}
+                "init_args": {"dataset": "imagefolder", "root": str(root), "backend": backend, "image_size": 32,
+                              "batch_size": 8, "num_workers": 1, "cache_dir": str(tmp_path / "cache"), "seed": 1,
+                              "storage": storage, "resample_on": where}}
         cli = run_cli(*tiny(tmp_path / "runs", where, f"--data={json.dumps(data)}", "--trainer.max_epochs=2",
                             "--trainer.limit_val_batches=0", "--trainer.callbacks+=test_device_resample.CaptureInputs"))
         captured[where] = next(c for c in cli.trainer.callbacks if isinstance(c, CaptureInputs)).inputs
