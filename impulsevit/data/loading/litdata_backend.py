@@ -435,10 +435,30 @@ class ShardSource(ImageSource):
                     raise DataError(f"reading {self.location}: a chunk was evicted from the cache {self.cache_dir} "
                                     f"before it was read, twice (data.storage.cache_size={self.cache_size} is too "
                                     f"small for the loader workers sharing it; raise it)") from exc
+                if self._stalled_with_the_store_up(exc):
+                    raise DataError(f"reading {self.location}: LitData's download of a chunk stalled while the store "
+                                    f"answers (under data.order=global a data.storage.cache_size={self.cache_size} "
+                                    f"below the set's size can do this: raise it to the set's size, or convert the "
+                                    f"set --shuffle and read it in the block order; the last checkpoint is kept: "
+                                    f"rerun with --resume auto)") from exc
                 raise DataError(objstore.store_error(exc, self.location, "reading").args[0]
                                 + " (the last checkpoint is kept: rerun with --resume auto once the store is back)") \
                     from exc
         raise AssertionError("unreachable")
+
+    def _stalled_with_the_store_up(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is LitData giving up waiting for a chunk of a remote set (its ``ChunkWaitTimeoutError``)
+        while the store still answers (``index.json`` read again, within ``read_timeout``): a stalled download, not
+        an outage, so not reported as one."""
+        seen: BaseException | None = exc
+        while seen is not None and type(seen).__name__ != "ChunkWaitTimeoutError":
+            seen = seen.__cause__ or seen.__context__
+        if seen is None or not objstore.is_remote(self.location):
+            return False
+        try:
+            return objstore.read_bytes(objstore.join(self.location, "index.json"), self.read_timeout) is not None
+        except StoreError:
+            return False
 
     def load(self, index: int, max_side: int | None = None) -> np.ndarray:
         """Sample ``index`` decoded (:func:`~impulsevit.data.storage.shards.decode_image`), ``(H, W, 3)`` uint8,

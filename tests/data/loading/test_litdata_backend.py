@@ -333,6 +333,30 @@ def test_a_chunk_evicted_from_the_cache_is_read_again_not_reported_as_an_outage(
     assert evicted and Path(evicted[0]).is_file()  # the race happened, and the chunk was fetched again
 
 
+def test_a_chunk_wait_that_times_out_while_the_store_answers_is_not_called_an_outage(store, remote_set, tmp_path,
+                                                                                       monkeypatch):
+    """LitData gives up waiting for a chunk its download thread never wrote (``ChunkWaitTimeoutError``, injected
+    at its chunk open) while the store is up: the one line says the download stalled and what to change, not that
+    the store cannot be reached (it answers)."""
+    import litdata.streaming.item_loader as item_loader
+    from litdata.exceptions import ChunkWaitTimeoutError
+
+    from impulsevit.errors import DataError
+
+    def stalled(path: str):  # noqa: ANN202
+        raise ChunkWaitTimeoutError(path, 120.0)
+
+    monkeypatch.setattr(item_loader, "_open_chunk_file", stalled)
+    dm = ImageDataModule(backend="litdata", root=remote_set, cache_dir=str(tmp_path / "cache"), order="global",
+                         **KW)
+    dm.setup("fit")
+    with pytest.raises(DataError) as caught:
+        dm.data_backend.sets["train"].source.load(0)
+    line = str(caught.value)
+    assert "stalled while the store answers" in line and "data.storage.cache_size" in line and "\n" not in line
+    assert "cannot reach" not in line
+
+
 def test_what_a_killed_reader_left_in_the_chunk_cache_is_cleared_by_the_next_first_reader(store, remote_set,
                                                                                           tmp_path):
     """A process reading a remote set (global order) that dies mid-epoch leaves LitData's reference counts and lock
