@@ -231,9 +231,10 @@ class ShardSource(ImageSource):
 
         def present() -> bool:  # a cache file is written without fsync: one a power loss cut short is not the chunk
             try:
-                return size is None or path.stat().st_size == size
+                found = path.stat().st_size
             except OSError:
                 return False
+            return size is None or found == size
 
         if present():
             return False
