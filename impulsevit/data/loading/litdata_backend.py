@@ -76,7 +76,7 @@ import dataclasses
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -451,10 +451,8 @@ class ShardSource(ImageSource):
         """Whether ``exc`` is LitData giving up waiting for a chunk of a remote set (its ``ChunkWaitTimeoutError``)
         while the store still answers (``index.json`` read again, within ``read_timeout``): a stalled download, not
         an outage, so not reported as one."""
-        seen: BaseException | None = exc
-        while seen is not None and type(seen).__name__ != "ChunkWaitTimeoutError":
-            seen = seen.__cause__ or seen.__context__
-        if seen is None or not objstore.is_remote(self.location):
+        waited = any(type(seen).__name__ == "ChunkWaitTimeoutError" for seen in _causes(exc))
+        if not waited or not objstore.is_remote(self.location):
             return False
         try:
             return objstore.read_bytes(objstore.join(self.location, "index.json"), self.read_timeout) is not None
@@ -472,14 +470,12 @@ class ShardSource(ImageSource):
     def _evicted(self, exc: BaseException) -> bool:
         """Whether ``exc`` is a chunk missing from this source's cache folder: another reader sharing the folder (a
         loader worker of this rank) evicted it to keep within ``cache_size`` — not a store that cannot be reached."""
-        seen: BaseException | None = exc
-        while seen is not None:
+        for seen in _causes(exc):
             if (isinstance(seen, FileNotFoundError) and self.cache_dir is not None and seen.filename is not None
                     and Path(str(seen.filename)).resolve().is_relative_to(self.cache_dir.resolve())):
                 return True
             if type(seen).__name__ == "ChunkWaitTimeoutError" and self._fetches():  # LitData waited for a chunk
                 return True  # file that another process deleted (a local set to LitData: nothing downloads it)
-            seen = seen.__cause__ or seen.__context__
         return False
 
     def describe(self, index: int) -> str:
@@ -491,6 +487,14 @@ class ShardSource(ImageSource):
 
     def image_size(self, index: int) -> tuple[int, int]:
         return tuple(self.load(index).shape[:2])  # type: ignore[return-value]
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from or during, innermost last."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        yield seen
+        seen = seen.__cause__ or seen.__context__
 
 
 class CropPlan:
