@@ -13,7 +13,9 @@ core). ``--recipe cpu_fmnist_mixer --mixer [LAYOUT ...]`` prints the Mixer's ana
 PyTorch's init (:func:`mixer_strength`). ``--maps`` prints, for any family with attention-map diagnostics (EVA-02,
 Swin, the rotary and relative-bias ViTs, where the term split does not apply), the mean mass on the target offset
 per block on the pseudo-input and on the real images, from the model's own attention (:func:`maps_profile`). A
-variant is ``name`` or ``name:key=value,key=value`` of impulse options (``propagated:gain_qk=10``). Exit 2 with
+variant is ``name`` or ``name:key=value,key=value`` of impulse options (``propagated:gain_qk=10``); the
+``calibration`` variants are calibrated on the first ``calibration_images`` Fashion-MNIST *training* images and
+measured on the test images. Exit 2 with
 one line on bad input (an unknown recipe, a missing dataset, a malformed variant, an unknown option).
 """
 
@@ -26,7 +28,8 @@ from pathlib import Path
 import torch
 import yaml
 
-VARIANTS = {"default": {}, "propagated": {"pseudo_input": "propagated"}}
+VARIANTS = {"default": {}, "propagated": {"pseudo_input": "propagated"},
+            "calibration": {"pseudo_input": "calibration"}}
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -43,13 +46,13 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return text, options
 
 
-def fashion_mnist(n: int, size: int) -> torch.Tensor:
-    """The first ``n`` Fashion-MNIST test images (Debian's copy), ``(n, 3, size, size)``, normalised with the
+def fashion_mnist(n: int, size: int, split: str = "test") -> torch.Tensor:
+    """The first ``n`` Fashion-MNIST images of ``split`` (Debian's copy), ``(n, 3, size, size)``, normalised with the
     dataset's registered mean / std as the datamodule does."""
     from impulsevit.data.sources.formats import read_fashion_mnist
     from impulsevit.data.sources.registry import get_dataset
 
-    source = read_fashion_mnist(None, "test")
+    source = read_fashion_mnist(None, split)
     imgs = torch.tensor(source.images[:n]).float().reshape(-1, 1, 28, 28) / 255
     if size != 28:
         imgs = torch.nn.functional.interpolate(imgs, size=(size, size), mode="bilinear", align_corners=False)
@@ -77,7 +80,9 @@ def profile(recipe: str, variants: list[tuple[str, dict]], images: torch.Tensor,
     for label, options in variants:
         torch.manual_seed(0)
         model = build(recipe)
-        report = ii.initialize(model, "impulse", generator=seed, **options)
+        wanted = ii.calibration_size(model, "impulse", options)
+        calibration = fashion_mnist(wanted, image_size(model), "train") if wanted else None
+        report = ii.initialize(model, "impulse", generator=seed, calibration=calibration, **options)
         table = logit_terms(model, images, report.offsets)
         out[label] = table
     return out

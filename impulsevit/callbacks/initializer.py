@@ -40,7 +40,7 @@ from torch import nn
 
 from impulsevit._compat.lightning import callback_state_key
 from impulsevit.callbacks.attention_logging import log_attention
-from impulsevit.init import InitReport, initialize, is_dtensor, make_generator
+from impulsevit.init import InitReport, calibration_size, initialize, is_dtensor, make_generator
 from impulsevit.training.pretrained import FROM_WEIGHTS
 
 __all__ = ["InitializedHook", "Initializer", "generator_digest", "tensor_digests", "verify_same_on_all_ranks"]
@@ -205,7 +205,8 @@ class Initializer(L.Callback):
         name = pl_module.hparams.get("backbone", type(model).__name__) if hasattr(pl_module, "hparams") else None
         generator = make_generator(self.seed)
         try:
-            report = initialize(model, self.method, generator=generator, **self.options)
+            calibration = self._calibration(trainer, model)
+            report = initialize(model, self.method, generator=generator, calibration=calibration, **self.options)
         except (ValueError, TypeError) as e:
             raise type(e)(f"init method {self.method!r} does not fit backbone {name!r}: {e}") from e
         self.applied, self.report = True, report
@@ -218,6 +219,25 @@ class Initializer(L.Callback):
         rank_zero_info(f"Initializer: applied {report.method!r} ({report.family}) to {report.model} in "
                        f"{report.seconds * 1000:.1f} ms")
         self._pending_log = (model, report)
+
+    def _calibration(self, trainer: L.Trainer, model: nn.Module) -> torch.Tensor | None:
+        """The calibration batch the method's options ask for (:func:`impulsevit.init.api.calibration_size`), or
+        ``None``: rank 0 reads the first images of the training data (the datamodule's ``calibration_images``) and
+        broadcasts them, so every rank solves for the same images.
+
+        Raises:
+            ValueError: the options ask for one and the trainer's datamodule has no ``calibration_images``.
+        """
+        wanted = calibration_size(model, self.method, self.options)
+        if not wanted:
+            return None
+        datamodule = getattr(trainer, "datamodule", None)
+        read = getattr(datamodule, "calibration_images", None)
+        if read is None:
+            raise ValueError(f"these options ask for a calibration batch of {wanted} images and the trainer has no "
+                             "datamodule with calibration_images(n) (impulsevit's ImageDataModule has one)")
+        images = read(wanted) if trainer.global_rank == 0 else None
+        return trainer.strategy.broadcast(images, src=0)
 
     def _load_weights(self, pl_module: L.LightningModule) -> None:
         """``pl_module.load_weights()`` (``ImageClassifier``: loads ``model.pretrained`` unless the CLI already did)."""

@@ -21,7 +21,8 @@ checkpoint): written when training starts, after every validation and when the f
 ``finished`` (the training loop ended), ``preempted`` (SIGTERM / SIGUSR1 checkpoint), ``interrupted`` (Ctrl-C) or
 ``failed`` (with ``reason``: the exception's type and first line) — with ``epoch``, ``global_step``,
 ``total_steps``, ``max_epochs``, the last and best ``val/acc1``, ``wall_seconds``, ``backbone``, ``init_method``,
-``recipes`` (the ``--recipe`` names of the command line), ``host`` / ``pid`` and ``updated`` (UTC).
+``recipes`` (the ``--recipe`` names of the command line), ``init_calibration`` (the init's calibration batch:
+``images``, ``shape``, ``sha256``; ``null`` when the init took none), ``host`` / ``pid`` and ``updated`` (UTC).
 
 A start that fails before training (a bad resume, unreadable data) leaves ``run.json`` as it was. A plain ``Trainer``
 without the CLI's run directory writes none (it would land in the working directory; ``impulsevit runs`` only reads
@@ -114,6 +115,16 @@ def _float_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def _init_calibration(trainer: L.Trainer) -> dict | None:
+    """The calibration batch's identity in the init report of the trainer's ``Initializer`` (kept in its checkpointed
+    state, so a resumed run still has it), or ``None``."""
+    from impulsevit.callbacks.initializer import Initializer
+
+    init = next((c for c in trainer.callbacks if isinstance(c, Initializer)), None)
+    report = getattr(init, "report", None)
+    return (report.options or {}).get("calibration") if report is not None else None
+
+
 class RunRecord(L.Callback):
     """Records the run's data config, class names, metrics, cost and versions in every checkpoint (see module)."""
 
@@ -191,6 +202,7 @@ class RunRecord(L.Callback):
             "init_method": method, "recipes": recipe_names(sys.argv[1:]),
             "pretrained": ({k: weights.options.get(k) for k in _PRETRAINED_KEYS} if weights is not None else
                            self.record.get("pretrained")),
+            "init_calibration": _init_calibration(trainer),
             "host": socket.gethostname(), "pid": os.getpid(),
             "updated": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }

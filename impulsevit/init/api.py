@@ -19,11 +19,18 @@ nothing registered goes on to the deprecated routes of :mod:`impulsevit.init.plu
 Parameters may be FSDP2 ``DTensor`` shards: handlers read with :func:`read_full` (the full tensor, identical on every
 rank) and write with :func:`write_full_` (each rank copies its own shard of the full value). The caller must give every
 rank a generator with the same seed.
+
+A method may ask for a calibration batch of real images (impulse's ``pseudo_input='calibration'``): its options then
+have a ``calibration_size()`` above 0 (:func:`calibration_size`), ``initialize`` takes the images as
+``calibration=`` and the handler reads them with :func:`calibration_batch`; the result stays a pure function of
+model, generator, options and images.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+import hashlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -46,7 +53,36 @@ __all__ = [
     "make_generator",
     "supports",
     "check_options_for",
+    "calibration_size",
+    "calibration_batch",
 ]
+
+_CALIBRATION: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("calibration", default=None)
+
+
+def calibration_batch() -> torch.Tensor | None:
+    """The calibration images of the :func:`initialize` call running now (``(n, 3, H, W)`` float32, normalised as the
+    model's inputs, CPU), or ``None``: for handlers whose options have a ``calibration_size()``."""
+    return _CALIBRATION.get()
+
+
+def _wanted_calibration(parsed: Any) -> int:
+    size = getattr(parsed, "calibration_size", None)
+    return int(size()) if callable(size) else 0
+
+
+def calibration_size(model: nn.Module, method: str, options: Mapping[str, Any]) -> int:
+    """How many calibration images ``initialize(model, method, **options)`` needs (0: none), from the method's
+    parsed options; 0 also for a method name nothing registered (``initialize`` reports that)."""
+    entry = find(method, model) if method in methods() else None
+    if entry is None:
+        return 0
+    return _wanted_calibration(parse_options(entry.options, options, method=method, family=entry.family))
+
+
+def _digest(images: torch.Tensor) -> str:
+    """sha256 of the images' float32 bytes (C order): their identity in the report."""
+    return hashlib.sha256(images.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest()
 
 
 @dataclasses.dataclass
@@ -113,6 +149,7 @@ def initialize(
     method: str,
     *,
     generator: torch.Generator | int | None = None,
+    calibration: torch.Tensor | None = None,
     **options: Any,
 ) -> InitReport:
     """Initialize ``model`` in place with ``method``.
@@ -123,6 +160,9 @@ def initialize(
             registered with ``@impulsevit.init.register``. Deprecated, removed in 0.3.0 (``DeprecationWarning``): an
             import path ``module:function`` or the name of a function entry point (:mod:`impulsevit.init.plugins`).
         generator: a CPU ``torch.Generator`` or an int seed; the only source of randomness. ``None`` means seed 0.
+        calibration: real images ``(n, 3, H, W)`` (normalised as the model's inputs) for a method that asks for a
+            calibration batch (impulse with ``pseudo_input='calibration'``; its first ``calibration_images`` are
+            used); refused for any other. Their count, shape and sha256 go into the report's options.
         **options: method options (see each method's docstring / ``impulsevit/init/README.md``), checked against the
             handler's options schema (:func:`impulsevit.init.options.parse_options`) before anything is written.
 
@@ -146,20 +186,55 @@ def initialize(
             "impulsevit/init/FAMILIES.md)"
         )
     parsed = parse_options(entry.options, options, method=method, family=entry.family)
+    wanted = _wanted_calibration(parsed)
+    images = _check_calibration(calibration, wanted, method, type(model).__name__)
     gen = make_generator(generator)
     t0 = time.perf_counter()
-    with torch.no_grad():
-        result = entry.handler(model, gen, parsed)
+    token = _CALIBRATION.set(images)
+    try:
+        with torch.no_grad():
+            result = entry.handler(model, gen, parsed)
+    finally:
+        _CALIBRATION.reset(token)
     seconds = time.perf_counter() - t0
+    resolved = dict(result.options)
+    if images is not None and not images.is_meta:
+        resolved["calibration"] = {"images": int(images.shape[0]), "shape": list(images.shape),
+                                   "sha256": _digest(images)}
     return InitReport(
         method=method,
         family=entry.family,
         model=type(model).__name__,
-        options=_jsonable(result.options),
+        options=_jsonable(resolved),
         offsets=[[(int(dy), int(dx)) for dy, dx in row] for row in result.offsets],
         seconds=seconds,
         notes=list(result.notes),
     )
+
+
+def _check_calibration(images: torch.Tensor | None, wanted: int, method: str, model: str) -> torch.Tensor | None:
+    """The first ``wanted`` of ``images`` (float32, CPU), or ``None`` when the options want none.
+
+    Raises:
+        ValueError: images given that the options do not ask for, too few, none, or not ``(n, 3, H, W)`` finite.
+    """
+    if wanted == 0:
+        if images is not None:
+            raise ValueError(f"init method {method!r} on {model} takes no calibration batch with these options "
+                             "(impulse takes one with pseudo_input='calibration')")
+        return None
+    if images is None:
+        raise ValueError(f"init method {method!r} on {model} needs a calibration batch of {wanted} images "
+                         "(initialize(..., calibration=images); the Initializer callback takes them from the training "
+                         "data)")
+    if images.dim() != 4 or images.shape[0] < wanted:
+        raise ValueError(f"calibration batch for {method!r} on {model}: expected at least {wanted} images "
+                         f"(n, C, H, W), got shape {tuple(images.shape)}")
+    if images.is_meta:  # a dry run on the meta device (impulsevit.run.preflight)
+        return images[:wanted]
+    if not torch.isfinite(images).all():
+        raise ValueError(f"calibration batch for {method!r} on {model}: the images are not all finite")
+    return images[:wanted].detach().float().cpu()
 
 
 def check_options_for(model: nn.Module, method: str, options: Mapping[str, Any]) -> None:

@@ -38,6 +38,7 @@ __all__ = [
     "factor_pseudo_input",
     "QKSolution",
     "solve_qk",
+    "solve_qk_calibrated",
     "balanced_factors",
     "draw_value_matrix",
     "value_proj_from",
@@ -338,6 +339,116 @@ def solve_qk(
         wq_r, wk_r = torch.nn.functional.pad(wq_r, pad), torch.nn.functional.pad(wk_r, pad)
     scale = coef**2 / sqrt_d
     return QKSolution(wq=wq_r, wk=wk_r, scale=scale, target_logit=scale * target_mean)
+
+
+def _inverse_root(gram: torch.Tensor, ridge: float, rtol: float) -> torch.Tensor:
+    """``(G + λI)^{-1/2}`` of a symmetric PSD ``gram`` (``D × D``, float64) with ``λ = ridge · mean eigenvalue``;
+    directions with an eigenvalue ``<= rtol · max`` are dropped (a pseudo-inverse root: a rank-deficient ``G``
+    keeps its null space out of the solve)."""
+    evals, q = torch.linalg.eigh(gram)
+    top = evals.max().clamp_min(0)
+    keep = evals > rtol * top
+    inv = torch.where(keep, 1.0 / (evals.clamp_min(0) + ridge * evals.clamp_min(0).mean()).sqrt(),
+                      torch.zeros_like(evals))
+    return (q * inv) @ q.T
+
+
+def solve_qk_calibrated(
+    rows: torch.Tensor,
+    height: int,
+    width: int,
+    offsets: Sequence[Offset],
+    noise: torch.Tensor,
+    head_dim: int,
+    *,
+    on_value: float = 1000.0,
+    noise_scale: float = 3.0,
+    boundary: Boundary = "zero",
+    gain: float = 7.0,
+    normalize: Literal["frobenius", "logit"] = "frobenius",
+    target_logit: float = 5.0,
+    ridge: float = 1.0,
+    rtol: float = 1e-5,
+    dtype: torch.dtype = torch.float64,
+) -> QKSolution:
+    """Q/K of one layer solved for a batch of real inputs instead of one pseudo-input (the content-aware solve of
+    ``pseudo_input='calibration'``; not the released algorithm).
+
+    With ``X_b`` the block's normed patch tokens on calibration image ``b`` (``N × D``), each head's
+    ``B_i = W_qᵀ W_k`` minimises ``Σ_b ‖X_b B_i X_bᵀ − T_i‖²`` over rank-``d`` matrices, under the approximation that
+    every image has the same Gram matrix ``X_bᵀ X_b = G / n`` (``G = Σ_b X_bᵀ X_b``): with ``R = G^{-1/2}`` the
+    solution is ``R [K_i]_d R``, ``K_i = R (Σ_b X_bᵀ T_i X_b) R`` and ``[·]_d`` its best rank-``d`` part. On one
+    input ``X = P`` with ``ridge = 0`` this is the released ``P⁺ T_i P⁺ᵀ`` (tested), so the construction differs from
+    the released one only in what it is solved for. ``B_i`` is then split into balanced factors and scaled as
+    :func:`solve_qk` does (``normalize``), with the mean target logit measured on the calibration rows.
+
+    Args:
+        rows: ``(n, N, D)`` the normed tokens (``N = height·width`` patch tokens) of ``n`` images.
+        ridge: ``λ / mean eigenvalue of G`` added to ``G`` before the inverse root: keeps directions the images
+            barely use from taking the weight budget.
+        rtol: eigenvalues of ``G`` at or below ``rtol · max`` are dropped (pseudo-inverse).
+        Others: as :func:`solve_qk`.
+
+    Returns:
+        :class:`QKSolution` (``dtype``); ``scale`` is ``coef² / √d`` of the balanced factors, ``target_logit`` the
+        mean logit of the head's target entries over the calibration images.
+
+    Cost: ``O(h·n·N·D·(N + D) + h·D³)`` per layer, float64 on the CPU.
+    """
+    if rows.dim() != 3:
+        raise ValueError(f"rows must be (n, N, D), got {tuple(rows.shape)}")
+    h, n = len(offsets), height * width
+    if rows.shape[1] != n:
+        raise ValueError(f"rows have {rows.shape[1]} tokens, grid {height}x{width} has {n}")
+    if tuple(noise.shape) != (h, n, n):
+        raise ValueError(f"noise must be (h, N, N) = ({h}, {n}, {n}), got {tuple(noise.shape)}")
+    x = rows.to(torch.float64)
+    d = head_dim
+    root = _inverse_root(torch.einsum("bnd,bne->de", x, x), ridge, rtol)  # R = G^{-1/2}, (D, D)
+    queries, targets = _target_pairs(height, width, offsets, boundary)
+    e = noise.to(torch.float64)
+    xr = x @ root  # (n, N, D): the whitened rows, X_b R
+    flat = xr.reshape(-1, xr.shape[-1])  # (n·N, D)
+    k = torch.empty(h, x.shape[-1], x.shape[-1], dtype=torch.float64)
+    for i in range(h):  # one head at a time: (n, N, D) temporaries, not (h, n, N, D)
+        k[i] = flat.T @ (noise_scale * torch.matmul(e[i], xr)).reshape(-1, flat.shape[1])  # R Σ_b X_bᵀ (b E_i) X_b R
+        query, target = queries[i], targets[i]
+        if query.numel():
+            weight = on_value - noise_scale * e[i, query, target]  # the impulse entries replace the noise there
+            k[i] += xr[:, query].reshape(-1, flat.shape[1]).T @ (weight.repeat(x.shape[0]).unsqueeze(1)
+                                                                 * xr[:, target].reshape(-1, flat.shape[1]))
+    a, mu, ct = torch.linalg.svd(k)  # (h, D, D), descending
+    r = max(1, min(d, int((mu > rtol * mu[:, :1]).sum(1).max())))
+    left = root @ (a[:, :, :r] * mu[:, None, :r].sqrt())  # (h, D, r): B_i = left rightᵀ
+    right = root @ (ct[:, :r].transpose(1, 2) * mu[:, None, :r].sqrt())
+    # balanced factors of left rightᵀ: QR of both, SVD of the r × r core
+    ql, rl = torch.linalg.qr(left)
+    qr_, rr = torch.linalg.qr(right)
+    core_u, core_s, core_vh = torch.linalg.svd(rl @ rr.transpose(1, 2))
+    u, vh = _fix_signs(ql @ core_u, core_vh @ qr_.transpose(1, 2))  # (h, D, r), (h, r, D)
+    half = core_s.sqrt().unsqueeze(2)  # (h, r, 1)
+    wq0, wk0 = half * u.transpose(1, 2), half * vh  # B_i = wq0ᵀ wk0, ‖wq0‖_F² = ‖wk0‖_F² = Σ s
+    target_mean = torch.full((h,), float("nan"), dtype=torch.float64)
+    for i in range(h):
+        if queries[i].numel():
+            qv = x[:, queries[i]] @ wq0[i].T  # (n, m, r)
+            kv = x[:, targets[i]] @ wk0[i].T
+            target_mean[i] = (qv * kv).sum(-1).mean()
+    sqrt_d = math.sqrt(d)
+    nuclear = core_s.sum(1)
+    if normalize == "frobenius":
+        coef = torch.full((h,), gain, dtype=torch.float64) / nuclear.sqrt()
+    elif normalize == "logit":
+        ok = torch.isfinite(target_mean) & (target_mean > 0)
+        coef = torch.where(ok, (target_logit * sqrt_d / target_mean.clamp_min(1e-300)).sqrt(), gain / nuclear.sqrt())
+    else:
+        raise ValueError(f"normalize must be 'frobenius' or 'logit', got {normalize!r}")
+    wq, wk = (coef.view(-1, 1, 1) * wq0).to(dtype), (coef.view(-1, 1, 1) * wk0).to(dtype)
+    if r < d:
+        pad = (0, 0, 0, d - r)
+        wq, wk = torch.nn.functional.pad(wq, pad), torch.nn.functional.pad(wk, pad)
+    scale = coef**2 / sqrt_d
+    return QKSolution(wq=wq, wk=wk, scale=scale, target_logit=scale * target_mean)
 
 
 def _fix_signs(u: torch.Tensor, vh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

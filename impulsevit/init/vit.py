@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from impulsevit.init import impulse
-from impulsevit.init.api import InitResult, read_full, register
+from impulsevit.init.api import InitResult, calibration_batch, read_full, register
 from impulsevit.init.baselines import Value, as_tensor, base_values, write_values
 from impulsevit.init.options import BaseOptions, MimeticOptions, OffsetOptions, as_dict, check_range
 from impulsevit.init.solver_pool import run_parallel as _run_parallel
@@ -35,9 +35,12 @@ class VitImpulseOptions(BaseOptions, OffsetOptions):
     """Options of ``impulse`` on a ViT; the defaults are the released algorithm (``impulsevit/init/README.md`` has
     the card: what each option changes and which were measured). Every float is >= 0.
 
-    ``pseudo_input``: ``"pos_embed"`` (released) solves every block's Q/K for ``LN0(pe)``; ``"propagated"`` (not the
-    default: measured at init only, no training comparison yet) solves block ``l``'s Q/K for ``LN0`` of the
-    pseudo-input carried through blocks ``0..l-1`` as they are initialised (:func:`_propagated_solves`).
+    ``pseudo_input``: ``"pos_embed"`` (released) solves every block's Q/K for ``LN0(pe)``; ``"propagated"`` (opt-in;
+    behind the released solve in the paired studies of docs/results.md) solves block ``l``'s Q/K for ``LN0`` of the
+    pseudo-input carried through blocks ``0..l-1`` as they are initialised (:func:`_propagated_solves`);
+    ``"calibration"`` (opt-in) solves block ``l``'s Q/K for the normed tokens that ``calibration_images`` real images
+    give it through the blocks initialised before (:func:`_calibrated_solves`, a ridge of ``calibration_ridge``).
+    Only ``timm``'s ``VisionTransformer`` with its plain pre-norm ``Block`` for the last two.
     """
 
     replacement: bool = True
@@ -57,10 +60,18 @@ class VitImpulseOptions(BaseOptions, OffsetOptions):
     qk_normalize: Literal["frobenius", "logit"] = "frobenius"
     target_logit: float = 10.0
     grid: tuple[int, int] | None = None
-    pseudo_input: Literal["pos_embed", "propagated"] = "pos_embed"
+    pseudo_input: Literal["pos_embed", "propagated", "calibration"] = "pos_embed"
+    calibration_images: int = 64
+    calibration_ridge: float = 1.0
 
     def __post_init__(self) -> None:
         _non_negative_floats(self)
+        if self.calibration_images < 1:
+            raise ValueError(f"calibration_images must be >= 1, got {self.calibration_images}")
+
+    def calibration_size(self) -> int:
+        """Images of the calibration batch these options need (:func:`impulsevit.init.api.calibration_size`)."""
+        return self.calibration_images if self.pseudo_input == "calibration" else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,6 +249,20 @@ def _draw_and_solve_layers(
     return layer_offsets, qk_solutions, value_projs
 
 
+def _call_part(model: nn.Module, values: dict[str, Value], index: int, part: str, t: torch.Tensor) -> torch.Tensor:
+    """``blocks[index].<part>`` applied to ``t`` with the values decided so far, in eval mode
+    (``torch.func.functional_call`` on full float32 CPU tensors; see :func:`_block_forward`)."""
+    sub = getattr(model.blocks[index], part)
+    names = [n for n, _ in [*sub.named_parameters(), *sub.named_buffers()]]
+    state = {n: _current(model, values, f"blocks.{index}.{part}.{n}") for n in names}
+    was_training = sub.training
+    sub.eval()
+    try:
+        return torch.func.functional_call(sub, state, (t,))
+    finally:
+        sub.train(was_training)
+
+
 def _block_forward(model: nn.Module, values: dict[str, Value], index: int, x: torch.Tensor) -> torch.Tensor:
     """Block ``index`` of ``model`` applied to tokens ``x`` ``(1, N, D)`` with the values this initializer has decided
     so far (:func:`_current`: base or written values, else the model's own), in eval semantics (no dropout / drop path):
@@ -254,21 +279,116 @@ def _block_forward(model: nn.Module, values: dict[str, Value], index: int, x: to
     block = model.blocks[index]
     if not isinstance(block, Block):
         raise ValueError(f"{type(model).__name__}.blocks.{index} is {type(block).__name__}, not timm's Block: "
-                         "pseudo_input='propagated' needs the plain pre-norm block")
+                         "pseudo_input='propagated' / 'calibration' need the plain pre-norm block")
 
     def call(part: str, t: torch.Tensor) -> torch.Tensor:
-        sub = getattr(block, part)
-        names = [n for n, _ in [*sub.named_parameters(), *sub.named_buffers()]]
-        state = {n: _current(model, values, f"blocks.{index}.{part}.{n}") for n in names}
-        was_training = sub.training
-        sub.eval()
-        try:
-            return torch.func.functional_call(sub, state, (t,))
-        finally:
-            sub.train(was_training)
+        return _call_part(model, values, index, part, t)
 
     x = x + call("ls1", call("attn", call("norm1", x)))
     return x + call("ls2", call("mlp", call("norm2", x)))
+
+
+def _layer_draws(
+    layout: VitLayout, generator: torch.Generator, opts: VitImpulseOptions
+) -> tuple[list[list[impulse.Offset]], list[torch.Tensor], list[torch.Tensor]]:
+    """Every layer's draws in :func:`_draw_and_solve_layers`' order, from the same ``generator``: the offsets (once,
+    or per layer), then per layer the target noise ``(h, N, N)`` and, with ``value='mimetic'``, the value matrix
+    (else that list is empty). For the sequential solves, which need all draws before the first block is solved."""
+    H, W = layout.grid
+    shared = impulse.impulse_offsets(layout.num_heads, opts.kernel_size, opts.offsets, generator=generator,
+                                     replacement=opts.replacement)
+    redraw = opts.offsets_per_layer and opts.offsets == "random"
+    layer_offsets, noises, value_matrices = [], [], []
+    for layer in range(len(layout.attn_names)):
+        layer_offsets.append(
+            impulse.impulse_offsets(layout.num_heads, opts.kernel_size, opts.offsets, generator=generator,
+                                    replacement=opts.replacement) if (redraw and layer) else shared
+        )
+        noises.append(impulse.draw_noise(layout.num_heads, H * W, generator, std=opts.noise_std, clip=opts.noise_clip))
+        if opts.value == "mimetic":
+            value_matrices.append(impulse.draw_value_matrix(layout.dim, generator, opts.value_alpha, opts.value_beta))
+    return layer_offsets, noises, value_matrices
+
+
+class _Stem(nn.Module):
+    """timm ``VisionTransformer``'s forward up to its first block (patch embedding, prefix tokens, position embedding,
+    patch dropout, ``norm_pre``), as a module around the model so that ``torch.func.functional_call`` can run it with
+    the values an initializer has decided (names ``vit.<parameter>``)."""
+
+    def __init__(self, vit: nn.Module) -> None:
+        super().__init__()
+        self.vit = vit
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        v = self.vit
+        return v.norm_pre(v.patch_drop(v._pos_embed(v.patch_embed(images))))
+
+
+def _stem_forward(model: nn.Module, values: dict[str, Value], images: torch.Tensor) -> torch.Tensor:
+    """The tokens entering block 0 on ``images`` ``(n, 3, H, W)`` → ``(n, L, D)`` float32, with the values decided so
+    far (:func:`_current`) and in eval semantics (no dropout, no patch dropout).
+
+    Raises:
+        ValueError: ``model`` is not timm's ``VisionTransformer`` (its stem is what this runs).
+    """
+    from timm.models.vision_transformer import VisionTransformer
+
+    if not isinstance(model, VisionTransformer):
+        raise ValueError(f"{type(model).__name__} is not timm's VisionTransformer: pseudo_input='calibration' runs its "
+                         "stem (patch_embed, _pos_embed, norm_pre)")
+    skip = ("blocks.", "norm.", "fc_norm.", "head", "attn_pool.")
+    names = [n for n, _ in [*model.named_parameters(), *model.named_buffers()] if not n.startswith(skip)]
+    state = {f"vit.{n}": _current(model, values, n) for n in names}
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        return torch.func.functional_call(_Stem(model), state, (images.float(),))
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+
+
+def _calibrated_solves(
+    model: nn.Module,
+    layout: VitLayout,
+    values: dict[str, Value],
+    generator: torch.Generator,
+    images: torch.Tensor,
+    opts: VitImpulseOptions,
+) -> tuple[list[list[impulse.Offset]], list[impulse.QKSolution], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """``pseudo_input='calibration'``: the draws of :func:`_draw_and_solve_layers` (same order, same generator), then
+    block by block: block ``l``'s Q/K solved (:func:`impulse.solve_qk_calibrated`) for its ``norm1`` output on the
+    patch tokens of the calibration ``images``, which the stem (with the scaled position embedding) and blocks
+    ``0..l-1`` (already given their new Q/K/V/proj) produce — prefix tokens included in the forward, as in training.
+
+    Why: the released solve designs every block for ``LN0(pe)``; on real images the content in the residual stream
+    and the blocks before dilute that design with depth (the logit-term split, :mod:`impulsevit.init.logit_terms`).
+    A pure function of the model, the generator and the images; on one intra-op thread.
+    """
+    H, W = layout.grid
+    layer_offsets, noises, value_matrices = _layer_draws(layout, generator, opts)
+    qk_solutions, value_projs = [], []
+    width, dim = layout.attn_width, layout.dim
+    with solver_threads():
+        x = _stem_forward(model, values, images)
+        for layer, attn_name in enumerate(layout.attn_names):
+            rows = _call_part(model, values, layer, "norm1", x)[:, layout.num_prefix:]
+            qk = impulse.solve_qk_calibrated(
+                rows, H, W, layer_offsets[layer], noises[layer], layout.head_dim,
+                on_value=opts.on_value, noise_scale=opts.noise_scale, boundary=opts.boundary,
+                gain=opts.gain_qk, normalize=opts.qk_normalize, target_logit=opts.target_logit,
+                ridge=opts.calibration_ridge, rtol=opts.rank_rtol, dtype=torch.float32,
+            )  # fmt: skip
+            qk_solutions.append(qk)
+            value_proj = _value_proj(value_matrices[layer], opts.gain_v) if value_matrices else None
+            if value_proj is not None:
+                value_projs.append(value_proj)
+            _set_attention_values(
+                model, layout, values, attn_name, qk.wq.reshape(width, dim), qk.wk.reshape(width, dim), value_proj
+            )
+            if layer + 1 < len(layout.attn_names):
+                x = _block_forward(model, values, layer, x)
+    return layer_offsets, qk_solutions, value_projs
 
 
 def _propagated_solves(
@@ -297,18 +417,7 @@ def _propagated_solves(
     """
     H, W = layout.grid
     num_layers = len(layout.attn_names)
-    shared = impulse.impulse_offsets(layout.num_heads, opts.kernel_size, opts.offsets, generator=generator,
-                                     replacement=opts.replacement)
-    redraw = opts.offsets_per_layer and opts.offsets == "random"
-    layer_offsets, noises, value_matrices = [], [], []
-    for layer in range(num_layers):  # the draws, in _draw_and_solve_layers' order
-        layer_offsets.append(
-            impulse.impulse_offsets(layout.num_heads, opts.kernel_size, opts.offsets, generator=generator,
-                                    replacement=opts.replacement) if (redraw and layer) else shared
-        )
-        noises.append(impulse.draw_noise(layout.num_heads, H * W, generator, std=opts.noise_std, clip=opts.noise_clip))
-        if opts.value == "mimetic":
-            value_matrices.append(impulse.draw_value_matrix(layout.dim, generator, opts.value_alpha, opts.value_beta))
+    layer_offsets, noises, value_matrices = _layer_draws(layout, generator, opts)
     qk_solutions, value_projs, ranks = [], [], []
     x = pos[:, layout.patch_rows].float()
     width, dim = layout.attn_width, layout.dim
@@ -363,7 +472,16 @@ def impulse_vit(model: nn.Module, generator: torch.Generator, options: VitImpuls
     if mimetic_value:
         _check_value_width(layout)
     # 3) per layer: offsets, noise and value matrix drawn, Q/K and V/proj solved
-    if opts.pseudo_input == "propagated":
+    if opts.pseudo_input == "calibration":
+        images = calibration_batch()
+        if images is None:  # initialize() checks this first; a direct call of the handler may not have
+            raise ValueError(f"{layout.model}: pseudo_input='calibration' needs a calibration batch "
+                             "(initialize(..., calibration=images))")
+        values[layout.pos_name] = pos  # the stem adds the scaled position embedding
+        layer_offsets, qk_solutions, value_projs = _calibrated_solves(model, layout, values, generator, images, opts)
+        notes.append(f"pseudo_input='calibration': each block solved for its normed tokens on {images.shape[0]} real "
+                     f"images through the blocks before it (ridge {opts.calibration_ridge:g})")
+    elif opts.pseudo_input == "propagated":
         layer_offsets, qk_solutions, value_projs, ranks = _propagated_solves(
             model, layout, values, generator, pos, pseudo, opts
         )

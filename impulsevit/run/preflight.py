@@ -108,8 +108,17 @@ def _check_init_on_meta(build_backbone: Any, backbone_name: str, method: str, op
         raise ConfigError(f"model.init.options: {exc}") from exc
     if n_params > META_DRY_RUN_PARAMS:
         return
+    from impulsevit.init.api import calibration_size
+
+    wanted = calibration_size(model, method, options)
+    calibration = None
+    if wanted:  # a meta batch of the model's input size stands in for the images read at fit start
+        size = getattr(getattr(model, "patch_embed", None), "img_size", None)
+        if size is None:
+            return
+        calibration = torch.empty(wanted, getattr(model.patch_embed.proj, "in_channels", 3), *size, device="meta")
     try:
-        initialize(model, method, generator=seed, **options)
+        initialize(model, method, generator=seed, calibration=calibration, **options)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"init method {method!r} does not fit backbone {backbone_name!r}: {exc}") from exc
     except Exception:  # noqa: BLE001 - the meta device cannot run this method; it is checked when it runs

@@ -389,5 +389,5 @@ def test_propagated_pseudo_input_is_a_pure_function_of_model_and_generator():
     finally:
         torch.set_num_threads(threads)
     assert digests[0] == digests[1]
-    with pytest.raises(ValueError, match=r"'pseudo_input'.*\('pos_embed', 'propagated'\)"):
+    with pytest.raises(ValueError, match=r"'pseudo_input'.*\('pos_embed', 'propagated', 'calibration'\)"):
         ii.initialize(vit(), "impulse", pseudo_input="layer")

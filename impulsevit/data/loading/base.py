@@ -199,6 +199,37 @@ class BaseImageDataModule(L.LightningDataModule, abc.ABC):
     def predict_dataloader(self):  # noqa: ANN201
         return self.val_dataloader()
 
+    def calibration_images(self, n: int) -> torch.Tensor:
+        """The first ``n`` training images in epoch 0's order of a one-process run (the training loader at
+        ``LoaderPosition()``: its crops and flips, no batch augmentation), as the model takes them
+        (:meth:`calibration_pixels`): ``(n, 3, S, S)`` float32 on the CPU. For an init that asks for a calibration
+        batch (:func:`impulsevit.init.api.calibration_size`); reads ``ceil(n / batch_size)`` batches.
+
+        Raises:
+            ValueError: the training split has fewer than ``n`` images.
+        """
+        if n < 1:
+            raise ValueError(f"calibration_images: n must be >= 1, got {n}")
+        position = LoaderPosition()
+        taken: list[torch.Tensor] = []
+        have = 0
+        for batch in self.loader(True, position, None):
+            images = self.calibration_pixels(batch).detach().float().cpu()
+            taken.append(images)
+            have += images.shape[0]
+            if have >= n:
+                break
+        if have < n:
+            raise ValueError(f"calibration batch: the training split gave {have} images, the init asks for {n} "
+                             "(model.init.options.calibration_images)")
+        return torch.cat(taken)[:n]
+
+    def calibration_pixels(self, batch: Any) -> torch.Tensor:
+        """A training loader's batch → its images as the model takes them, without batch augmentation (here the
+        batch's first element as it is; :class:`~impulsevit.data.loading.datamodule.ImageDataModule` resamples and
+        normalises)."""
+        return batch[0] if isinstance(batch, list | tuple) else batch
+
     # ------------------------------------------------------------------ training-loader state in checkpoints
     def stateful_train_loader(self, loader: Any) -> Any:
         """Register ``loader`` (with ``state_dict`` / ``load_state_dict`` / ``progress``, e.g.

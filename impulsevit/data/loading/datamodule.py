@@ -324,6 +324,11 @@ class ImageDataModule(BaseImageDataModule):
                            "runs, 'workers' gives the same pixels faster here")
         return resample_canvas(images, self.image_size, self.interpolation)
 
+    def calibration_pixels(self, batch: Any) -> torch.Tensor:
+        """A training batch's images resampled (``resample_on='device'``) and normalised, no batch augmentation:
+        ``(B, 3, S, S)`` float32."""
+        return normalize(self.train_pixels(batch[0]), self.mean, self.std)
+
     def batch_augment(self, images: torch.Tensor, labels: torch.Tensor,
                       position: LoaderPosition | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """uint8 training batch → augmented, normalised float32 (labels unchanged: mixup is the module's). The draws
