@@ -107,9 +107,11 @@ class Probe(L.Callback):
 
 def run_phase(args: argparse.Namespace, phase: str) -> None:
     # "impulse", "impulse:resume" (fit(ckpt_path=...) from that run's last.ckpt), "impulse:propagated" (a fresh run
-    # with the option pseudo_input='propagated')
+    # with the option pseudo_input='propagated'), "impulse:calibration" (pseudo_input='calibration' on 16 images of
+    # the training data)
     method, _, tag = phase.partition(":")
-    options = {"pseudo_input": "propagated"} if tag == "propagated" else {}
+    options = {"propagated": {"pseudo_input": "propagated"},
+               "calibration": {"pseudo_input": "calibration", "calibration_images": 16}}.get(tag, {})
     rank = int(os.environ.get("LOCAL_RANK", "0"))
     seed = 0 + (1 if args.bad_seed_rank is not None and rank == args.bad_seed_rank else 0)
     model = ImageClassifier(
@@ -118,7 +120,7 @@ def run_phase(args: argparse.Namespace, phase: str) -> None:
         ema_decay=args.ema_decay,
     )
     dm = SyntheticDataModule(num_classes=4, image_size=32, num_train=64, num_val=16, batch_size=8)
-    root = args.out / (f"root_{method}" + ("_propagated" if options else ""))
+    root = args.out / (f"root_{method}" + (f"_{tag}" if options else ""))
     ckpt = L.pytorch.callbacks.ModelCheckpoint(dirpath=root / "checkpoints", save_last=True)
     trainer = L.Trainer(
         accelerator="cpu", devices=args.devices, strategy=args.strategy,

@@ -18,8 +18,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def fsdp_out(tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp("fsdp")
-    proc = run_worker(out, "--strategy", "fsdp2", "--phases", "impulse,impulse:resume,impulse:propagated",
-                      "--log-attention", "--precision", "bf16-mixed")
+    proc = run_worker(out, "--strategy", "fsdp2", "--phases",
+                      "impulse,impulse:resume,impulse:propagated,impulse:calibration", "--log-attention",
+                      "--precision", "bf16-mixed")
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out
 
@@ -32,11 +33,11 @@ def ddp_bf16_out(tmp_path_factory: pytest.TempPathFactory):
     return out
 
 
-def single_process_init(**options) -> dict[str, torch.Tensor]:
+def single_process_init(calibration: torch.Tensor | None = None, **options) -> dict[str, torch.Tensor]:
     torch.manual_seed(1234)  # a different constructor draw: the init must not depend on it
     m = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=2,
                           weight_init="skip", num_classes=4)
-    ii.initialize(m, "impulse", generator=0, **options)
+    ii.initialize(m, "impulse", generator=0, calibration=calibration, **options)
     return {n: p.detach().to(torch.float64) for n, p in m.named_parameters()}
 
 
@@ -67,6 +68,22 @@ def test_propagated_pseudo_input_under_fsdp2_matches_single_process_init(fsdp_ou
         for name, full in rec["init_full"].items():
             torch.testing.assert_close(full, ref[name], rtol=1e-5, atol=1e-6, msg=name)
     assert not torch.allclose(ref["blocks.1.attn.qkv.weight"], default["blocks.1.attn.qkv.weight"])
+
+
+def test_calibration_under_fsdp2_matches_single_process_init_on_the_same_images(fsdp_out) -> None:
+    """``pseudo_input='calibration'``: rank 0 reads 16 training images and broadcasts them, every rank solves on the
+    gathered tensors: each rank's model equals the single-process init on the datamodule's first 16 images."""
+    from impulsevit.data.loading.synthetic import SyntheticDataModule
+
+    dm = SyntheticDataModule(num_classes=4, image_size=32, num_train=64, num_val=16, batch_size=8)
+    dm.setup("fit")
+    images = dm.calibration_images(16)
+    ref = single_process_init(calibration=images, pseudo_input="calibration", calibration_images=16)
+    for rec in load(fsdp_out, "impulse:calibration"):
+        assert rec["initializer"]["applied"]
+        for name, full in rec["init_full"].items():
+            torch.testing.assert_close(full, ref[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert not torch.allclose(ref["blocks.1.attn.qkv.weight"], single_process_init()["blocks.1.attn.qkv.weight"])
 
 
 def test_training_runs(fsdp_out) -> None:
