@@ -80,17 +80,33 @@ def test_a_folder_whose_recorded_head_count_differs_is_one_line_and_leaves_nothi
 def test_an_unreachable_hub_is_the_one_line_without_the_retry_noise(tmp_path):
     """``--model.pretrained=hf-hub:ORG/NAME`` with ``HF_ENDPOINT`` at a closed loopback port: huggingface_hub retries
     five times (about 23 s of back-off, its own policy) and logged two lines per retry; now only the one error line
-    follows Lightning's start-up lines. A fresh process: huggingface_hub reads ``HF_ENDPOINT`` once, at import."""
+    follows Lightning's start-up lines. A fresh process: huggingface_hub reads ``HF_ENDPOINT`` once, at import.
+
+    The child's back-off sleeps (not its retries, nor what it logs) are cut to 1/100 by a ``sitecustomize`` on its
+    ``PYTHONPATH``, which also records each wait asked for: the retries happened, so there was noise to keep out."""
+    import os
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    site, waits = tmp_path / "site", tmp_path / "back-off-waits"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import time, types\n"
+        "import huggingface_hub.utils._http as http\n"
+        "def sleep(seconds):\n"
+        f"    with open({str(waits)!r}, 'a') as f:\n"
+        "        f.write(f'{seconds}\\n')\n"
+        "    time.sleep(seconds / 100)\n"
+        "http.time = types.SimpleNamespace(**{**vars(time), 'sleep': sleep})\n")
+    path = [str(site), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {"HF_ENDPOINT": closed, "HF_HUB_CACHE": str(tmp_path / "hub-cache"), "HF_HUB_DISABLE_XET": "1",
-           "HF_HUB_OFFLINE": "0"}
+           "HF_HUB_OFFLINE": "0", "PYTHONPATH": os.pathsep.join(path)}
     work = tmp_path / "work"
     work.mkdir()
     res = finish(start(*FIT, "--model.pretrained=hf-hub:my-lab/pre", cwd=work, extra_env=env), timeout=300)
+    assert waits.is_file() and len(waits.read_text().split()) >= 2, res.err  # huggingface_hub retried (and logged)
     line = assert_one_line_error(res, 2, "model.pretrained 'hf-hub:my-lab/pre': cannot fetch", closed)
     noise = [ln for ln in res.err_lines if "Retry" in ln or "thrown while requesting" in ln]
     assert not noise, res.err
