@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["fix_timm_posterize", "module_init_fn", "model_card_readme", "swin_relative_position_bias"]
+__all__ = ["fix_timm_posterize", "module_init_fn", "model_card_readme", "swin_relative_position_bias",
+           "vit_tokens_before_blocks"]
 
 
 def module_init_fn(model: nn.Module) -> Callable[[nn.Module], None] | None:
@@ -32,6 +33,18 @@ def swin_relative_position_bias(attn: nn.Module) -> torch.Tensor:
     Waits for: a public accessor of the bias (timm reads it only inside ``forward``).
     """
     return attn._get_rel_pos_bias()
+
+
+def vit_tokens_before_blocks(vit: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """What a timm ``VisionTransformer`` feeds its first block for ``images`` ``(n, C, H, W)``: the patch embedding,
+    the prefix tokens and the position embedding, patch dropout and ``norm_pre`` — ``forward_features`` up to
+    ``blocks`` — as ``(n, L, D)``. Runs in the model's current mode (call it in eval mode for no dropout).
+
+    Reaches: ``timm.models.vision_transformer.VisionTransformer._pos_embed``
+    Checked on: timm>=1.0.20,<1.1
+    Waits for: a public timm call for the token sequence before the blocks.
+    """
+    return vit.norm_pre(vit.patch_drop(vit._pos_embed(vit.patch_embed(images))))
 
 
 def model_card_readme(model_card: dict[str, Any], model_name: str) -> str:

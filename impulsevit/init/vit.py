@@ -320,8 +320,9 @@ class _Stem(nn.Module):
         self.vit = vit
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        v = self.vit
-        return v.norm_pre(v.patch_drop(v._pos_embed(v.patch_embed(images))))
+        from impulsevit._compat.timm import vit_tokens_before_blocks
+
+        return vit_tokens_before_blocks(self.vit, images)
 
 
 def _stem_forward(model: nn.Module, values: dict[str, Value], images: torch.Tensor) -> torch.Tensor:

@@ -374,8 +374,7 @@ def test_litdata_block_order_from_the_object_store_stops_and_resumes_bit_identic
     assert_same_training(final(tmp_path, "lit"), straight("litdata-block"))
 
 
-def test_litdata_store_stopped_mid_epoch_is_one_line_and_resume_auto_continues(tmp_path, cache, straight, s3_shards,
-                                                                               monkeypatch):
+def test_litdata_store_stopped_mid_epoch_is_one_line_and_resume_auto_continues(tmp_path, cache, straight, s3_shards):
     """The store goes away after step 10 (epoch 1) of a real ``impulsevit fit`` process; the chunk cache holds 3
     chunks, so the next batches need it: the command exits 1 with one line (no traceback: not LitData's download
     thread's either), the epoch-0 checkpoint stays, and --resume auto finishes once the store is back, the same
@@ -386,17 +385,13 @@ def test_litdata_store_stopped_mid_epoch_is_one_line_and_resume_auto_continues(t
     small = ["--data.init_args.storage.cache_size=100KB", f"--data.init_args.cache_dir={tmp_path / 'chunks'}",
              "--data.init_args.storage.read_timeout=2"]
     # with 3 chunks of cache, LitData's reader often needs a chunk its prefetch thread has not queued (the cache is
-    # full), and waits FORCE_DOWNLOAD_TIME (30 s by default) before it asks for it itself: 30-40 s idle in each of the
-    # two small-cache runs here, then 1-4 s per batch. 0 in this test (the subprocess's environment, the in-process
-    # resume's module constant): the reader asks after its first 1 s wait; the same chunks are read from the same
-    # store, so the same batches and the same error
-    monkeypatch.setattr("litdata.streaming.item_loader._FORCE_DOWNLOAD_TIME", 0)
+    # full); the product asks for it after 1 s, not LitData's 30 s (impulsevit._compat.litdata.
+    # ask_early_for_missing_chunks): without that, 30-40 s idle in each of the two small-cache runs here
     marker = tmp_path / "step10"
     pause = ('--trainer.callbacks=[{"class_path": "_cli_helpers.MarkThenSleep", "init_args": {"marker": '
              f'"{marker}", "seconds": 5, "after": 10}}}}]')
     cmd = [sys.executable, "-m", "impulsevit.cli", *args(tmp_path, "fault", "litdata", cache, pause), *small]
-    env = {**subprocess_env(), "OMP_NUM_THREADS": str(torch.get_num_threads()),  # as the in-process reference
-           "FORCE_DOWNLOAD_TIME": "0"}
+    env = {**subprocess_env(), "OMP_NUM_THREADS": str(torch.get_num_threads())}  # as the in-process reference
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:

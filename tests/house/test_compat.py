@@ -168,6 +168,7 @@ ENTRY_TESTS = {
     "timm.module_init_fn": "house/test_compat.py::test_module_init_fn",
     "timm.swin_relative_position_bias": "house/test_compat.py::test_swin_relative_position_bias",
     "timm.model_card_readme": "house/test_compat.py::test_model_card_readme",
+    "timm.vit_tokens_before_blocks": "house/test_compat.py::test_vit_tokens_before_blocks",
     "ffcv.replaced_os_cache_manager": "house/test_compat.py::test_replaced_os_cache_manager",
     "ffcv.replaced_writer_worker": "house/test_compat.py::test_replaced_writer_worker",
     "ffcv.resized_crop_decoder_base": "house/test_compat.py::test_resized_crop_decoder_base",
@@ -175,6 +176,7 @@ ENTRY_TESTS = {
     "litdata.read_whole_set": "house/test_compat.py::test_read_whole_set",
     "litdata.quiet_prefetch_crash": "house/test_compat.py::test_quiet_prefetch_crash",
     "litdata.chunk_column": "house/test_compat.py::test_chunk_column",
+    "litdata.ask_early_for_missing_chunks": "house/test_compat.py::test_ask_early_for_missing_chunks",
     "litdata.clear_stale_cache_state":
         "data/loading/test_litdata_backend.py::test_what_a_killed_reader_left_in_the_chunk_cache_is_cleared_by_the_next_first_reader",
 }
@@ -592,6 +594,18 @@ def test_swin_relative_position_bias():
     assert torch.equal(compat_timm.swin_relative_position_bias(attn), torch.full((1, 3, 16, 16), 0.5))
 
 
+def test_vit_tokens_before_blocks():
+    """The tokens before the blocks: with the blocks and the final norm taken out, ``forward_features`` gives them."""
+    import timm
+
+    m = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, num_classes=0, reg_tokens=2).eval()
+    x = torch.randn(2, 3, 32, 32)
+    tokens = compat_timm.vit_tokens_before_blocks(m, x)
+    assert tokens.shape == (2, 1 + 2 + 16, m.embed_dim)
+    m.blocks, m.norm = torch.nn.Identity(), torch.nn.Identity()
+    torch.testing.assert_close(tokens, m.forward_features(x))
+
+
 def test_model_card_readme():
     text = compat_timm.model_card_readme({"description": "A tiny test model.", "details": {"Params (M)": 1.0}},
                                          "tiny-model")
@@ -740,6 +754,47 @@ def test_quiet_prefetch_crash(monkeypatch, capfd):
     thread._error = None
     reader.PrepareChunksThread.run(thread)
     assert capfd.readouterr().err == "" and isinstance(thread.prefetch_error(), ConnectionError)
+
+
+def test_ask_early_for_missing_chunks(monkeypatch, tmp_path):
+    """LitData's reader waiting on a chunk its download thread has not queued asks that thread for it (the
+    force-download queue) after 1 s instead of 30: here the "thread" writes the chunk only when asked, and the wait
+    ends within 10 s (with LitData's 30 s it would not). A user's ``FORCE_DOWNLOAD_TIME`` is kept."""
+    import queue
+    import threading
+    import time
+
+    item_loader = pytest.importorskip("litdata.streaming.item_loader")
+    compat = importlib.import_module("impulsevit._compat.litdata")
+    monkeypatch.setattr(item_loader, "_FORCE_DOWNLOAD_TIME", 30)
+    monkeypatch.setenv("FORCE_DOWNLOAD_TIME", "30")
+    compat.ask_early_for_missing_chunks()
+    assert item_loader._FORCE_DOWNLOAD_TIME == 30  # the user's setting wins
+    monkeypatch.delenv("FORCE_DOWNLOAD_TIME")
+    compat.ask_early_for_missing_chunks()
+    assert item_loader._FORCE_DOWNLOAD_TIME == compat.EARLY_FORCE_DOWNLOAD_S == 1
+
+    chunk = tmp_path / "chunk-0-0.bin"
+    asked: queue.Queue = queue.Queue()
+    loader = object.__new__(item_loader.PyTreeLoader)  # only the wait's attributes
+    loader._force_download_queue = asked
+    loader._chunk_ready_provider = lambda index: threading.Event()
+    loader._prefetch_error_provider = None
+
+    def thread() -> None:  # the download thread: writes the chunk only when the reader asks for it
+        index = asked.get(timeout=20)
+        chunk.write_bytes(b"x" * 8)
+        assert index == 0
+
+    helper = threading.Thread(target=thread, daemon=True)
+    helper.start()
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (loader._wait_until_chunk_ready(0, str(chunk), 8), done.set()),
+                              daemon=True)
+    t0 = time.monotonic()
+    waiter.start()
+    assert done.wait(10), "the reader did not ask for the chunk within 10 s"
+    assert 0.9 < time.monotonic() - t0 < 10
 
 
 def compat_ffcv():  # noqa: ANN201

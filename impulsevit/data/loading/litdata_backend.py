@@ -280,9 +280,10 @@ class ShardSource(ImageSource):
             elif objstore.is_remote(self.location):  # the global order: LitData downloads, within cache_size
                 from botocore.config import Config
 
-                from impulsevit._compat.litdata import quiet_prefetch_crash
+                from impulsevit._compat.litdata import ask_early_for_missing_chunks, quiet_prefetch_crash
 
                 quiet_prefetch_crash()  # a store that stops mid-epoch: the one line below, not LitData's traceback too
+                ask_early_for_missing_chunks()  # a small cache: no 30 s wait for a chunk the prefetch never queued
                 if objstore.endpoint().startswith("http://"):
                     from impulsevit._compat.litdata import sdk_chunk_downloads
 
