@@ -367,7 +367,7 @@ def solve_qk_calibrated(
     gain: float = 7.0,
     normalize: Literal["frobenius", "logit"] = "frobenius",
     target_logit: float = 5.0,
-    ridge: float = 1.0,
+    ridge: float = 0.1,
     rtol: float = 1e-5,
     dtype: torch.dtype = torch.float64,
 ) -> QKSolution:

@@ -62,7 +62,7 @@ class VitImpulseOptions(BaseOptions, OffsetOptions):
     grid: tuple[int, int] | None = None
     pseudo_input: Literal["pos_embed", "propagated", "calibration"] = "pos_embed"
     calibration_images: int = 64
-    calibration_ridge: float = 1.0
+    calibration_ridge: float = 0.1
 
     def __post_init__(self) -> None:
         _non_negative_floats(self)

@@ -135,6 +135,11 @@ COMMANDS: dict[str, Form] = {
     "impulsevit study --recipe cpu_fmnist_mixer --methods impulse --seeds 5 --name mixer-onetap-g0085 "
     "--model.init.options.layout=one_tap --model.init.options.gain_in=0.085": dry(),
     "impulsevit study --recipe cpu_fmnist_mixer --methods torch --seeds 5 --name mixer-torch": dry(),
+    "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods impulse --seeds 3 --name si-cal-released": dry(),
+    "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods impulse --seeds 3 --name si-cal-calibration "
+    "--model.init.options.pseudo_input=calibration --model.init.options.calibration_ridge=1": dry(),
+    "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods impulse --seeds 3 --name si-cal-ridge01 "
+    "--model.init.options.pseudo_input=calibration --model.init.options.calibration_ridge=0.1": dry(),
     "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods impulse --seeds 3 "
     "--name cpu_fmnist_vit_smallimg-logit --model.init.options.qk_normalize=logit": dry(),
     "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods mimetic --seeds 3 "
