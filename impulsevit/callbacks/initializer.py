@@ -144,6 +144,10 @@ class Initializer(L.Callback):
             (:mod:`impulsevit.training.pretrained`; once per run, never on a resume, like the init); the report's
             method is ``from weights``, with the source and its sha256.
 
+    A method whose options ask for a calibration batch (impulse's ``pseudo_input='calibration'``) gets the first
+    ``calibration_images`` training images: rank 0 reads them (the datamodule's ``calibration_images``) and
+    broadcasts them, so every rank solves for the same batch; their count, shape and sha256 are in the report.
+
     The model initialized is ``pl_module.backbone`` if the module has one, else the module itself. See the module
     docstring for the resume / DDP / FSDP2 rules. State (``state_dict``): ``applied``, method, seed and the report.
     """
