@@ -40,6 +40,7 @@ from torch import nn
 
 from impulsevit._compat.lightning import callback_state_key
 from impulsevit.callbacks.attention_logging import log_attention
+from impulsevit.errors import ConfigError
 from impulsevit.init import InitReport, calibration_size, initialize, is_dtensor, make_generator
 from impulsevit.training.pretrained import FROM_WEIGHTS
 
@@ -230,7 +231,8 @@ class Initializer(L.Callback):
         broadcasts them, so every rank solves for the same images.
 
         Raises:
-            ValueError: the options ask for one and the trainer's datamodule has no ``calibration_images``.
+            ConfigError: the options ask for one and the trainer's datamodule has no ``calibration_images``, or
+                the training data has fewer images than asked for.
         """
         wanted = calibration_size(model, self.method, self.options)
         if not wanted:
@@ -238,8 +240,8 @@ class Initializer(L.Callback):
         datamodule = getattr(trainer, "datamodule", None)
         read = getattr(datamodule, "calibration_images", None)
         if read is None:
-            raise ValueError(f"these options ask for a calibration batch of {wanted} images and the trainer has no "
-                             "datamodule with calibration_images(n) (impulsevit's ImageDataModule has one)")
+            raise ConfigError(f"these options ask for a calibration batch of {wanted} images and the trainer has no "
+                              "datamodule with calibration_images(n) (impulsevit's ImageDataModule has one)")
         images = read(wanted) if trainer.global_rank == 0 else None
         return trainer.strategy.broadcast(images, src=0)
 

@@ -10,11 +10,14 @@ one line before any write; the Initializer reads the batch from the training dat
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
-from _cli_helpers import run_cli
+from _cli_helpers import run_cli, subprocess_env
 from _vit_helpers import state_digest, vit
+from faults.harness import Result, assert_one_line_error
 
 import impulsevit.init as ii
 from impulsevit.init import impulse as imp
@@ -150,3 +153,11 @@ def test_fit_reads_the_batch_from_the_training_data_and_records_it(tmp_path):
     assert again["epoch"] == 2 and again["init_calibration"] == record["init_calibration"]
     init = next(c for c in resumed.trainer.callbacks if type(c).__name__ == "Initializer")
     assert init.skipped_reason is not None and init.skipped_reason.startswith("resumed from")
+    # more calibration images than the training split has: one line, exit 2, no run folder left behind
+    too_many = [a.replace("calibration_images=40", "calibration_images=400").replace("--name=cal", "--name=many")
+                for a in common]
+    done = subprocess.run([sys.executable, "-m", "impulsevit.cli", "fit", *too_many], env=subprocess_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert_one_line_error(Result(done.returncode, done.stdout, done.stderr, 0), 2, "the training split gave 256",
+                          "model.init.options.calibration_images")
+    assert not (tmp_path / "many").exists()

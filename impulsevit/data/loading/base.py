@@ -206,7 +206,7 @@ class BaseImageDataModule(L.LightningDataModule, abc.ABC):
         batch (:func:`impulsevit.init.api.calibration_size`); reads ``ceil(n / batch_size)`` batches.
 
         Raises:
-            ValueError: the training split has fewer than ``n`` images.
+            ConfigError: the training split has fewer than ``n`` images (whole batches).
         """
         if n < 1:
             raise ValueError(f"calibration_images: n must be >= 1, got {n}")
@@ -220,8 +220,8 @@ class BaseImageDataModule(L.LightningDataModule, abc.ABC):
             if have >= n:
                 break
         if have < n:
-            raise ValueError(f"calibration batch: the training split gave {have} images, the init asks for {n} "
-                             "(model.init.options.calibration_images)")
+            raise ConfigError(f"calibration batch: the training split gave {have} images, the init asks for {n}; "
+                              f"set model.init.options.calibration_images to at most {have}")
         return torch.cat(taken)[:n]
 
     def calibration_pixels(self, batch: Any) -> torch.Tensor:
