@@ -224,10 +224,7 @@ def _draw_and_solve_layers(
     def solve(offsets: list[impulse.Offset], noise: torch.Tensor) -> impulse.QKSolution:
         return impulse.solve_qk(
             pseudo, H, W, offsets, noise, layout.head_dim,
-            on_value=opts.on_value, noise_scale=opts.noise_scale, boundary=opts.boundary,
-            gain=opts.gain_qk, normalize=opts.qk_normalize, target_logit=opts.target_logit,
-            dtype=torch.float32,
-        )  # fmt: skip
+            **_solve_options(opts))
 
     shared = draw_offsets()
     redraw = opts.offsets_per_layer and opts.offsets == "random"
@@ -286,6 +283,28 @@ def _block_forward(model: nn.Module, values: dict[str, Value], index: int, x: to
 
     x = x + call("ls1", call("attn", call("norm1", x)))
     return x + call("ls2", call("mlp", call("norm2", x)))
+
+
+def _solve_options(opts: VitImpulseOptions) -> dict:
+    """The target and scale options every Q/K solve of a layer takes (:func:`impulse.solve_qk`,
+    :func:`impulse.solve_qk_calibrated`), float32 factors."""
+    return dict(on_value=opts.on_value, noise_scale=opts.noise_scale, boundary=opts.boundary, gain=opts.gain_qk,
+                normalize=opts.qk_normalize, target_logit=opts.target_logit, dtype=torch.float32)
+
+
+def _write_block(
+    model: nn.Module, layout: VitLayout, values: dict[str, Value], attn_name: str, qk: impulse.QKSolution,
+    value_matrix: torch.Tensor | None, gain_v: float, value_projs: list[tuple[torch.Tensor, torch.Tensor]],
+) -> None:
+    """One block of a sequential solve decided: its V/proj factored from ``value_matrix`` (appended to
+    ``value_projs``; none without one) and its new Q/K/V/proj put into ``values``, so the next block's forward sees
+    them."""
+    value_proj = _value_proj(value_matrix, gain_v) if value_matrix is not None else None
+    if value_proj is not None:
+        value_projs.append(value_proj)
+    width, dim = layout.attn_width, layout.dim
+    _set_attention_values(model, layout, values, attn_name, qk.wq.reshape(width, dim), qk.wk.reshape(width, dim),
+                          value_proj)
 
 
 def _layer_draws(
@@ -369,24 +388,16 @@ def _calibrated_solves(
     H, W = layout.grid
     layer_offsets, noises, value_matrices = _layer_draws(layout, generator, opts)
     qk_solutions, value_projs = [], []
-    width, dim = layout.attn_width, layout.dim
     with solver_threads():
         x = _stem_forward(model, values, images)
         for layer, attn_name in enumerate(layout.attn_names):
             rows = _call_part(model, values, layer, "norm1", x)[:, layout.num_prefix:]
             qk = impulse.solve_qk_calibrated(
                 rows, H, W, layer_offsets[layer], noises[layer], layout.head_dim,
-                on_value=opts.on_value, noise_scale=opts.noise_scale, boundary=opts.boundary,
-                gain=opts.gain_qk, normalize=opts.qk_normalize, target_logit=opts.target_logit,
-                ridge=opts.calibration_ridge, rtol=opts.rank_rtol, dtype=torch.float32,
-            )  # fmt: skip
+                ridge=opts.calibration_ridge, rtol=opts.rank_rtol, **_solve_options(opts))
             qk_solutions.append(qk)
-            value_proj = _value_proj(value_matrices[layer], opts.gain_v) if value_matrices else None
-            if value_proj is not None:
-                value_projs.append(value_proj)
-            _set_attention_values(
-                model, layout, values, attn_name, qk.wq.reshape(width, dim), qk.wk.reshape(width, dim), value_proj
-            )
+            _write_block(model, layout, values, attn_name, qk,
+                         value_matrices[layer] if value_matrices else None, opts.gain_v, value_projs)
             if layer + 1 < len(layout.attn_names):
                 x = _block_forward(model, values, layer, x)
     return layer_offsets, qk_solutions, value_projs
@@ -421,7 +432,6 @@ def _propagated_solves(
     layer_offsets, noises, value_matrices = _layer_draws(layout, generator, opts)
     qk_solutions, value_projs, ranks = [], [], []
     x = pos[:, layout.patch_rows].float()
-    width, dim = layout.attn_width, layout.dim
     with solver_threads():  # one intra-op thread on this thread too: the block forwards' bits do not follow the count
         for layer, attn_name in enumerate(layout.attn_names):
             pseudo = pseudo0 if layer == 0 else impulse.factor_pseudo_input(
@@ -430,17 +440,10 @@ def _propagated_solves(
             ranks.append(pseudo.rank)
             qk = impulse.solve_qk(
                 pseudo, H, W, layer_offsets[layer], noises[layer], layout.head_dim,
-                on_value=opts.on_value, noise_scale=opts.noise_scale, boundary=opts.boundary,
-                gain=opts.gain_qk, normalize=opts.qk_normalize, target_logit=opts.target_logit,
-                dtype=torch.float32,
-            )  # fmt: skip
+                **_solve_options(opts))
             qk_solutions.append(qk)
-            value_proj = _value_proj(value_matrices[layer], opts.gain_v) if value_matrices else None
-            if value_proj is not None:
-                value_projs.append(value_proj)
-            _set_attention_values(
-                model, layout, values, attn_name, qk.wq.reshape(width, dim), qk.wk.reshape(width, dim), value_proj
-            )
+            _write_block(model, layout, values, attn_name, qk,
+                         value_matrices[layer] if value_matrices else None, opts.gain_v, value_projs)
             if layer + 1 < num_layers:
                 x = _block_forward(model, values, layer, x)
     return layer_offsets, qk_solutions, value_projs, ranks
