@@ -104,14 +104,18 @@ class MixerImpulseOptions(BaseOptions, OffsetOptions):
     num_offsets: int | None = None
     gain_in: float = 1.0
     gain_out: float | None = None
+    combine: Literal["replace", "add"] = "replace"
+    tap: Literal["shift", "permutation"] = "shift"
 
     def __post_init__(self) -> None:
         check_range("num_offsets", self.num_offsets, 1)
+        if self.layout != "one_tap" and (self.combine != "replace" or self.tap != "shift"):
+            raise ValueError(f"options 'combine' and 'tap' need layout='one_tap' (layout is {self.layout!r})")
 
 
 def one_tap_weights(
     grid: tuple[int, int], hidden: int, offset: tuple[int, int], generator: torch.Generator, *,
-    gain_in: float = 1.0, gain_out: float = 1.0,
+    gain_in: float = 1.0, gain_out: float = 1.0, rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``fc1 (S, N)`` and ``fc2 (N, S)`` of a token MLP whose composite, at init, is ONE tap: ``y_t ≈ g·x_{t+o}``.
 
@@ -128,12 +132,14 @@ def one_tap_weights(
         grid: ``(H, W)`` token grid, ``N = H·W``.
         hidden: ``S`` (any ``S ≥ 1``; tokens ``t ≥ S`` get no unit when ``S < N``).
         offset: ``(dy, dx)``: output token ``t`` reads input token ``t + dy·W + dx``.
+        rows: ``(N, N)`` 0/1 matrix whose row ``t`` picks the input token output ``t`` reads, in place of the shift by
+            ``offset`` (a random permutation: the no-locality control of ``tap='permutation'``).
 
     Returns:
         ``(fc1, fc2)`` float64.
     """
     n = grid[0] * grid[1]
-    shift = impulse_indicator(grid[0], grid[1], offset)  # (N, N): row t = e_{t+o} or 0
+    shift = impulse_indicator(grid[0], grid[1], offset) if rows is None else rows  # (N, N): row t = e_{t+o} or 0
     token = torch.arange(hidden) % n
     copy = torch.arange(hidden) // n
     count = torch.tensor([(hidden - t + n - 1) // n for t in range(n)], dtype=torch.float64)
@@ -150,7 +156,8 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: MixerIm
     """Convolutional (impulse) token-mixing MLPs in every Mixer block, on the ``base`` init.
 
     Order of random draws (from ``generator``): the ``base`` (``'torch'``: every tensor, as the ``torch`` method), the
-    offsets (``offsets='random'``), then per block the ``one_tap`` path magnitudes.
+    offsets (``offsets='random'``), then per block the permutation (``tap='permutation'``) and the ``one_tap`` path
+    magnitudes.
 
     Options:
         layout: ``"blocks"`` (default), ``"fc1_only"``, ``"factored"`` (sums of shifts: a blur) or ``"one_tap"`` (one
@@ -161,6 +168,12 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: MixerIm
         gain_in: value of the one-hot ``fc1`` entries (default 1.0).
         gain_out: value of the ``fc2`` routing / kernel taps (default ``1/√num_offsets``; one_tap: 1.0, the tap of
             the composite's linear part is ``gain_in·gain_out``).
+        combine: ``"replace"`` (default: the token MLP is the structure alone, biases zero) or ``"add"`` (one_tap
+            only: the one-tap weights are added to the ``base``'s token MLP and its biases stay, so the composite is
+            the base's random response plus the tap, with cross terms between the two).
+        tap: ``"shift"`` (default) or ``"permutation"`` (one_tap only, a control, not a method: each block's output
+            token reads one input token of a random permutation instead of its neighbour — the same sparsity, signs,
+            magnitudes and gain with no spatial structure).
         kernel_size: 3 (default, §2.1 order) or 5 (``impulse.kernel_offsets(5)``); factored then defaults to k².
         offsets: ``"fixed"`` (default, deterministic) or ``"random"`` (drawn with replacement from the generator).
         base: ``"torch"`` (default) or ``"keep"`` (:class:`~impulsevit.init.options.BaseOptions`).
@@ -188,8 +201,9 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: MixerIm
     gain_in = float(opts.gain_in)
     default_out = 1.0 if layout == "one_tap" else 1.0 / math.sqrt(num_offsets)
     gain_out = default_out if opts.gain_out is None else float(opts.gain_out)
-    structured = set() if layout == "fc1_only" else {f"{name}.{p}" for name, _ in mlps
-                                                      for p in ("fc1.weight", "fc2.weight")}
+    add = opts.combine == "add"
+    structured = set() if layout == "fc1_only" or add else {f"{name}.{p}" for name, _ in mlps
+                                                             for p in ("fc1.weight", "fc2.weight")}
     values, notes = base_values(model, generator, opts.base, structured)
     offsets = impulse_offsets(num_offsets, kernel_size, opts.offsets, generator=generator)
     shifts = [impulse_indicator(grid[0], grid[1], o) for o in offsets]  # (M x)_t = x_{t+o}, zero padding
@@ -205,7 +219,11 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: MixerIm
 
         if layout == "one_tap":
             offset = offsets[index % num_offsets]
-            w1, w2 = one_tap_weights(grid, s, offset, generator, gain_in=gain_in, gain_out=gain_out)
+            rows = (torch.eye(n, dtype=torch.float64)[torch.randperm(n, generator=generator)]
+                    if opts.tap == "permutation" else None)
+            w1, w2 = one_tap_weights(grid, s, offset, generator, gain_in=gain_in, gain_out=gain_out, rows=rows)
+            if add:  # on top of the base's token MLP: its random composite plus the tap
+                w1, w2 = current("fc1.weight") + w1, current("fc2.weight") + w2
             block_offsets.append([offset])
         else:
             w1, w2 = current("fc1.weight"), current("fc2.weight")
@@ -225,6 +243,8 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: MixerIm
         if layout == "fc1_only":
             continue
         values[f"{name}.fc2.weight"] = w2
+        if add:  # the base's biases stay
+            continue
         for lin in ("fc1", "fc2"):
             if getattr(mlp, lin).bias is not None:
                 values[f"{name}.{lin}.bias"] = torch.zeros(getattr(mlp, lin).bias.shape, dtype=torch.float64)
@@ -233,9 +253,12 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: MixerIm
     if layout == "blocks":
         note += f"; {s - num_offsets * n} remainder hidden units (fc1 kept, fc2 columns zero)"
     if layout == "one_tap":
-        note += (f"; one tap per block (gain {gain_in * gain_out:g}), offsets over depth "
-                 f"{[tuple(o[0]) for o in block_offsets]}; all {s} hidden units carry it (signs alternate, "
-                 "magnitudes U(0.5, 1.5))")
+        where = ("a random token permutation per block (the no-locality control)" if opts.tap == "permutation"
+                 else f"offsets over depth {[tuple(o[0]) for o in block_offsets]}")
+        note += (f"; one tap per block (gain {gain_in * gain_out:g}), {where}; all {s} hidden units carry it (signs "
+                 "alternate, magnitudes U(0.5, 1.5))")
+        if add:
+            note += f"; added to the base's token MLP ({opts.base}), whose biases stay"
     notes.append(note)
     notes.append(_centre_kernel_note(model, grid))
     if layout in ("blocks", "fc1_only") and num_offsets == 1:

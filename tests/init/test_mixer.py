@@ -180,6 +180,45 @@ def test_one_tap_layout_is_one_tap_per_block_carried_by_every_hidden_unit(token_
         assert "[+0.17 +0.17 +0.17 | +0.17 +0.17 +0.17 | +0.17 +0.17 +0.17]" in notes[-1]
 
 
+def test_one_tap_permutation_control_has_no_locality_and_the_same_norms():
+    """``tap='permutation'`` (a control): each block's composite is ``g`` times a permutation matrix, not the shift;
+    every fc1 row keeps one nonzero of the same magnitudes as the shift layout at the same seed (the draws differ only
+    by the permutation, drawn before the magnitudes)."""
+    n = GRID[0] * GRID[1]
+    model = make(blocks=3)
+    ii.initialize(model, "impulse", layout="one_tap", tap="permutation", gain_in=0.5, generator=0)
+    shift = make(blocks=3)
+    ii.initialize(shift, "impulse", layout="one_tap", gain_in=0.5, generator=0)
+    for kernel, reference in zip(mixer_token_kernel(model), mixer_token_kernel(shift)):
+        assert torch.allclose(kernel.abs().sum(1), torch.full((n,), 0.5, dtype=kernel.dtype), atol=1e-5)  # one tap
+        assert torch.equal((kernel.abs() > 1e-3).sum(0), torch.ones(n, dtype=torch.long))  # each input read once
+        assert not torch.allclose(kernel, reference, atol=1e-3)
+    for block in range(3):
+        fc1 = model.blocks[block].mlp_tokens.fc1.weight.detach()
+        assert torch.equal((fc1 != 0).sum(1), torch.ones(fc1.shape[0], dtype=torch.long))
+
+
+def test_one_tap_combine_add_keeps_the_torch_base_and_adds_the_tap():
+    """``combine='add'``: fc1 / fc2 are the ``torch`` method's values for the seed plus the ``replace`` layout's
+    one-tap weights (same draws), and the token MLP's biases stay the base's (not zero)."""
+    torch_model, replaced, added = make(blocks=2), make(blocks=2), make(blocks=2)
+    ii.initialize(torch_model, "torch", generator=0)
+    ii.initialize(replaced, "impulse", layout="one_tap", gain_in=0.3, gain_out=0.3, generator=0)
+    report = ii.initialize(added, "impulse", layout="one_tap", gain_in=0.3, gain_out=0.3, combine="add", generator=0)
+    for block in range(2):
+        base, one, both = (m.blocks[block].mlp_tokens for m in (torch_model, replaced, added))
+        for lin in ("fc1", "fc2"):
+            w = getattr(both, lin).weight.detach()
+            assert torch.allclose(w, getattr(base, lin).weight.detach() + getattr(one, lin).weight.detach(), atol=1e-6)
+            assert torch.equal(getattr(both, lin).bias, getattr(base, lin).bias)
+            assert getattr(base, lin).bias.abs().sum() > 0 and getattr(one, lin).bias.abs().sum() == 0
+        channels = added.blocks[block].mlp_channels.fc1.weight
+        assert torch.equal(channels, torch_model.blocks[block].mlp_channels.fc1.weight)
+    assert "added to the base's token MLP (torch)" in " ".join(report.notes)
+    with pytest.raises(ValueError, match="need layout='one_tap'"):
+        ii.initialize(make(), "impulse", layout="factored", combine="add", generator=0)
+
+
 def test_token_jacobians_on_real_inputs():
     """The composite response on real inputs: one Jacobian per image and channel, equal to central differences of
     the token MLP at the input the forward gave it (captured here independently), with the kernel's support."""
