@@ -10,7 +10,9 @@ scales of the first (PNG, written atomically).
 Run: ``python scripts/depth_profile.py [--figure docs/results/depth_terms.png] [--markdown]`` (about 40 s on one
 core). ``--recipe cpu_fmnist_mixer --mixer [LAYOUT ...]`` prints the Mixer's analogue instead
 (:func:`mixer_profile`); ``--mixer-strength`` how strong its token-mixing branch starts, per block, against
-PyTorch's init (:func:`mixer_strength`). ``--maps`` prints, for any family with attention-map diagnostics (EVA-02,
+PyTorch's init (:func:`mixer_strength`). ``--saturation`` prints, for ViT variants, how saturated each block's
+softmax starts on real images and how much gradient its ``W_q`` / ``W_k`` get at the first step
+(:func:`saturation`). ``--maps`` prints, for any family with attention-map diagnostics (EVA-02,
 Swin, the rotary and relative-bias ViTs, where the term split does not apply), the mean mass on the target offset
 per block on the pseudo-input and on the real images, from the model's own attention (:func:`maps_profile`). A
 variant is ``name`` or ``name:key=value,key=value`` of impulse options (``propagated:gain_qk=10``); the
@@ -142,6 +144,65 @@ def maps_profile(recipe: str, variants: list[tuple[str, dict]], images: torch.Te
     return "\n".join(lines)
 
 
+def fashion_mnist_labels(n: int, split: str = "test") -> torch.Tensor:
+    """The labels of :func:`fashion_mnist`'s images, ``(n,)`` int64."""
+    from impulsevit.data.sources.formats import read_fashion_mnist
+
+    return torch.as_tensor(read_fashion_mnist(None, split).labels[:n]).long()
+
+
+def softmax_rows(x: torch.Tensor, attn: torch.nn.Module) -> torch.Tensor:
+    """The attention weights of a timm ``Attention`` on its input ``x (B, L, D)``: ``(B, h, L, L)``, rows summing to
+    1 over the keys (recomputed from ``qkv``, ``q_norm`` / ``k_norm`` and ``scale``, as its fused forward does)."""
+    b, n, d = x.shape
+    h = attn.num_heads
+    q, k, _ = torch.nn.functional.linear(x, attn.qkv.weight, attn.qkv.bias).reshape(
+        b, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
+    q, k = attn.q_norm(q), attn.k_norm(k)
+    return torch.softmax((q @ k.transpose(-2, -1)) * attn.scale, dim=-1)
+
+
+def saturation(recipe: str, variants: list[tuple[str, dict]], images: torch.Tensor, labels: torch.Tensor,
+               seed: int) -> str:
+    """Markdown: per ViT variant and block, how saturated the softmax starts on ``images`` and what that does to the
+    first gradient step of ``W_q`` and ``W_k``.
+
+    Columns: the mean largest attention weight of a patch query (means over images, heads and patch queries); the
+    mean softmax slope ``1 − Σ_j p_j²`` (the trace of the softmax's Jacobian ``diag(p) − p pᵀ``: how much a change of
+    the logits moves the weights; 0 for a one-hot row); and ``‖∂L/∂W_q‖_F + ‖∂L/∂W_k‖_F``, the cross-entropy loss's
+    gradient on ``labels`` at init in eval mode (no dropout), relative to the first variant's same block. The
+    classifier head is the init's, so this is the gradient of the first optimizer step."""
+    import impulsevit.init as ii
+    from impulsevit.init.capture import module_calls
+
+    lines = ["| variant | block | largest attention weight | softmax slope 1 − Σp² | ‖∇W_q‖ + ‖∇W_k‖ vs first |",
+             "|---|---|---|---|---|"]
+    first: list[float] = []
+    for index, (label, options) in enumerate(variants):
+        torch.manual_seed(0)
+        model = build(recipe)
+        wanted = ii.calibration_size(model, "impulse", options)
+        calibration = fashion_mnist(wanted, image_size(model), "train") if wanted else None
+        ii.initialize(model, "impulse", generator=seed, calibration=calibration, **options)
+        model.eval()
+        attns = [block.attn for block in model.blocks]
+        prefix = int(getattr(model, "num_prefix_tokens", 0))
+        calls = module_calls(model, attns, images)
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(images), labels).backward()
+        for block, (attn, call) in enumerate(zip(attns, calls, strict=True)):
+            with torch.no_grad():  # the normed tokens the block's attention received; patch queries only
+                p = softmax_rows(call.args[0], attn)[:, :, prefix:]
+            d = attn.qkv.in_features
+            grad = attn.qkv.weight.grad
+            norm = float(grad[:d].norm() + grad[d:2 * d].norm())
+            if index == 0:
+                first.append(norm)
+            lines.append(f"| {label} | {block} | {float(p.amax(-1).mean()):.3f} | "
+                         f"{float((1 - (p * p).sum(-1)).mean()):.3f} | {norm / first[block]:.2f} |")
+    return "\n".join(lines)
+
+
 def image_size(model: torch.nn.Module) -> int:
     """The model's input side in pixels (ViT-style ``patch_embed`` or the Mixer's ``stem``)."""
     embed = getattr(model, "patch_embed", None) or getattr(model, "stem", None)
@@ -227,7 +288,24 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead: the token-mixing branch's starting strength per block, for Mixer variants (e.g. "
                          "--recipe cpu_fmnist_mixer --mixer-strength --variant torch "
                          "--variant default:layout=one_tap)")
+    ap.add_argument("--saturation", action="store_true",
+                    help="instead: per ViT variant and block, the softmax's saturation on real images and the first "
+                         "step's W_q/W_k gradient (e.g. --variant default --variant calibration:calibration_ridge=1.0)")
     args = ap.parse_args(argv)
+    if args.saturation:
+        try:
+            variants = [parse_variant(v) for v in (args.variant or ["default"])]
+            model = build(args.recipe)
+            from impulsevit.init.api import check_options_for
+
+            for _, options in variants:
+                check_options_for(model, "impulse", options)
+            images = fashion_mnist(args.images, image_size(model))
+            print(saturation(args.recipe, variants, images, fashion_mnist_labels(args.images), args.seed))
+        except (ValueError, TypeError, FileNotFoundError, KeyError, AttributeError) as e:
+            print(f"depth_profile: {' '.join(str(e).split())}", file=sys.stderr)
+            return 2
+        return 0
     if args.mixer_strength:
         try:
             variants = [("torch", {}) if v == "torch" else parse_variant(v) for v in (args.variant or ["torch"])]

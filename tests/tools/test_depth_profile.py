@@ -79,3 +79,34 @@ def test_mixer_strength_mode_compares_the_token_branch_with_pytorchs_init(depth_
     assert first["default:layout=one_tap"][0] > 0.99 and first["torch"][0] < 0.3
     assert abs(first["default:layout=one_tap,gain_in=0.17"][0] - 0.17) < 0.01
     assert first["default:layout=one_tap"][1] > 3 * first["torch"][1]  # its branch dominates the stream at block 0
+
+
+def test_saturation_mode_bounds_the_softmax_slope_by_the_largest_weight(depth_profile, capsys):
+    """Per row ``1 − max p ≤ 1 − Σp² ≤ 1 − (max p)²``, so the means obey ``1 − mean(max) ≤ slope ≤ 1 − mean(max)²``;
+    the first variant's gradient ratios are 1 by definition; the ridge-1.0 calibrated start (0.84-0.97 on the offset)
+    is far more saturated in the last block than the released one."""
+    strong = "calibration:calibration_ridge=1.0"
+    assert depth_profile.main(["--saturation", "--images", "8", "--variant", "default", "--variant", strong]) == 0
+    out = capsys.readouterr().out
+    rows = {v: [[float(c) for c in r[2:]] for r in _rows(out, v)] for v in ("default", strong)}
+    assert all(len(r) == 6 for r in rows.values())
+    for largest, slope, _ in rows["default"] + rows[strong]:
+        assert 1 - largest - 1e-3 <= slope <= 1 - largest ** 2 + 1e-3
+    assert all(ratio == 1.0 for *_, ratio in rows["default"])
+    assert rows[strong][5][1] < 0.5 * rows["default"][5][1]
+
+
+def test_softmax_rows_are_the_weights_the_attention_forward_uses(depth_profile):
+    """The recomputed weights, applied to the block's own values and projection, give the module's output."""
+    import torch
+
+    model = depth_profile.build("cpu_fmnist_vit_smallimg").eval()
+    attn = model.blocks[0].attn
+    x = torch.randn(2, 50, attn.qkv.in_features)
+    p = depth_profile.softmax_rows(x, attn)
+    assert torch.allclose(p.sum(-1), torch.ones(p.shape[:-1]), atol=1e-5)
+    b, n, d = x.shape
+    v = torch.nn.functional.linear(x, attn.qkv.weight, attn.qkv.bias).reshape(b, n, 3, attn.num_heads, -1)[:, :, 2]
+    out = attn.proj((p @ v.transpose(1, 2)).transpose(1, 2).reshape(b, n, d))
+    with torch.no_grad():
+        assert torch.allclose(out, attn(x), atol=1e-5)
