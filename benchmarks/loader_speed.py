@@ -37,7 +37,12 @@ blocks deleted, so every epoch of the ``@s3`` row downloads the set again throug
 :class:`ThrottledProxy` on 127.0.0.1 in front of the moto server (``--slow-latency-ms``, default 50 ms from each
 request to its response's first byte; ``--slow-rate``, default 100 MB/s per connection), its own chunk cache, so the
 row shows how much of the latency the block order's background prefetch (``ShardSource.follow``) hides;
-``@s3 / local`` and ``@s3-slow / local`` are printed per size.
+``@s3 / local`` and ``@s3-slow / local`` are printed per size, and where the CPU goes: ``CPU ms/img`` is the CPU
+time per image of this process (every thread: the loader's, the proxy's, the main thread's normalisation) and its
+worker processes, ``store ms/img`` that of the loopback store's process (:func:`cpu_seconds`,
+:func:`store_cpu_seconds`); on a machine where the store shares the loader's cores, the ``@s3`` row can be at most
+``local CPU / (its CPU + the store's)`` of the local row, which the ``CPU per image`` line prints beside the ratio a
+store on cores of its own would leave.
 
 The process runs with the malloc setting ``impulsevit fit`` applies (:mod:`impulsevit.memory`: blocks above 32 MiB,
 such as a normalised 64 × 224² batch, are reused rather than page-faulted in again every batch) — for both
@@ -121,13 +126,55 @@ def take_canvas(images: torch.Tensor) -> None:
     separately by ``benchmarks/device_resample_speed.py``)."""
 
 
-def time_epoch(loader: Iterable, consume: Callable[[torch.Tensor], None] = normalize_batch) -> tuple[float, int]:
-    """Seconds and images for one pass over ``loader``, every batch handed to ``consume``."""
+def cpu_seconds(excluded: frozenset[int] = frozenset()) -> float:
+    """CPU seconds (user + system) used so far by this process (all its threads) and its live descendants, leaving
+    out the processes in ``excluded`` and their descendants (the loopback store: its CPU is the store's, not the
+    loader's). A descendant that exits meanwhile counts as 0 from then on (the loaders' workers are persistent)."""
+    import psutil
+
+    me = psutil.Process()
+    skip = set(excluded)
+    for pid in excluded:
+        try:
+            skip.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+        except psutil.Error:
+            pass
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        if child.pid not in skip:
+            try:
+                total += sum(child.cpu_times()[:2])
+            except psutil.Error:
+                pass
+    return total
+
+
+def store_cpu_seconds(store: frozenset[int]) -> float:
+    """CPU seconds used so far by the processes in ``store`` (the loopback S3 server) and their descendants."""
+    import psutil
+
+    total = 0.0
+    for pid in store:
+        try:
+            proc = psutil.Process(pid)
+            total += sum(sum(p.cpu_times()[:2]) for p in [proc, *proc.children(recursive=True)])
+        except psutil.Error:
+            pass
+    return total
+
+
+def time_epoch(loader: Iterable, consume: Callable[[torch.Tensor], None] = normalize_batch,
+               store: frozenset[int] = frozenset()) -> tuple[float, int, float, float]:
+    """Seconds, images, loader CPU seconds (:func:`cpu_seconds`: this process, its threads and workers, the store
+    left out) and store CPU seconds (the processes ``store``) for one pass over ``loader``, every batch handed to
+    ``consume``."""
+    cpu, served = cpu_seconds(store), store_cpu_seconds(store)
     start, n = time.perf_counter(), 0
     for images, _labels in loader:
         consume(images)
         n += images.shape[0]
-    return time.perf_counter() - start, n
+    seconds = time.perf_counter() - start
+    return seconds, n, cpu_seconds(store) - cpu, store_cpu_seconds(store) - served
 
 
 def torchvision_loader(root: Path, size: int, workers: int, batch: int) -> torch.utils.data.DataLoader:
@@ -406,18 +453,25 @@ def through_endpoint(loader: torch.utils.data.DataLoader, endpoint: str) -> torc
 
 
 def interleaved(loaders: dict[str, Iterable], rounds: int,
-                consumers: dict[str, Callable[[torch.Tensor], None]] | None = None) -> dict[str, float]:
-    """Median images/s of each loader over ``rounds`` timed epochs, interleaved (after one warm-up epoch each);
-    ``consumers`` (by name; default :func:`normalize_batch`) is what the main thread does with each batch."""
+                consumers: dict[str, Callable[[torch.Tensor], None]] | None = None,
+                store: frozenset[int] = frozenset()) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """Median images/s of each loader over ``rounds`` timed epochs, interleaved (after one warm-up epoch each), and
+    the median CPU milliseconds per image ``(loader, store)`` (:func:`time_epoch`; ``store``: the loopback store's
+    process ids); ``consumers`` (by name; default :func:`normalize_batch`) is what the main thread does with each
+    batch."""
     consumers = consumers or {}
     for name, loader in loaders.items():
-        time_epoch(loader, consumers.get(name, normalize_batch))
-    names, rates = list(loaders), {name: [] for name in loaders}
+        time_epoch(loader, consumers.get(name, normalize_batch), store)
+    names = list(loaders)
+    rates: dict[str, list[float]] = {name: [] for name in loaders}
+    cpu: dict[str, list[tuple[float, float]]] = {name: [] for name in loaders}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            seconds, n = time_epoch(loaders[name], consumers.get(name, normalize_batch))
+            seconds, n, loader_cpu, store_cpu = time_epoch(loaders[name], consumers.get(name, normalize_batch), store)
             rates[name].append(n / seconds)
-    return {name: statistics.median(v) for name, v in rates.items()}
+            cpu[name].append((1000 * loader_cpu / n, 1000 * store_cpu / n))
+    return ({name: statistics.median(v) for name, v in rates.items()},
+            {name: (statistics.median(a for a, _ in v), statistics.median(b for _, b in v)) for name, v in cpu.items()})
 
 
 def convert_table(source, tmp: Path, presets: list[str], workers: int, n: int) -> dict[str, float]:  # noqa: ANN001
@@ -532,7 +586,8 @@ def main(argv: list[str] | None = None) -> float:
                 f"the resample runs on the training device and is not in this table (benchmarks/"
                 f"device_resample_speed.py times it); its consumer only takes the canvas batch, as a GPU run's host "
                 f"does (FFCV's ToDevice copy is not timed: no GPU here)")
-        log(f"\n{'size':>5} {'loader':<24} {'img/s':>7} {'img/s/core':>10} {'ratio':>6} {'data MiB':>9}")
+        log(f"\n{'size':>5} {'loader':<24} {'img/s':>7} {'img/s/core':>10} {'ratio':>6} {'data MiB':>9} "
+            f"{'CPU ms/img':>10} {'store ms/img':>12}")
         for size in args.sizes:
             loaders: dict[str, Iterable] = {
                 "torchvision": torchvision_loader(tmp / "jpegs", size, args.workers, args.batch_size)}
@@ -562,7 +617,8 @@ def main(argv: list[str] | None = None) -> float:
                                                            device=True)
                 if proxy is not None:
                     through_endpoint(loaders[SLOW], proxy.endpoint)
-            rates = interleaved(loaders, args.rounds, {DEVICE: take_canvas, LOCAL_DEVICE: take_canvas})
+            store = frozenset() if server is None else frozenset({server.proc.pid})
+            rates, cpu_ms = interleaved(loaders, args.rounds, {DEVICE: take_canvas, LOCAL_DEVICE: take_canvas}, store)
             data_mib = {"torchvision": src_bytes / 2**20, **{f"ffcv:{k}": v for k, v in mib.items()},
                         LIMIT: mib[DEFAULT_PRESET], DEVICE: mib[DEFAULT_PRESET]}
             if not args.no_litdata:
@@ -572,13 +628,20 @@ def main(argv: list[str] | None = None) -> float:
             for name, rate in rates.items():
                 ratios[size, name] = rate / rates["torchvision"]
                 log(f"{size:>5} {name:<24} {rate:>7.0f} {rate / args.workers:>10.0f} {ratios[size, name]:>6.2f} "
-                    f"{data_mib[name]:>9.1f}")
+                    f"{data_mib[name]:>9.1f} {cpu_ms[name][0]:>10.2f} {cpu_ms[name][1]:>12.2f}")
             limits[size] = rates[f"ffcv:{DEFAULT_PRESET}"] / rates[LIMIT]
             log(f"{size:>5} ratio ffcv:{DEFAULT_PRESET} / {LIMIT}: {limits[size]:.2f} (img/s per worker core)")
             for name in [n for n in rates if n.startswith("litdata:")]:
                 log(f"{size:>5} ratio {name} / {LIMIT}: {rates[name] / rates[LIMIT]:.2f} (img/s per worker core)")
             for name in [n for n in (S3, SLOW) if n in rates]:
                 log(f"{size:>5} ratio {name} / local: {rates[name] / rates[LOCAL]:.2f} (img/s)")
+            for name in [n for n in (S3, SLOW) if n in rates]:
+                loader_ms, store_ms = cpu_ms[name]
+                log(f"{size:>5} CPU per image: {name} {loader_ms:.2f} ms in the loader + {store_ms:.2f} ms in the "
+                    f"store's process, {LOCAL} {cpu_ms[LOCAL][0]:.2f} ms; loader CPU ratio local / remote: "
+                    f"{cpu_ms[LOCAL][0] / loader_ms:.2f} (what a store on cores of its own leaves), and "
+                    f"{cpu_ms[LOCAL][0] / (loader_ms + store_ms):.2f} with the store's CPU counted (the img/s ratio "
+                    f"when both rows are CPU-bound on the same cores)")
             if DEVICE in rates:
                 device_limits[size] = rates[DEVICE] / rates[LIMIT]
                 log(f"{size:>5} ratio {DEVICE} / {LIMIT}: {device_limits[size]:.2f} (img/s per worker core; "

@@ -1,0 +1,59 @@
+"""``benchmarks/loader_speed.py``'s CPU accounting: a busy child process counts as the loader's CPU unless it is the
+store's (then it is the store's), so the ``CPU ms/img`` and ``store ms/img`` columns split the machine's work as
+they say."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # starts processes (tests/README.md, Lanes)
+
+REPO = Path(__file__).resolve().parents[2]
+BUSY = ("import time\nend = time.process_time() + 1.0\nwhile time.process_time() < end:\n    pass\n"
+        "print('done', flush=True)\ntime.sleep(30)")
+
+
+@pytest.fixture(scope="module")
+def loader_speed():
+    spec = importlib.util.spec_from_file_location("loader_speed", REPO / "benchmarks" / "loader_speed.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def burn_in_child(then) -> float:  # noqa: ANN001 - a callable of the child's pid
+    """Start a child that burns 1 CPU-second, wait for it, return ``then(pid)`` read before and after, and stop it."""
+    child = subprocess.Popen([sys.executable, "-c", BUSY], stdout=subprocess.PIPE, text=True)
+    try:
+        before = then(child.pid)
+        assert child.stdout.readline().strip() == "done"
+        return then(child.pid) - before
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_busy_child_is_the_loaders_cpu_unless_it_is_the_store(loader_speed):
+    assert burn_in_child(lambda pid: loader_speed.cpu_seconds()) > 0.8
+    assert burn_in_child(lambda pid: loader_speed.cpu_seconds(frozenset({pid}))) < 0.3
+    assert burn_in_child(lambda pid: loader_speed.store_cpu_seconds(frozenset({pid}))) > 0.8
+
+
+def test_a_thread_of_this_process_counts(loader_speed):
+    def spin() -> None:
+        end = time.thread_time() + 0.5
+        while time.thread_time() < end:
+            pass
+
+    start = loader_speed.cpu_seconds()
+    worker = threading.Thread(target=spin)
+    worker.start()
+    worker.join()
+    assert loader_speed.cpu_seconds() - start > 0.4
