@@ -207,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="impulsevit probe",
         description="Linear-probe and k-NN accuracy of frozen features: SOURCE's weights in the recipe's model, "
                     "on the recipe's data; other arguments are fit overrides (--data.init_args.X=...).")
-    parser.add_argument("source", help="a run's checkpoint, an exported folder, hf-hub:ORG/NAME, ARCH.TAG or a "
-                                       ".safetensors / .pth file (as model.pretrained)")
+    parser.add_argument("source", help="a run's checkpoint or run folder, an exported folder, hf-hub:ORG/NAME, "
+                                       "ARCH.TAG or a .safetensors / .pth file (as model.pretrained)")
     parser.add_argument("--k", type=int, default=20, help="neighbours of the k-NN vote (default 20, as DINO)")
     parser.add_argument("--temperature", type=float, default=0.07, help="k-NN vote temperature (default 0.07)")
     parser.add_argument("--C", type=float, default=1.0, help="inverse L2 strength of the logistic regression")

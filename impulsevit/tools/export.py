@@ -59,7 +59,7 @@ from impulsevit.tools.checkpoint_model import (
     run_record,
     timm_create_kwargs,
 )
-from impulsevit.training.checkpointing import atomic_torch_save
+from impulsevit.training.checkpointing import atomic_torch_save, run_folder_checkpoint
 
 __all__ = ["EXPORT_FILES", "backbone_state_dict", "build_model", "data_config", "export_checkpoint",
            "export_folder", "is_export_folder", "load_checkpoint_file", "main", "model_card", "push_to_hub",
@@ -245,6 +245,7 @@ def export_folder(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike, ema:
     from timm.models import save_for_hf
 
     out = Path(out_dir)
+    ckpt_path = run_folder_checkpoint(ckpt_path) or ckpt_path
     claim_output(out, overwrite, "folder", what="OUT", replaceable=is_export_folder, ours="export")
     ckpt = load_checkpoint_file(ckpt_path, trust=trust)
     model = build_model(ckpt, ema=ema, source=f"checkpoint {ckpt_path}")
@@ -281,6 +282,7 @@ def export_checkpoint(ckpt_path: str | os.PathLike, out_path: str | os.PathLike,
             ``overwrite``; the tensors do not fit the model the hyperparameters name (:func:`build_model`, checked
             before anything is written).
     """
+    ckpt_path = run_folder_checkpoint(ckpt_path) or ckpt_path
     claim_output(out_path, overwrite, "file", what="OUT")
     ckpt = load_checkpoint_file(ckpt_path, trust=trust)
     state = backbone_state_dict(ckpt, ema=ema)
@@ -353,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Write a timm model folder (config.json with the run's data config and class names, "
                     "model.safetensors, a model card) or a plain state dict from a checkpoint; load the folder with "
                     "timm.create_model('local-dir:OUT', pretrained=True).")
-    parser.add_argument("ckpt", help="Lightning checkpoint file or FSDP2 checkpoint folder")
+    parser.add_argument("ckpt", help="Lightning checkpoint file, FSDP2 checkpoint folder, or a run folder (the "
+                                     "checkpoint --resume auto would pick in it)")
     parser.add_argument("out", help="output folder (folder format) or .pth file (state-dict format)")
     parser.add_argument("--ema", action="store_true", help="export the EMA weights instead of the raw ones")
     parser.add_argument("--format", choices=("folder", "state-dict"), default=None,
@@ -377,6 +380,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.format != "folder":
                 raise ConfigError("--push-to-hub needs --format folder")
             check_repo_id(args.push_to_hub)
+        resolved = run_folder_checkpoint(args.ckpt)
+        if resolved is not None:
+            print(f"impulsevit export: {args.ckpt} is a run folder: exporting {resolved}")
+            args.ckpt = str(resolved)
         if args.format == "state-dict":
             info = export_checkpoint(args.ckpt, args.out, ema=args.ema, overwrite=args.overwrite, trust=trust)
         else:

@@ -39,8 +39,9 @@ __all__ = ["find_images", "load_predictor", "main", "predict_folder"]
 
 def load_predictor(path: str | os.PathLike, ema: bool = False,
                    trust: bool | None = None) -> tuple[nn.Module, dict[str, Any], list[str]]:
-    """``(model in eval mode, timm data config, class names)`` for a checkpoint or an exported folder (a checkpoint
-    is read through :mod:`impulsevit.safe_load`; ``trust``: see :func:`impulsevit.safe_load.load_checkpoint`).
+    """``(model in eval mode, timm data config, class names)`` for a checkpoint, a run folder (the checkpoint
+    ``--resume auto`` would pick in it) or an exported folder (a checkpoint is read through
+    :mod:`impulsevit.safe_load`; ``trust``: see :func:`impulsevit.safe_load.load_checkpoint`).
 
     Raises:
         FileNotFoundError / ValueError / KeyError: the path is missing, unreadable or not a model (names it).
@@ -61,9 +62,13 @@ def load_predictor(path: str | os.PathLike, ema: bool = False,
             why = state_dict_mismatch(e) or (str(e).splitlines() or [type(e).__name__])[0]
             raise ValueError(f"{path} is not a loadable timm model folder: {why}") from e
     else:
+        from impulsevit.training.checkpointing import run_folder_checkpoint
+
+        path = run_folder_checkpoint(path) or path  # a run folder: the checkpoint --resume auto would pick
         if path.is_dir() and not (path / ".metadata").is_file():
-            raise ConfigError(f"{path} is not an exported model folder (no config.json) nor a checkpoint (a .ckpt "
-                              f"file, or a distributed checkpoint folder holding .metadata)")
+            raise ConfigError(f"{path} is not an exported model folder (no config.json), a run folder (no "
+                              f"checkpoints/) nor a checkpoint (a .ckpt file, or a distributed checkpoint folder "
+                              f"holding .metadata)")
         from impulsevit.tools.checkpoint_model import build_model, data_config, load_checkpoint_file, run_record
 
         ckpt = load_checkpoint_file(path, trust=trust)

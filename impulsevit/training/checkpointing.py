@@ -256,6 +256,25 @@ def dangling_links(run_dir: str | os.PathLike, extra_dirs: tuple[str | os.PathLi
     return sorted(p for d in dirs for p in d.glob("*.ckpt") if p.is_symlink() and not p.exists())
 
 
+def run_folder_checkpoint(path: str | os.PathLike) -> Path | None:
+    """Where a checkpoint is expected (``impulsevit export``, ``predict``, ``model.pretrained``), a run folder stands
+    for the checkpoint ``--resume auto`` would pick in it (:func:`latest_checkpoint`): that checkpoint when ``path``
+    is a run folder — a folder holding ``checkpoints/`` and no distributed checkpoint's ``.metadata`` — else None (a
+    file, a distributed checkpoint folder, an exported model folder: the caller's own checks apply).
+
+    Raises:
+        ConfigError: a run folder with no complete checkpoint (names the folder and what it looked for).
+    """
+    path = Path(path)
+    if not path.is_dir() or (path / ".metadata").is_file() or not (path / "checkpoints").is_dir():
+        return None
+    found = latest_checkpoint(path)
+    if found is None:
+        raise ConfigError(f"{path} is a run folder with no complete checkpoint in {path / 'checkpoints'} (the run "
+                          f"stopped before its first checkpoint?); give a .ckpt file")
+    return found
+
+
 def latest_checkpoint(run_dir: str | os.PathLike, extra_dirs: tuple[str | os.PathLike, ...] = ()) -> Path | None:
     """The furthest complete checkpoint of a run directory (see :func:`checkpoint_candidates`), or ``None``."""
     for candidate in checkpoint_candidates(run_dir, extra_dirs):

@@ -5,6 +5,8 @@ Sources (:func:`resolve_source`), tried in this order:
 
 - ``hf-hub:ORG/NAME`` (``@REV`` optional): the repo's ``model.safetensors`` (else ``pytorch_model.bin``), fetched with
   ``huggingface_hub.hf_hub_download`` (endpoint ``HF_ENDPOINT``, cache and token as for timm);
+- a run folder (one holding ``checkpoints/``): the checkpoint ``--resume auto`` would pick in it
+  (:func:`~impulsevit.training.checkpointing.run_folder_checkpoint`), read as a checkpoint file is;
 - ``local-dir:PATH`` or a folder path: a timm model folder (what ``impulsevit export`` writes, or timm's
   ``save_for_hf``): its ``model.safetensors`` (else ``pytorch_model.bin``);
 - a file: ``.safetensors``, or a ``torch.save`` file (``.pth`` / ``.pt`` / ``.bin`` / ``.ckpt``: a plain state dict, a
@@ -55,6 +57,7 @@ from torch import nn
 from impulsevit.errors import ConfigError
 from impulsevit.init import InitReport
 from impulsevit.safe_load import UntrustedFileError, load_checkpoint
+from impulsevit.training.checkpointing import run_folder_checkpoint
 
 __all__ = ["FROM_WEIGHTS", "NOT_CHECKED", "SourceConfig", "WeightsSource", "architecture_settings",
            "check_architecture", "check_fits", "freeze_backbone", "load_into", "read_state_dict", "reinit_parts",
@@ -80,9 +83,9 @@ class SourceConfig:
 
 @dataclass
 class WeightsSource:
-    """A resolved ``model.pretrained``: what the user wrote (``spec``), its kind (``hf-hub``, ``folder``, ``file``,
-    ``timm``), the local weights file, its sha256 (hex), the source's class names and the architecture it records
-    (``config``; None: it records none, as a bare ``.safetensors`` / ``.pth`` file) when it has them."""
+    """A resolved ``model.pretrained``: what the user wrote (``spec``), its kind (``hf-hub``, ``folder``, ``run``,
+    ``file``, ``timm``), the local weights file, its sha256 (hex), the source's class names and the architecture it
+    records (``config``; None: it records none, as a bare ``.safetensors`` / ``.pth`` file) when it has them."""
 
     spec: str
     kind: str
@@ -226,6 +229,8 @@ def resolve_source(spec: str) -> WeightsSource:
             path, cfg = _hub_file(spec[len("hf-hub:"):], spec)
         kind = "hf-hub"
         labels, config = _folder_config(cfg.parent) if cfg is not None else (None, None)
+    elif not spec.startswith("local-dir:") and (run := run_folder_checkpoint(Path(spec).expanduser())) is not None:
+        path, kind = run, "run"  # a run folder: the checkpoint --resume auto would pick in it, read as a file is
     elif spec.startswith("local-dir:") or Path(spec).is_dir():
         folder = Path(spec[len("local-dir:"):] if spec.startswith("local-dir:") else spec).expanduser()
         if not folder.is_dir():

@@ -78,6 +78,7 @@ COMMANDS: dict[str, Form] = {
     "impulsevit probe runs/pre/checkpoints/last.ckpt --recipe cpu_digits_finetune": run(  # features of 256 + 128
         "--data.init_args.backend=torchvision", "--data.init_args.train_subset=256", "--data.init_args.val_subset=128"),
     "impulsevit export runs/quickstart/checkpoints/last.ckpt vit/ [--ema]": run(),
+    "impulsevit export runs/quickstart vit-latest/": run(),  # a run folder: the checkpoint --resume auto picks
     "impulsevit predict vit/ my_images/ --out predictions.csv": run(),
     "impulsevit runs [runs/] [--status failed,preempted] [--recipe R] [--json]": run(),
     "impulsevit recipes": run(),

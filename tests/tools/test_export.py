@@ -11,6 +11,7 @@ synthetic recipe.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import shutil
 import subprocess
@@ -311,6 +312,43 @@ def test_export_errors_name_the_problem(trained, tmp_path, capsys):
     assert main(["export", str(_last(trained)), str(tmp_path / "x"), "--push-to-hub", "no-slash"]) == 2
     assert "expected ORG/NAME" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_run_folder_stands_for_the_checkpoint_resume_auto_picks(trained, vit_run, tmp_path, capsys):
+    """export (both formats), predict and fit --model.pretrained take a run folder where they take a checkpoint: its
+    latest complete checkpoint (what --resume auto picks), said in one line by export; a run folder with no
+    checkpoint is one line, exit 2, nothing written."""
+    from impulsevit.training.checkpointing import latest_checkpoint, run_folder_checkpoint
+
+    assert run_folder_checkpoint(trained) == latest_checkpoint(trained) is not None
+    assert run_folder_checkpoint(_last(trained)) is None and run_folder_checkpoint(tmp_path) is None
+    _export(trained, tmp_path / "from_run")
+    assert f"{trained} is a run folder: exporting {latest_checkpoint(trained)}" in capsys.readouterr().out
+    _export(_last(trained), tmp_path / "from_ckpt")
+    a, b = (load_file(tmp_path / d / "model.safetensors") for d in ("from_run", "from_ckpt"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert main(["export", str(trained), str(tmp_path / "sd.pth")]) == 0
+    assert torch.load(tmp_path / "sd.pth", weights_only=True).keys() == a.keys()
+
+    run_dir, root = vit_run[1], vit_run[3]
+    by_run, by_ckpt = tmp_path / "run.csv", tmp_path / "ckpt.csv"
+    assert main(["predict", str(run_dir), str(root / "val"), "--out", str(by_run)]) == 0
+    assert main(["predict", str(latest_checkpoint(run_dir)), str(root / "val"), "--out", str(by_ckpt)]) == 0
+    assert by_run.read_text() == by_ckpt.read_text()
+
+    runs = tmp_path / "runs"
+    run_cli(*tiny(runs, "ft", "--trainer.max_epochs=1", f"--model.pretrained={trained}"))
+    record = json.loads((runs / "ft" / "run.json").read_text())["pretrained"]
+    assert record["source"] == str(trained)
+    assert record["sha256"] == hashlib.sha256(latest_checkpoint(trained).read_bytes()).hexdigest()
+
+    empty = tmp_path / "stopped"
+    (empty / "checkpoints").mkdir(parents=True)
+    capsys.readouterr()
+    assert main(["export", str(empty), str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a run folder with no complete checkpoint" in err[0], err
+    assert not (tmp_path / "none").exists()
 
 
 def test_run_record_survives_a_resume(tmp_path):
