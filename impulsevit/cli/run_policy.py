@@ -12,7 +12,7 @@ from lightning.pytorch import Trainer
 from impulsevit.errors import ConfigError, RunDirError
 from impulsevit.io import child_path
 from impulsevit.run.rundir import RUN_NAME_RULE, clear_run, existing_run
-from impulsevit.training.checkpointing import dangling_links, resume_candidate, run_limits
+from impulsevit.training.checkpointing import dangling_links, resume_candidate, run_folder_checkpoint, run_limits
 
 log = logging.getLogger("impulsevit")
 
@@ -29,7 +29,9 @@ def run_dir_of(runs_dir: str | os.PathLike, name: str | None) -> Path:
 
 def resume_checkpoint(resume: str, run_dir: Path, sub: str, trainer: Trainer,
                       extra_dirs: tuple[str, ...] = ()) -> Path | None:
-    """The checkpoint ``--resume RESUME`` names for subcommand ``sub``: a path (which must exist), or for ``auto`` the
+    """The checkpoint ``--resume RESUME`` names for subcommand ``sub``: a path (which must exist; a run folder stands
+    for its latest complete checkpoint, :func:`~impulsevit.training.checkpointing.run_folder_checkpoint`), or for
+    ``auto`` the
     newest usable one in ``run_dir`` / ``extra_dirs`` (the ones passed over are logged with the reason; a checkpoint
     of a smoke run with other ``trainer`` limits is one). None: ``fit`` starts fresh.
 
@@ -42,7 +44,10 @@ def resume_checkpoint(resume: str, run_dir: Path, sub: str, trainer: Trainer,
             raise ConfigError(f"--resume {resume!r}: a broken link (to {os.readlink(path)}, which does not exist)")
         if not path.exists():
             raise ConfigError(f"--resume {resume!r}: no such checkpoint")
-        return path
+        run = run_folder_checkpoint(path)
+        if run is not None:
+            log.info("impulsevit: --resume %s is a run folder: its latest checkpoint %s", resume, run)
+        return path if run is None else run
     for link in dangling_links(run_dir, extra_dirs):
         log.warning("impulsevit: --resume auto: skipped %s: a broken link (to %s)", link, os.readlink(link))
     path, skipped = resume_candidate(run_dir, extra_dirs=extra_dirs, limits=run_limits(trainer))

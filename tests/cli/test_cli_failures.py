@@ -23,6 +23,7 @@ from _cli_helpers import TINY, scalars, tiny
 
 from impulsevit.cli import main
 from impulsevit.run.rundir import LOCK_NAME
+from impulsevit.training.checkpointing import latest_checkpoint
 
 pytestmark = pytest.mark.slow  # trains, starts processes or converts data (tests/README.md, Lanes)
 
@@ -263,6 +264,11 @@ def test_resume_checkpoint_that_does_not_fit_names_the_differing_settings(tmp_pa
     assert f"--resume {truncated}: not a readable checkpoint (truncated" in error_line(capsys)
     assert main(fit(tmp_path, "t", f"--resume={tmp_path / 'missing.ckpt'}")) == 2
     assert "no such checkpoint" in error_line(capsys)
+    # a run folder stands for its latest checkpoint: the same check, the same refusal, naming that checkpoint
+    latest = latest_checkpoint(tmp_path / "small")
+    assert main(fit(tmp_path, "wide2", f"--resume={tmp_path / 'small'}", "--model.backbone_kwargs.embed_dim=32")) == 2
+    assert f"--resume {latest} does not fit the model" in error_line(capsys)
+    assert main(fit(tmp_path, "small", f"--resume={tmp_path / 'small'}", sub="test")) == 0
 
 
 def test_read_only_runs_dir_is_one_line(tmp_path, capsys):
