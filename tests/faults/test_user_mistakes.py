@@ -134,7 +134,7 @@ CASES: list[tuple[str, Callable[[Ctx], list[str]], list[str], int, tuple[str, ..
      ("impulsevit predict: error:", "data.batch_size must be >= 1")),
     # ---- predict MODEL IMAGES
     ("predict-folder-without-config", lambda c: ["predict", str(c.tmp / "adir"), str(c.tmp / "imgs")], [], 2,
-     ("adir is not an exported model folder (no config.json) nor a checkpoint",)),
+     ("adir is not an exported model folder (no config.json), a run folder (no checkpoints/) nor a checkpoint",)),
     ("predict-missing-images", lambda c: ["predict", str(c.ckpt), str(c.tmp / "nothere")], [], 2,
      ("impulsevit predict: error:", "nothere")),
     ("predict-state-dict-mismatch", lambda c: ["predict", str(c.tmp / "mismatch"), str(c.tmp / "imgs"),
