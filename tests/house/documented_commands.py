@@ -136,6 +136,13 @@ COMMANDS: dict[str, Form] = {
     "impulsevit study --recipe cpu_fmnist_mixer --methods impulse --seeds 5 --name mixer-onetap-g0085 "
     "--model.init.options.layout=one_tap --model.init.options.gain_in=0.085": dry(),
     "impulsevit study --recipe cpu_fmnist_mixer --methods torch --seeds 5 --name mixer-torch": dry(),
+    "impulsevit study --recipe cpu_fmnist_mixer --methods torch --seeds 5 --name mix-torch": dry(),
+    "impulsevit study --recipe cpu_fmnist_mixer --methods impulse --seeds 5 --name mix-perm0085 "
+    "--model.init.options.layout=one_tap --model.init.options.gain_in=0.085 --model.init.options.tap=permutation":
+        dry(),
+    "impulsevit study --recipe cpu_fmnist_mixer --methods impulse --seeds 5 --name mix-add029 "
+    "--model.init.options.layout=one_tap --model.init.options.gain_in=0.29 --model.init.options.gain_out=0.29 "
+    "--model.init.options.combine=add": dry(),
     "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods impulse --seeds 3 --name si-cal-released": dry(),
     "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods impulse --seeds 3 --name si-cal-calibration "
     "--model.init.options.pseudo_input=calibration --model.init.options.calibration_ridge=1": dry(),
