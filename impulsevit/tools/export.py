@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     dc = info["data_config"]
     pre = "import impulsevit.models; " if _needs_impulsevit(info["backbone"]) else ""
-    print(f"wrote {args.out}/ (config.json, model.safetensors, README.md): {info['backbone']}, "
+    print(f"wrote {args.out.rstrip('/') or '/'}/ (config.json, model.safetensors, README.md): {info['backbone']}, "
           f"{info['params']:,} parameters, {info['num_classes']} classes, input {dc['input_size'][1]} px, "
           f"mean {tuple(round(m, 4) for m in dc['mean'])}, std {tuple(round(s, 4) for s in dc['std'])}, "
           f"{dc['interpolation']}, crop_pct {dc['crop_pct']}\n"
