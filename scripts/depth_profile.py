@@ -269,6 +269,30 @@ def figure(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+BAD_INPUT = (ValueError, TypeError, FileNotFoundError, KeyError, AttributeError)
+"""What a bad recipe, variant, option or missing dataset raises here: one line and exit 2 (:func:`bad_input`)."""
+
+
+def bad_input(exc: BaseException) -> int:
+    """Print ``exc`` as the one ``depth_profile: ...`` line on stderr; the exit status 2."""
+    print(f"depth_profile: {' '.join(str(exc).split())}", file=sys.stderr)
+    return 2
+
+
+def checked_variants(recipe: str, texts: list[str], allow_torch: bool = False) -> tuple[list[tuple[str, dict]],
+                                                                                      torch.nn.Module]:
+    """``(variants, the recipe's model)``: each ``--variant`` parsed (:func:`parse_variant`; ``torch``, PyTorch's
+    init, only with ``allow_torch``) and every impulse variant's options checked on the model before any work."""
+    from impulsevit.init.api import check_options_for
+
+    variants = [("torch", {}) if allow_torch and v == "torch" else parse_variant(v) for v in texts]
+    model = build(recipe)
+    for label, options in variants:
+        if not (allow_torch and label == "torch"):
+            check_options_for(model, "impulse", options)
+    return variants, model
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", default="cpu_fmnist_vit_smallimg")
@@ -292,72 +316,38 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead: per ViT variant and block, the softmax's saturation on real images and the first "
                          "step's W_q/W_k gradient (e.g. --variant default --variant calibration:calibration_ridge=1.0)")
     args = ap.parse_args(argv)
-    if args.saturation:
+    table = next((name for name in ("saturation", "mixer_strength", "maps") if getattr(args, name)), None)
+    if table is not None:
         try:
-            variants = [parse_variant(v) for v in (args.variant or ["default"])]
-            model = build(args.recipe)
-            from impulsevit.init.api import check_options_for
-
-            for _, options in variants:
-                check_options_for(model, "impulse", options)
+            strength = table == "mixer_strength"
+            variants, model = checked_variants(args.recipe, args.variant or ["torch" if strength else "default"],
+                                               allow_torch=strength)
             images = fashion_mnist(args.images, image_size(model))
-            print(saturation(args.recipe, variants, images, fashion_mnist_labels(args.images), args.seed))
-        except (ValueError, TypeError, FileNotFoundError, KeyError, AttributeError) as e:
-            print(f"depth_profile: {' '.join(str(e).split())}", file=sys.stderr)
-            return 2
-        return 0
-    if args.mixer_strength:
-        try:
-            variants = [("torch", {}) if v == "torch" else parse_variant(v) for v in (args.variant or ["torch"])]
-            model = build(args.recipe)
-            from impulsevit.init.api import check_options_for
-
-            for label, options in variants:
-                if label != "torch":
-                    check_options_for(model, "impulse", options)
-            images = fashion_mnist(args.images, image_size(model))
-            print(mixer_strength(args.recipe, variants, images, args.seed))
-        except (ValueError, TypeError, FileNotFoundError, KeyError, AttributeError) as e:
-            print(f"depth_profile: {' '.join(str(e).split())}", file=sys.stderr)
-            return 2
-        return 0
-    if args.maps:
-        try:
-            variants = [parse_variant(v) for v in (args.variant or ["default"])]
-            model = build(args.recipe)
-            from impulsevit.init.api import check_options_for
-
-            for _, options in variants:
-                check_options_for(model, "impulse", options)
-            images = fashion_mnist(args.images, image_size(model))
-            print(maps_profile(args.recipe, variants, images, args.seed))
-        except (ValueError, TypeError, FileNotFoundError, KeyError) as e:
-            print(f"depth_profile: {' '.join(str(e).split())}", file=sys.stderr)
-            return 2
+            if table == "saturation":
+                print(saturation(args.recipe, variants, images, fashion_mnist_labels(args.images), args.seed))
+            elif strength:
+                print(mixer_strength(args.recipe, variants, images, args.seed))
+            else:
+                print(maps_profile(args.recipe, variants, images, args.seed))
+        except BAD_INPUT as e:
+            return bad_input(e)
         return 0
     if args.mixer is not None:
         try:
             model = build(args.recipe)
             images = fashion_mnist(args.images, image_size(model))
             print(mixer_profile(args.recipe, args.mixer or ["factored", "one_tap"], images, args.seed))
-        except (ValueError, TypeError, FileNotFoundError, KeyError, AttributeError) as e:
-            print(f"depth_profile: {' '.join(str(e).split())}", file=sys.stderr)
-            return 2
+        except BAD_INPUT as e:
+            return bad_input(e)
         return 0
     try:
-        variants = [parse_variant(v) for v in (args.variant or ["default", "propagated"])]
         if args.images < 1:
             raise ValueError(f"--images must be >= 1, got {args.images}")
-        model = build(args.recipe)
-        from impulsevit.init.api import check_options_for
-
-        for _, options in variants:  # every variant's options checked before any work
-            check_options_for(model, "impulse", options)
+        variants, model = checked_variants(args.recipe, args.variant or ["default", "propagated"])
         images = fashion_mnist(args.images, image_size(model))
         results = profile(args.recipe, variants, images, args.seed)
-    except (ValueError, TypeError, FileNotFoundError, KeyError) as e:
-        print(f"depth_profile: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+    except BAD_INPUT as e:
+        return bad_input(e)
     for label, table in results.items():
         print(f"\n{label} (impulse seed {args.seed}, {args.images} Fashion-MNIST test images, {args.recipe})")
         print(table.markdown() if args.markdown else table.table())
