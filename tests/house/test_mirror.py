@@ -12,6 +12,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from _scripts import load_script
+
 TESTS = Path(__file__).resolve().parents[1]
 PKG = TESTS.parent / "impulsevit"
 CROSS_CUTTING = {"e2e", "faults", "house"}
@@ -102,11 +104,7 @@ def test_files_that_start_the_command_or_a_cluster_are_slow_as_a_whole():
 def test_the_long_groups_name_test_files():
     """conftest.py's ``LONG_GROUPS`` start first under ``--dist loadgroup``: each names a test file (its group) or the
     SLURM files' group, so a renamed file cannot drop out of the order unnoticed."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("tests_conftest", TESTS / "conftest.py")
-    conftest = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(conftest)
+    conftest = load_script(TESTS / "conftest.py", "tests_conftest")
     names = {rel.name for rel in _test_files()} | {"slurm"}
     assert [g for g in conftest.LONG_GROUPS if g not in names] == []
     assert len(set(conftest.LONG_GROUPS)) == len(conftest.LONG_GROUPS)

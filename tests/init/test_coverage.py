@@ -4,13 +4,13 @@ selection, and the generated table in the method card."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 import timm
 import torch
+from _scripts import load_script
 
 import impulsevit.init as ii
 from impulsevit.init.coverage import check_model, markdown_table, smallest_models
@@ -68,9 +68,7 @@ def test_card_holds_the_generated_table():
 
 
 def test_script_checks_named_models_and_writes_between_the_markers(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("init_coverage", REPO / "scripts" / "init_coverage.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("scripts/init_coverage.py")
     assert script.main(["--models", "mixer_s32_224"]) == 0
     out = capsys.readouterr().out
     assert "`mixer_s32_224`" in out and "applies (mixer)" in out

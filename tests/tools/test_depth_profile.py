@@ -4,11 +4,11 @@ is one line and exit 2."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
+from _scripts import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 FASHION = Path("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz")
@@ -18,10 +18,7 @@ pytestmark = pytest.mark.skipif(not FASHION.exists(), reason="Debian's dataset-f
 
 @pytest.fixture(scope="module")
 def depth_profile():
-    spec = importlib.util.spec_from_file_location("depth_profile", REPO / "scripts" / "depth_profile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/depth_profile.py")
 
 
 def _rows(text: str, variant: str) -> list[list[str]]:

@@ -4,7 +4,6 @@ they say."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import threading
@@ -12,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _scripts import load_script
 
 pytestmark = pytest.mark.slow  # starts processes (tests/README.md, Lanes)
 
@@ -22,10 +22,7 @@ BUSY = ("import time\nend = time.process_time() + 1.0\nwhile time.process_time()
 
 @pytest.fixture(scope="module")
 def loader_speed():
-    spec = importlib.util.spec_from_file_location("loader_speed", REPO / "benchmarks" / "loader_speed.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/loader_speed.py")
 
 
 def burn_in_child(then) -> float:  # noqa: ANN001 - a callable of the child's pid

@@ -10,6 +10,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from _scripts import load_script
 from PIL import Image
 from scipy.stats import ks_2samp
 from timm.data.auto_augment import _HPARAMS_DEFAULT, LEVEL_TO_ARG, NAME_TO_OP
@@ -38,14 +39,7 @@ def to_batch(arr: np.ndarray) -> torch.Tensor:
 
 def _load_benchmark():
     """``benchmarks/aug_fidelity.py`` as a module (its photos and pipelines are what these tests check)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[3] / "benchmarks" / "aug_fidelity.py"
-    spec = importlib.util.spec_from_file_location("aug_fidelity", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/aug_fidelity.py")
 
 
 BENCH = _load_benchmark()
