@@ -414,7 +414,7 @@ class ShardSource(ImageSource):
         for attempt in (0, 1):
             try:
                 chunk = int(np.searchsorted(self.chunk_ends(), j, side="right"))
-                if self._fetches():
+                if self._fetches() and self._columns.get(chunk) is None:  # a mapped chunk stays readable: no stat
                     self.fetch(chunk)
                 column = self._column(chunk)
                 if column is not None:
