@@ -31,7 +31,8 @@ backend's chunk cache (emptied before the warm-up epoch): both read as the litda
 decoder's draws and bicubic resample of the crop box, in ``num_workers`` threads of the process as the backend's default
 ``data.storage.loader=threads``, or ``--litdata-loader processes``: ``DataLoader`` worker processes), in the block order
 (``--block-size`` samples, ``--chunk-bytes`` chunks: whole chunks, the next block prefetched, chunks outside the live
-blocks deleted, so every epoch of the ``@s3`` row downloads the set again through a cache of a few blocks);
+blocks deleted, so every epoch of the ``@s3`` row downloads the set again through a cache of a few blocks; each
+remote row's ``cache peak`` line gives the largest its cache folder got, :class:`FolderPeak`, against the set's size);
 ``/ decode-limit`` is printed for them too.
 ``litdata:short256@s3-slow`` reads the same uploaded set as a distant store serves it: through
 :class:`ThrottledProxy` on 127.0.0.1 in front of the moto server (``--slow-latency-ms``, default 50 ms from each
@@ -63,10 +64,12 @@ which loses the eval resolution) is timed for comparison.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import os
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -161,6 +164,47 @@ def store_cpu_seconds(store: frozenset[int]) -> float:
         except psutil.Error:
             pass
     return total
+
+
+class FolderPeak:
+    """The largest total size (bytes) of the files directly in ``folder`` while the ``with`` block runs, sampled every
+    ``every_s`` seconds by a background thread (and once at each end): a remote row's chunk cache, temp files of
+    downloads in flight included. A file written and deleted between two samples is missed, so the peak is a lower
+    bound within one sample's worth of downloads; a missing folder counts as 0 bytes."""
+
+    def __init__(self, folder: Path, every_s: float = 0.01) -> None:
+        self.folder, self.every_s, self.peak = Path(folder), every_s, 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def size(self) -> int:
+        try:
+            with os.scandir(self.folder) as entries:
+                total = 0
+                for entry in entries:
+                    with contextlib.suppress(OSError):  # deleted between the listing and the stat
+                        if entry.is_file(follow_symlinks=False):
+                            total += entry.stat(follow_symlinks=False).st_size
+                return total
+        except FileNotFoundError:
+            return 0
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.peak = max(self.peak, self.size())
+
+    def __enter__(self) -> FolderPeak:
+        self.peak = max(self.peak, self.size())
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._watch, name="cache-peak", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join()
+        self.peak = max(self.peak, self.size())
 
 
 def time_epoch(loader: Iterable, consume: Callable[[torch.Tensor], None] = normalize_batch,
@@ -454,12 +498,13 @@ def through_endpoint(loader: torch.utils.data.DataLoader, endpoint: str) -> torc
 
 def interleaved(loaders: dict[str, Iterable], rounds: int,
                 consumers: dict[str, Callable[[torch.Tensor], None]] | None = None,
-                store: frozenset[int] = frozenset()) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+                store: frozenset[int] = frozenset(),
+                caches: dict[str, FolderPeak] | None = None) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
     """Median images/s of each loader over ``rounds`` timed epochs, interleaved (after one warm-up epoch each), and
     the median CPU milliseconds per image ``(loader, store)`` (:func:`time_epoch`; ``store``: the loopback store's
     process ids); ``consumers`` (by name; default :func:`normalize_batch`) is what the main thread does with each
-    batch."""
-    consumers = consumers or {}
+    batch; ``caches`` (by name): a :class:`FolderPeak` watching that row's chunk cache through its timed epochs."""
+    consumers, caches = consumers or {}, caches or {}
     for name, loader in loaders.items():
         time_epoch(loader, consumers.get(name, normalize_batch), store)
     names = list(loaders)
@@ -467,7 +512,9 @@ def interleaved(loaders: dict[str, Iterable], rounds: int,
     cpu: dict[str, list[tuple[float, float]]] = {name: [] for name in loaders}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            seconds, n, loader_cpu, store_cpu = time_epoch(loaders[name], consumers.get(name, normalize_batch), store)
+            with caches.get(name) or contextlib.nullcontext():
+                seconds, n, loader_cpu, store_cpu = time_epoch(loaders[name], consumers.get(name, normalize_batch),
+                                                               store)
             rates[name].append(n / seconds)
             cpu[name].append((1000 * loader_cpu / n, 1000 * store_cpu / n))
     return ({name: statistics.median(v) for name, v in rates.items()},
@@ -510,7 +557,8 @@ def main(argv: list[str] | None = None) -> float:
                    help=f"the {SLOW} row's proxy: MB/s per connection at most (decimal megabytes)")
     p.add_argument("--block-size", type=int, default=256,
                    help="the litdata rows' data.storage.block_size (samples; the backend's default is 65,536: a "
-                        "benchmark set is small, and a block ~10%% of it keeps the cache at a few blocks)")
+                        "benchmark set is small; the remote rows' cache holds the loader's lag plus two blocks, "
+                        "printed as 'cache peak')")
     p.add_argument("--litdata-loader", choices=("threads", "processes"), default="threads",
                    help="the litdata rows' loader (data.storage.loader): threads of this process (the default) or "
                         "DataLoader worker processes")
@@ -589,6 +637,7 @@ def main(argv: list[str] | None = None) -> float:
         log(f"\n{'size':>5} {'loader':<24} {'img/s':>7} {'img/s/core':>10} {'ratio':>6} {'data MiB':>9} "
             f"{'CPU ms/img':>10} {'store ms/img':>12}")
         for size in args.sizes:
+            caches: dict[str, FolderPeak] = {}  # the remote rows' chunk caches, watched through the timed epochs
             loaders: dict[str, Iterable] = {
                 "torchvision": torchvision_loader(tmp / "jpegs", size, args.workers, args.batch_size)}
             if not args.no_capped:
@@ -609,6 +658,8 @@ def main(argv: list[str] | None = None) -> float:
                 shutil.rmtree(tmp / "chunk-cache", ignore_errors=True)
                 for name, where in shard_dirs.items():  # each remote row its own chunk cache
                     cache = tmp / "chunk-cache" / name.split("@")[1] if "@" in name else None
+                    if cache is not None:
+                        caches[name] = FolderPeak(cache)
                     loaders[name] = litdata_loader(where, cache, size, args.workers, args.batch_size, args.block_size,
                                                    args.litdata_loader)
                 if not args.no_device and LOCAL in shard_dirs:
@@ -618,7 +669,8 @@ def main(argv: list[str] | None = None) -> float:
                 if proxy is not None:
                     through_endpoint(loaders[SLOW], proxy.endpoint)
             store = frozenset() if server is None else frozenset({server.proc.pid})
-            rates, cpu_ms = interleaved(loaders, args.rounds, {DEVICE: take_canvas, LOCAL_DEVICE: take_canvas}, store)
+            rates, cpu_ms = interleaved(loaders, args.rounds, {DEVICE: take_canvas, LOCAL_DEVICE: take_canvas}, store,
+                                        caches)
             data_mib = {"torchvision": src_bytes / 2**20, **{f"ffcv:{k}": v for k, v in mib.items()},
                         LIMIT: mib[DEFAULT_PRESET], DEVICE: mib[DEFAULT_PRESET]}
             if not args.no_litdata:
@@ -635,6 +687,9 @@ def main(argv: list[str] | None = None) -> float:
                 log(f"{size:>5} ratio {name} / {LIMIT}: {rates[name] / rates[LIMIT]:.2f} (img/s per worker core)")
             for name in [n for n in (S3, SLOW) if n in rates]:
                 log(f"{size:>5} ratio {name} / local: {rates[name] / rates[LOCAL]:.2f} (img/s)")
+            for name in [n for n in (S3, SLOW) if n in caches]:
+                log(f"{size:>5} cache peak: {name} {caches[name].peak / 2**20:.1f} MiB, "
+                    f"{100 * caches[name].peak / 2**20 / mib['litdata']:.0f} % of the shard set (timed epochs)")
             for name in [n for n in (S3, SLOW) if n in rates]:
                 loader_ms, store_ms = cpu_ms[name]
                 log(f"{size:>5} CPU per image: {name} {loader_ms:.2f} ms in the loader + {store_ms:.2f} ms in the "

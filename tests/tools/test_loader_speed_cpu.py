@@ -54,3 +54,22 @@ def test_a_thread_of_this_process_counts(loader_speed):
     worker.start()
     worker.join()
     assert loader_speed.cpu_seconds() - start > 0.4
+
+
+def test_the_cache_peak_is_the_largest_the_folder_got_while_watched(loader_speed, tmp_path):
+    """A file that appears and goes inside the block counts; what the folder holds before and after is the floor."""
+    folder = tmp_path / "cache"
+    watch = loader_speed.FolderPeak(folder, every_s=0.005)
+    with watch:  # the folder does not exist yet: 0
+        folder.mkdir()
+        (folder / "a").write_bytes(b"x" * 1000)
+        (folder / "b").write_bytes(b"x" * 3000)
+        time.sleep(0.1)
+        (folder / "b").unlink()
+        time.sleep(0.05)
+    assert watch.peak == 4000
+    (folder / "a").unlink()
+    with watch:  # a second block keeps the larger peak
+        pass
+    assert watch.peak == 4000
+    assert loader_speed.FolderPeak(folder).size() == 0
