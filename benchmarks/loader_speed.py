@@ -178,6 +178,7 @@ class FolderPeak:
         self._thread: threading.Thread | None = None
 
     def size(self) -> int:
+        """The total size (bytes) of the files directly in the folder now; 0 when it does not exist."""
         try:
             with os.scandir(self.folder) as entries:
                 total = 0
