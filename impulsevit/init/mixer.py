@@ -109,8 +109,10 @@ class MixerImpulseOptions(BaseOptions, OffsetOptions):
 
     def __post_init__(self) -> None:
         check_range("num_offsets", self.num_offsets, 1)
-        if self.layout != "one_tap" and (self.combine != "replace" or self.tap != "shift"):
-            raise ValueError(f"options 'combine' and 'tap' need layout='one_tap' (layout is {self.layout!r})")
+        if self.layout not in ("one_tap", "factored") and self.combine != "replace":
+            raise ValueError(f"option 'combine' needs layout='one_tap' or 'factored' (layout is {self.layout!r})")
+        if self.layout != "one_tap" and self.tap != "shift":
+            raise ValueError(f"option 'tap' needs layout='one_tap' (layout is {self.layout!r})")
 
 
 def one_tap_weights(
@@ -168,9 +170,9 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: MixerIm
         gain_in: value of the one-hot ``fc1`` entries (default 1.0).
         gain_out: value of the ``fc2`` routing / kernel taps (default ``1/√num_offsets``; one_tap: 1.0, the tap of
             the composite's linear part is ``gain_in·gain_out``).
-        combine: ``"replace"`` (default: the token MLP is the structure alone, biases zero) or ``"add"`` (one_tap
-            only: the one-tap weights are added to the ``base``'s token MLP and its biases stay, so the composite is
-            the base's random response plus the tap, with cross terms between the two).
+        combine: ``"replace"`` (default: the token MLP is the structure alone, biases zero) or ``"add"`` (one_tap and
+            factored: the layout's weights are added to the ``base``'s token MLP and its biases stay, so the composite
+            is the base's random response plus the tap or kernel, with cross terms between the two).
         tap: ``"shift"`` (default) or ``"permutation"`` (one_tap only, a control, not a method: each block's output
             token reads one input token of a random permutation instead of its neighbour — the same sparsity, signs,
             magnitudes and gain with no spatial structure).
@@ -228,7 +230,10 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: MixerIm
         else:
             w1, w2 = current("fc1.weight"), current("fc2.weight")
             block_offsets.append(list(offsets))
-            if layout == "factored":
+            if layout == "factored" and add:  # on top of the base's token MLP: its random composite plus the kernel
+                w1[:n] += gain_in * eye
+                w2[:, :n] += gain_out * sum(shifts)
+            elif layout == "factored":
                 w1[:n] = gain_in * eye
                 w2.zero_()
                 w2[:, :n] = gain_out * sum(shifts)
@@ -257,8 +262,8 @@ def impulse_mixer(model: nn.Module, generator: torch.Generator, options: MixerIm
                  else f"offsets over depth {[tuple(o[0]) for o in block_offsets]}")
         note += (f"; one tap per block (gain {gain_in * gain_out:g}), {where}; all {s} hidden units carry it (signs "
                  "alternate, magnitudes U(0.5, 1.5))")
-        if add:
-            note += f"; added to the base's token MLP ({opts.base}), whose biases stay"
+    if add:
+        note += f"; added to the base's token MLP ({opts.base}), whose biases stay"
     notes.append(note)
     notes.append(_centre_kernel_note(model, grid))
     if layout in ("blocks", "fc1_only") and num_offsets == 1:

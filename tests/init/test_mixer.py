@@ -8,7 +8,7 @@ import torch
 from timm.models.mlp_mixer import MlpMixer, ResBlock
 
 import impulsevit.init as ii
-from impulsevit.init.impulse import impulse_offsets
+from impulsevit.init.impulse import impulse_indicator, impulse_offsets
 from impulsevit.init.mixer import mixer_kernel_summary, mixer_token_kernel
 
 GRID = (8, 8)  # img 32, patch 4 -> N = 64 tokens
@@ -215,8 +215,30 @@ def test_one_tap_combine_add_keeps_the_torch_base_and_adds_the_tap():
         channels = added.blocks[block].mlp_channels.fc1.weight
         assert torch.equal(channels, torch_model.blocks[block].mlp_channels.fc1.weight)
     assert "added to the base's token MLP (torch)" in " ".join(report.notes)
-    with pytest.raises(ValueError, match="need layout='one_tap'"):
-        ii.initialize(make(), "impulse", layout="factored", combine="add", generator=0)
+    with pytest.raises(ValueError, match="'combine' .*needs layout='one_tap' or 'factored'"):
+        ii.initialize(make(), "impulse", layout="blocks", combine="add", generator=0)
+    with pytest.raises(ValueError, match="'tap' .*needs layout='one_tap'"):
+        ii.initialize(make(), "impulse", layout="factored", tap="permutation", generator=0)
+
+
+def test_factored_combine_add_is_the_torch_base_plus_the_kernel():
+    """``layout='factored', combine='add'``: fc1's first N rows gain ``gain_in·I`` and fc2's first N columns gain the
+    3×3 kernel ``gain_out·Σ_o S_o`` on top of the ``torch`` values for the seed; the rest and the biases stay the
+    base's."""
+    torch_model, added = make(blocks=2), make(blocks=2)
+    ii.initialize(torch_model, "torch", generator=0)
+    ii.initialize(added, "impulse", layout="factored", gain_in=0.2, gain_out=0.1, combine="add", generator=0)
+    grid = torch_model.stem.grid_size
+    n = grid[0] * grid[1]
+    kernel = sum(impulse_indicator(grid[0], grid[1], o) for o in impulse_offsets(9)).float()
+    for block in range(2):
+        base, both = (m.blocks[block].mlp_tokens for m in (torch_model, added))
+        d1 = both.fc1.weight.detach() - base.fc1.weight.detach()
+        d2 = both.fc2.weight.detach() - base.fc2.weight.detach()
+        assert torch.allclose(d1[:n], 0.2 * torch.eye(n), atol=1e-6) and d1[n:].abs().max() < 1e-6
+        assert torch.allclose(d2[:, :n], 0.1 * kernel, atol=1e-6) and d2[:, n:].abs().max() < 1e-6
+        for lin in ("fc1", "fc2"):
+            assert torch.equal(getattr(both, lin).bias, getattr(base, lin).bias)
 
 
 def test_token_jacobians_on_real_inputs():
