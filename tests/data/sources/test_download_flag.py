@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torchvision.datasets
+import yaml
 from _image_files import make_cifar
 from faults import harness
 from PIL import Image
@@ -38,8 +39,27 @@ def myimgs(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("recipe", ["quickstart", "cpu_fmnist_vit"])
+def _cpu_image_recipes() -> list[str]:
+    """Every shipped CPU recipe (``trainer.accelerator: cpu``) that reads images through ``ImageDataModule``."""
+    from impulsevit.run.recipes import available_recipes
+
+    out = []
+    for name, path in sorted(available_recipes().items()):
+        recipe = yaml.safe_load(path.read_text())
+        if recipe.get("trainer", {}).get("accelerator") == "cpu" and \
+                recipe["data"]["class_path"].endswith("ImageDataModule"):
+            out.append(name)
+    return out
+
+
+def test_the_image_folder_check_covers_the_cpu_recipes():
+    assert {"quickstart", "cpu_fmnist_vit", "cpu_fmnist_mixer", "cpu_digits_vit"} <= set(_cpu_image_recipes())
+
+
+@pytest.mark.parametrize("recipe", _cpu_image_recipes())
 def test_download_true_recipe_trains_on_an_image_folder(myimgs, tmp_path, recipe):
+    """Any CPU recipe trains on a user's own RGB folder of odd-sized PNGs (its size, channels and download flag
+    notwithstanding)."""
     before = harness.snapshot(myimgs)
     res = harness.run("fit", "--recipe", recipe, f"--data.init_args.root={myimgs}", *TINY_FIT,
                       f"--runs_dir={tmp_path / 'runs'}", "--name=own", cwd=tmp_path)
