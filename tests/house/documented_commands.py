@@ -143,6 +143,9 @@ COMMANDS: dict[str, Form] = {
     "impulsevit study --recipe cpu_fmnist_mixer --methods impulse --seeds 5 --name mix-add029 "
     "--model.init.options.layout=one_tap --model.init.options.gain_in=0.29 --model.init.options.gain_out=0.29 "
     "--model.init.options.combine=add": dry(),
+    "impulsevit study --recipe cpu_fmnist_mixer --methods impulse --seeds 5 --name mix-fadd-03-01 "
+    "--model.init.options.layout=factored --model.init.options.gain_in=0.3 --model.init.options.gain_out=0.1 "
+    "--model.init.options.combine=add": dry(),
     "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods impulse --seeds 3 --name si-cal-released": dry(),
     "impulsevit study --recipe cpu_fmnist_vit_smallimg --methods impulse --seeds 3 --name si-cal-calibration "
     "--model.init.options.pseudo_input=calibration --model.init.options.calibration_ridge=1": dry(),
