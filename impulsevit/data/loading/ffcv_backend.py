@@ -30,13 +30,14 @@ from impulsevit.data.loading.backends import Backend, DataSpec, check_train_spli
 from impulsevit.data.loading.ffcv_loader import FFCVLoader, build_ffcv_loader
 from impulsevit.data.loading.position import LoaderPosition, dist_info
 from impulsevit.data.sources.registry import get_dataset
-from impulsevit.data.storage.convert import convert_split
+from impulsevit.data.storage.convert import convert_split, source_stat, up_to_date
 from impulsevit.data.storage.integrity import BetonError, check_header, verify_beton
 from impulsevit.data.storage.manifest import identity_mismatches, manifest_path, read_manifest
-from impulsevit.errors import ConfigError
+from impulsevit.errors import ConfigError, UserError
 from impulsevit.io import claim_output
 
-__all__ = ["FFCVBackend", "beton_path", "check_betons", "convert_command", "splits_to_convert"]
+__all__ = ["FFCVBackend", "beton_path", "check_betons", "conversion_request", "convert_command", "current_manifest",
+           "splits_to_convert"]
 
 
 def root_tag(spec: DataSpec) -> str:
@@ -55,6 +56,33 @@ def beton_path(spec: DataSpec, split: str) -> Path:
     return spec.cache_dir / f"{spec.info.name}-{split}-{spec.preset.name}{sub}-{tag}.beton"
 
 
+def conversion_request(spec: DataSpec, split: str) -> dict:
+    """The request that the split's cached ``.beton`` records (and :func:`convert_command` writes): dataset, root,
+    split, subset."""
+    return {"dataset": spec.info.name, "root": root_tag(spec), "split": split, "subset": spec.subset(split)}
+
+
+def current_manifest(spec: DataSpec, split: str) -> dict | None:
+    """The manifest of the split's cached ``.beton`` when that file is this conversion of the split as it is now
+    (same request and preset, and the source's fingerprint unchanged: what :meth:`FFCVBackend.prepare` skips);
+    None when the file is missing or incomplete, or stale (e.g. the images of an ``imagefolder`` root were replaced,
+    which the cache name, a hash of the root path, does not see). A source that cannot be read now leaves the
+    complete file as the only evidence: its manifest is returned. A given ``.beton`` is not a cached one: its
+    manifest as it is (no size check: converted elsewhere). Costs what the up-to-date check of ``prepare`` costs:
+    the split's listing and a ``stat`` per file (array datasets: a content hash)."""
+    path = beton_path(spec, split)
+    if split in spec.betons:
+        return read_manifest(path, check_size=False)
+    manifest = read_manifest(path)
+    if manifest is None:
+        return None
+    try:
+        stat = source_stat(spec.load_source(split))
+    except (UserError, OSError, ValueError):
+        return manifest
+    return manifest if up_to_date(manifest, spec.preset, stat, conversion_request(spec, split), False) else None
+
+
 def convert_command(spec: DataSpec, split: str, workers: int | str | None = None) -> list[str]:
     """The ``impulsevit convert`` argv that writes exactly the ``.beton`` :meth:`FFCVBackend.prepare` would write
     for ``split`` (same path, preset, subset and request, so training then finds it up to date)."""
@@ -71,11 +99,11 @@ def convert_command(spec: DataSpec, split: str, workers: int | str | None = None
 
 
 def splits_to_convert(spec: DataSpec) -> list[str]:
-    """FFCV splits whose ``.beton`` is missing or incomplete (no valid manifest); empty for the torchvision backend
-    and for given files."""
+    """FFCV splits whose cached ``.beton`` is missing, incomplete or stale (:func:`current_manifest`); empty for the
+    torchvision backend and for given files."""
     if spec.backend != "ffcv" or spec.betons:
         return []
-    return [s for s in spec.splits() if read_manifest(beton_path(spec, s)) is None]
+    return [s for s in spec.splits() if current_manifest(spec, s) is None]
 
 
 def _canonical(manifest: dict) -> dict:
@@ -186,7 +214,7 @@ class FFCVBackend(Backend):
         claim_output(spec.cache_dir, False, "into", what="data.cache_dir")  # a file there: one line, not a traceback
         splits = spec.splits()
         if world_size > 1:
-            too_big = [s for s in splits if read_manifest(beton_path(spec, s)) is None
+            too_big = [s for s in splits if current_manifest(spec, s) is None
                        and spec.split_size(s) > spec.storage.convert_limit]
             if too_big:
                 commands = "\n".join("  " + shlex.join(convert_command(spec, s)) for s in too_big)
@@ -199,8 +227,7 @@ class FFCVBackend(Backend):
             convert_split(spec.load_source(split), beton_path(spec, split), spec.preset,
                           workers=max(1, spec.num_workers), on_error="skip", progress=False,
                           normalization=(spec.info.mean, spec.info.std),
-                          request={"dataset": spec.info.name, "root": root_tag(spec), "split": split,
-                                   "subset": spec.subset(split)})
+                          request=conversion_request(spec, split))
 
     def setup(self, stage: str | None, known_classes: list[str] | None) -> list[str] | None:
         """Check each split's file (present, integrity per ``storage.beton_check``, cached files' manifests against
@@ -250,12 +277,13 @@ class FFCVBackend(Backend):
         return self._loader(False, position, batch_size, device)
 
     def train_samples(self) -> int | None:
-        """A given ``.beton``'s manifest (else its header), a complete cached ``.beton``'s manifest, else the split's
-        published count or listing after ``train_subset``; None when the split cannot be read yet."""
+        """A given ``.beton``'s manifest (else its header), a cached ``.beton``'s manifest when it is current
+        (:func:`current_manifest`), else the split's published count or listing after ``train_subset``; None when
+        the split cannot be read yet."""
         spec = self.spec
         try:
             path = beton_path(spec, spec.train_split)
-            manifest = read_manifest(path, check_size=not spec.betons)
+            manifest = current_manifest(spec, spec.train_split)
             if manifest is not None:
                 return int(manifest["num_samples"])
             if spec.betons:

@@ -239,3 +239,41 @@ def test_transfer_skips_tensors_already_on_the_device():
     assert out[0] is x and out[1] is y
     moved = dm.transfer_batch_to_device((x.to(torch.float64), y), torch.device("meta"), 0)
     assert moved[0].device.type == "meta" and moved[1].device.type == "meta"
+
+
+def test_a_cached_beton_of_a_folder_whose_images_changed_is_converted_again_not_trusted(tmp_path):
+    """The cache name of a folder's ``.beton`` hashes the root path, not its images: after the user replaces the
+    images, the old file's manifest must not answer the checks made before conversion (``impulsevit fit``'s batch
+    check, ``submit``'s conversion plan). Through the real CLI: 6 images, then 14 in the same folder with a batch of
+    8 (the stale count would refuse it); the file is converted again and training reads the 14."""
+    from faults import harness
+
+    from impulsevit.data.loading.ffcv_backend import beton_path
+    from impulsevit.data.storage.manifest import read_manifest
+
+    root, cache = tmp_path / "my_folder", tmp_path / "cache"
+    for c in ("a", "b"):
+        for j in range(3):
+            save_jpeg(root / "train" / c / f"{j}.jpg", seed=j + 10 * len(c))
+        save_jpeg(root / "val" / c / "0.jpg", seed=99)
+
+    def fit(batch: int, name: str) -> harness.Result:
+        return harness.run("fit", "--recipe", "cpu_fmnist_vit", "--data.init_args.dataset=imagefolder",
+                           f"--data.init_args.root={root}", "--data.init_args.backend=ffcv",
+                           f"--data.init_args.cache_dir={cache}", f"--data.init_args.batch_size={batch}",
+                           "--data.init_args.num_workers=1", "--trainer.max_epochs=1",
+                           f"--runs_dir={tmp_path / 'runs'}", f"--name={name}", cwd=tmp_path)
+
+    first = fit(4, "six")
+    assert first.rc == 0, first.err[-3000:]
+    dm = ImageDataModule("imagefolder", root=str(root), backend="ffcv", batch_size=8, cache_dir=str(cache),
+                         image_size=28, train_subset=4000, val_subset=2000)
+    assert dm.train_samples() == 6 and dm.splits_to_convert() == []
+    for c in ("a", "b"):
+        for j in range(3, 7):
+            save_jpeg(root / "train" / c / f"{j}.jpg", seed=j + 10 * len(c))
+    assert dm.train_samples() == 14 and dm.splits_to_convert() == ["train"]
+    second = fit(8, "fourteen")
+    assert second.rc == 0, second.err[-3000:]
+    assert read_manifest(beton_path(dm.spec, "train"))["num_samples"] == 14
+    assert json.loads((tmp_path / "runs" / "fourteen" / "run.json").read_text())["total_steps"] == 1  # 14 // 8
