@@ -729,12 +729,18 @@ class LitDataBackend(TorchvisionBackend):
         return self._manifests[split]
 
     def cache_folder(self, split: str) -> Path | None:
-        """Where a remote split's chunks are cached: ``cache_dir/<hash of the URL>`` (None for a local set, read in
-        place)."""
+        """Where a remote split's chunks are cached: ``cache_dir/<hash of the URL and of the set's manifest>`` (None
+        for a local set, read in place). The manifest is part of the name because the cache outlives a run: a set
+        rewritten at the same URL (``convert --force``) may keep every chunk's name and size (fixed-size raw samples
+        in another ``--shuffle`` order), and a cache keyed by the URL alone would serve the old set's chunks. The old
+        set's folder is left as it is (another job may still read it)."""
+        import json
+
         where = self.location(split)
         if not objstore.is_remote(where):
             return None
-        return self.spec.cache_dir / hashlib.sha1(where.encode()).hexdigest()[:16]
+        identity = json.dumps(self.manifest(split), sort_keys=True)
+        return self.spec.cache_dir / hashlib.sha1(f"{where}\0{identity}".encode()).hexdigest()[:16]
 
     def _indices(self, split: str) -> np.ndarray:
         manifest, k = self.manifest(split), self.spec.subset(split)

@@ -469,3 +469,36 @@ def test_block_order_fetches_each_chunk_once_per_epoch_with_a_cache_of_a_few_blo
     with pytest.raises(DataError, match=rf"chunk {name} is 5 bytes where index.json says \d+ \(an interrupted"):
         source.fetch(other)
     assert not (source.cache_dir / name).exists()
+
+
+@pytest.mark.parametrize("order", ["block", "global"])
+def test_a_set_rewritten_at_the_same_address_is_not_read_from_the_old_sets_cached_chunks(store, tmp_path, order):
+    """The remote chunk cache outlives a run. A set rewritten at the same address (``convert --force``, here with
+    another ``--shuffle`` seed: fixed-size raw samples, so every chunk keeps its name and size) must be read from
+    the store, not from the old set's cached chunks: a second reader over the same cache folder gives what a reader
+    over an empty cache gives."""
+    src = ImageDataModule(backend="torchvision", **KW)
+
+    def write(seed: int) -> None:
+        for split in ("train", "test"):
+            write_shards(src.load_source(split), f"s3://{BUCKET}/rewritten/{split}", PRESETS["raw"], progress=False,
+                         log=lambda _: None, request={"dataset": "fashion_mnist", "split": split,
+                                                      "subset": 64 if split == "train" else 32},
+                         chunk_bytes="8KB", normalization=(src.mean, src.std), shuffle_seed=seed, force=True)
+
+    def epoch(cache: Path) -> tuple[list[dict], list]:
+        dm = ImageDataModule(backend="litdata", root=f"s3://{BUCKET}/rewritten", cache_dir=str(cache), order=order,
+                             storage={"block_size": 8}, **KW)
+        dm.setup("fit")
+        return dm.data_backend.sets["train"].source.chunk_table(), _batches(dm, True)
+
+    write(1)
+    old_table, old = epoch(tmp_path / "cache")
+    assert any((tmp_path / "cache").rglob("chunk-*.bin"))  # the old set's chunks are still cached
+    write(2)
+    table, again = epoch(tmp_path / "cache")
+    _, fresh = epoch(tmp_path / "empty-cache")
+    assert [(c["filename"], c.get("chunk_bytes")) for c in table] == \
+        [(c["filename"], c.get("chunk_bytes")) for c in old_table]  # nothing but the content tells the sets apart
+    assert not _same(old, fresh)
+    assert _same(again, fresh)
