@@ -181,11 +181,12 @@ def check_writable(location: str) -> None:
         _guard(location, "writing", s3_client().head_bucket, Bucket=bucket)
 
 
-def upload_file(local: str | os.PathLike, location: str) -> None:
+def upload_file(local: str | os.PathLike, location: str, client: Any = None) -> None:
     """Copy the local file ``local`` to the object ``location`` (boto3's managed transfer: multipart for large
-    files, one object appears whole or not at all).
+    files, one object appears whole or not at all); ``client``: a client of :func:`s3_client` to reuse (a new one
+    costs about 0.09 s of CPU here, more than uploading a small chunk).
 
     Raises:
         StoreError: as :func:`read_bytes`."""
     bucket, key = split_url(location)
-    _guard(location, "writing", s3_client().upload_file, str(local), bucket, key)
+    _guard(location, "writing", (client or s3_client()).upload_file, str(local), bucket, key)

@@ -275,10 +275,11 @@ def write_shards(source: ImageSource, dst: str, preset: Preset, *, on_error: OnE
             manifest["normalization"] = {"mean": [float(v) for v in normalization[0]],
                                          "std": [float(v) for v in normalization[1]]}
         if remote:
+            client = objstore.s3_client()  # one for the set's files
             for name in files:  # the data first, the manifest (the "complete" mark) last
-                objstore.upload_file(staging / name, objstore.join(dst, name))
+                objstore.upload_file(staging / name, objstore.join(dst, name), client)
             atomic_write_json(staging / MANIFEST_NAME, manifest)
-            objstore.upload_file(staging / MANIFEST_NAME, objstore.join(dst, MANIFEST_NAME))
+            objstore.upload_file(staging / MANIFEST_NAME, objstore.join(dst, MANIFEST_NAME), client)
         else:
             atomic_write_json(staging / MANIFEST_NAME, manifest)
             commit(staging, dst, replace_dir=True)
