@@ -20,8 +20,10 @@ from impulsevit.procs import forward_signals, popen
 from impulsevit.study.plan import (
     DEFAULT_METHODS,
     paper_numbers,
+    plan_conflicts,
     plan_entry_args,
     plan_runs,
+    recipe_digest,
     reference_method,
     run_args,
     study_header,
@@ -210,8 +212,8 @@ def _new_plan(args: argparse.Namespace, recipe_path: Path, overrides: list[str])
     methods = args.methods.split(",") if args.methods is not None else header["methods"] or DEFAULT_METHODS
     runs = plan_runs(list(dict.fromkeys(m.strip() for m in methods if m.strip())), args.seeds)
     plan = {
-        "recipe": str(recipe_path), "methods": list(dict.fromkeys(m for m, _, _ in runs)),
-        "seeds": args.seeds, "overrides": overrides,
+        "recipe": str(recipe_path), "recipe_sha256": recipe_digest(recipe_path),
+        "methods": list(dict.fromkeys(m for m, _, _ in runs)), "seeds": args.seeds, "overrides": overrides,
         "runs": [{"method": m, "seed": s, "name": n, "args": run_args(m, s, header["overrides"])} for m, s, n in runs],
     }
     if args.then is not None:
@@ -222,6 +224,19 @@ def _new_plan(args: argparse.Namespace, recipe_path: Path, overrides: list[str])
         check_tracker_overrides(then_args)
         plan["then"] = then_plan(resolve_recipe(args.then).resolve(), plan["runs"], then_args)
     return plan
+
+
+def _check_continues(study_dir: Path, stored: dict[str, Any], plan: dict[str, Any]) -> None:
+    """Refuse (one line, before anything is written or started) to continue a study whose runs were started under
+    other settings (:func:`~impulsevit.study.plan.plan_conflicts`): the finished ones would be skipped and reported
+    beside new ones as if one configuration. More seeds or methods continue it; a plan whose runs never started is
+    replaced."""
+    conflicts = plan_conflicts(stored, plan)
+    started = [r["name"] for r in stored.get("runs") or [] if _run_dir(study_dir, r).exists()]
+    if conflicts and started:
+        raise ConfigError(f"{study_dir / 'study.json'}: {len(started)} run(s) of this study were started with other "
+                          f"settings ({'; '.join(conflicts)}); continuing would report both as one: give the same "
+                          f"settings (--seeds and --methods may grow), or another --name")
 
 
 def _check_run_index(plan: dict[str, Any], run_index: int | None) -> None:
@@ -334,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         plan, stored = _new_plan(args, recipe_path, overrides), plan_file.exists() and args.run_index is not None
         if stored:
             plan = read_json(plan_file)
+        elif plan_file.exists():
+            _check_continues(study_dir, read_json(plan_file), plan)
     # checked before any run starts (a typo must not cost a study); without a plan (--collect on a folder that is not
     # a study) collect() below says what is missing
     reference = args.reference if plan is None else reference_method(

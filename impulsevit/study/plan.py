@@ -13,7 +13,7 @@ from impulsevit.errors import ConfigError
 from impulsevit.io import check_child_name
 
 __all__ = ["DEFAULT_METHODS", "plan_runs", "paper_numbers", "study_header", "run_args", "plan_entry_args",
-           "reference_method"]
+           "reference_method", "recipe_digest", "plan_conflicts"]
 
 DEFAULT_METHODS = ["impulse", "mimetic", "torch"]
 
@@ -125,3 +125,31 @@ def plan_entry_args(run: dict[str, Any]) -> list[str]:
     """A ``study.json`` plan entry's fit arguments (plans written before per-run ``args`` existed: method and seed
     only)."""
     return run["args"] if "args" in run else run_args(run["method"], int(run["seed"]))
+
+
+def recipe_digest(recipe_path: str | os.PathLike) -> str:
+    """SHA-256 of the recipe's settings (its YAML parsed, keys sorted: comments, layout and the file's place do not
+    count), recorded in ``study.json`` as ``recipe_sha256``."""
+    import hashlib
+    import json
+
+    settings = yaml.safe_load(Path(recipe_path).read_text())
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def plan_conflicts(stored: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """How the plan ``new`` would run differently what the plan ``stored`` (a study folder's ``study.json``)
+    already planned: the study's overrides, the recipe's settings (when both plans record ``recipe_sha256``), and
+    the arguments of each run both plans name. Empty when ``new`` only adds runs (more seeds, more methods) or plans
+    fewer. Pure: the caller decides what a conflict stops."""
+    out = []
+    if list(stored.get("overrides") or []) != list(new.get("overrides") or []):
+        out.append(f"overrides {stored.get('overrides') or []} then, {new.get('overrides') or []} now")
+    old_sha, new_sha = stored.get("recipe_sha256"), new.get("recipe_sha256")
+    if old_sha and new_sha and old_sha != new_sha:
+        out.append(f"the recipe's settings changed ({stored.get('recipe')} then, {new.get('recipe')} now)")
+    then = {r.get("name"): r.get("args") for r in stored.get("runs") or []}
+    for run in new.get("runs") or []:
+        if run["name"] in then and then[run["name"]] != run["args"]:
+            out.append(f"run {run['name']}: {then[run['name']]} then, {run['args']} now")
+    return out

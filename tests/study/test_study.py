@@ -150,6 +150,23 @@ def test_study_report_matches_logged_metrics_and_lists_failures(recipe: Path, tm
     assert table_rows(md, "| method |")["impulse"][:2] == ["1", mean_std([curves["impulse-s0"][-1]])]
     assert "impulse-s1 (running)" in md
 
+    # continuing the study: more seeds are planned beside the finished runs; other settings are refused before work
+    # (the finished runs would be skipped and reported beside new ones as one configuration)
+    base = ["--recipe", str(recipe), "--methods", "impulse,torch,nosuch", "--runs-dir", str(runs_dir)]
+    plan_text = (sdir / "study.json").read_text()
+    capsys.readouterr()
+    assert study.main([*base, "--seeds", "3", "--dry-run"]) == 0
+    assert "impulse-s2 (to run)" in capsys.readouterr().out
+    recipe.write_text(recipe.read_text() + "# a comment changes no setting\n")
+    assert study.main([*base, "--seeds", "2", "--dry-run"]) == 0
+    with pytest.raises(ConfigError, match=r"study.json: 6 run\(s\) of this study were started with other settings "
+                                          r"\(overrides \[\] then, \['--trainer.max_epochs=5'\] now\)"):
+        study.main([*base, "--seeds", "2", "--trainer.max_epochs=5"])
+    recipe.write_text(recipe.read_text().replace("lr: 3.0e-3", "lr: 1.0e-3"))
+    with pytest.raises(ConfigError, match=r"started with other settings \(the recipe's settings changed"):
+        study.main([*base, "--seeds", "2", "--dry-run"])
+    assert (sdir / "study.json").read_text() == plan_text
+
 
 def test_recipe_headers(tmp_path: Path) -> None:
     r = tmp_path / "r.yaml"
