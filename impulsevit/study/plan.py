@@ -139,8 +139,9 @@ def recipe_digest(recipe_path: str | os.PathLike) -> str:
 
 def plan_conflicts(stored: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """How the plan ``new`` would run differently what the plan ``stored`` (a study folder's ``study.json``)
-    already planned: the study's overrides, the recipe's settings (when both plans record ``recipe_sha256``), and
-    the arguments of each run both plans name. Empty when ``new`` only adds runs (more seeds, more methods) or plans
+    already planned: the study's overrides, the recipe's settings (when both plans record ``recipe_sha256``), the
+    arguments of each run both plans name, and the downstream stage's arguments and recipe (``--then``, when both
+    plans have one). Empty when ``new`` only adds runs (more seeds, more methods) or plans
     fewer. Pure: the caller decides what a conflict stops."""
     out = []
     if list(stored.get("overrides") or []) != list(new.get("overrides") or []):
@@ -148,6 +149,14 @@ def plan_conflicts(stored: dict[str, Any], new: dict[str, Any]) -> list[str]:
     old_sha, new_sha = stored.get("recipe_sha256"), new.get("recipe_sha256")
     if old_sha and new_sha and old_sha != new_sha:
         out.append(f"the recipe's settings changed ({stored.get('recipe')} then, {new.get('recipe')} now)")
+    old_then, new_then = stored.get("then") or {}, new.get("then") or {}
+    if old_then and new_then:
+        if list(old_then.get("args") or []) != list(new_then.get("args") or []):
+            out.append(f"--then-args {old_then.get('args') or []} then, {new_then.get('args') or []} now")
+        if old_then.get("recipe_sha256") and new_then.get("recipe_sha256") and \
+                old_then["recipe_sha256"] != new_then["recipe_sha256"]:
+            out.append(f"the --then recipe's settings changed ({old_then.get('recipe')} then, "
+                       f"{new_then.get('recipe')} now)")
     then = {r.get("name"): r.get("args") for r in stored.get("runs") or []}
     for run in new.get("runs") or []:
         if run["name"] in then and then[run["name"]] != run["args"]:

@@ -393,3 +393,19 @@ def test_attention_figure_and_table_use_the_recorded_epochs(tmp_path: Path) -> N
     end = statistics.mean([d0[2], d0[2] + 0.1])
     assert row[2].strip().endswith(f"→ {end:.3f} ± {statistics.stdev([d0[2], d0[2] + 0.1]):.3f}")
     assert f"{y[-1]:.3f}" == f"{end:.3f}"  # the table's end is the figure's last point
+
+
+def test_plan_conflicts_name_what_a_continued_study_would_change() -> None:
+    from impulsevit.study.plan import plan_conflicts
+
+    runs = [{"name": "impulse-s0", "args": ["--model.init.method=impulse"]}]
+    then = {"recipe": "r.yaml", "recipe_sha256": "a", "args": ["--trainer.max_epochs=2"], "runs": []}
+    old = {"recipe": "r.yaml", "recipe_sha256": "x", "overrides": [], "runs": runs, "then": then}
+    more = {**old, "runs": [*runs, {"name": "impulse-s1", "args": ["--model.init.method=impulse"]}]}
+    assert plan_conflicts(old, more) == [] and plan_conflicts(old, {**old, "runs": []}) == []
+    assert plan_conflicts({k: v for k, v in old.items() if k != "recipe_sha256"}, {**old, "recipe_sha256": "y"}) == []
+    changed = {**old, "recipe_sha256": "y", "overrides": ["--a=1"], "runs": [{"name": "impulse-s0", "args": ["--b"]}],
+               "then": {**then, "recipe_sha256": "b", "args": []}}
+    found = plan_conflicts(old, changed)
+    assert [f.split(" ")[0] for f in found] == ["overrides", "the", "--then-args", "the", "run"], found
+    assert "run impulse-s0: ['--model.init.method=impulse'] then, ['--b'] now" in found
