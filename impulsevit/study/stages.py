@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from impulsevit.io import read_json
+from impulsevit.study.plan import recipe_digest
 
 __all__ = ["SOURCE_CHECKPOINT", "collect_stages", "finetune_args", "probe_args", "render_stages", "then_plan"]
 
@@ -30,8 +31,6 @@ SOURCE_CHECKPOINT = Path("checkpoints") / "last.ckpt"
 
 def then_plan(recipe: str | os.PathLike, runs: list[dict[str, Any]], args: list[str]) -> dict[str, Any]:
     """The ``"then"`` block of ``study.json`` for the pre-training ``runs`` of a plan."""
-    from impulsevit.study.plan import recipe_digest
-
     return {"recipe": str(recipe), "recipe_sha256": recipe_digest(recipe), "args": list(args),
             "runs": [{"name": f"{r['name']}-ft", "probe": f"{r['name']}-probe", "source_run": r["name"],
                       "method": r["method"], "seed": int(r["seed"])} for r in runs]}

@@ -244,8 +244,8 @@ def test_transfer_skips_tensors_already_on_the_device():
 def test_a_cached_beton_of_a_folder_whose_images_changed_is_converted_again_not_trusted(tmp_path):
     """The cache name of a folder's ``.beton`` hashes the root path, not its images: after the user replaces the
     images, the old file's manifest must not answer the checks made before conversion (``impulsevit fit``'s batch
-    check, ``submit``'s conversion plan). Through the real CLI: 6 images, then 14 in the same folder with a batch of
-    8 (the stale count would refuse it); the file is converted again and training reads the 14."""
+    check, ``impulsevit submit``'s conversion job). Through the real CLI: 6 images, then 14 in the same folder with
+    a batch of 8 (the stale count would refuse it); the file is converted again and training reads the 14."""
     from faults import harness
 
     from impulsevit.data.loading.ffcv_backend import beton_path
@@ -273,6 +273,16 @@ def test_a_cached_beton_of_a_folder_whose_images_changed_is_converted_again_not_
         for j in range(3, 7):
             save_jpeg(root / "train" / c / f"{j}.jpg", seed=j + 10 * len(c))
     assert dm.train_samples() == 14 and dm.splits_to_convert() == ["train"]
+    # `impulsevit submit`'s conversion job, planned from the same check: the train split again, not nothing
+    from impulsevit.cli.convert_job import conversion_commands
+    from impulsevit.cluster.sbatch import FitJob
+
+    job = FitJob(recipe="cpu_fmnist_vit", run_name="sub", runs_dir=tmp_path / "runs", workdir=tmp_path,
+                 fit_overrides=("--data.init_args.dataset=imagefolder", f"--data.init_args.root={root}",
+                                "--data.init_args.backend=ffcv", f"--data.init_args.cache_dir={cache}"),
+                 launcher="impulsevit", data_workers=1)
+    planned = conversion_commands(job)
+    assert len(planned) == 1 and "train" in planned[0], planned
     second = fit(8, "fourteen")
     assert second.rc == 0, second.err[-3000:]
     assert read_manifest(beton_path(dm.spec, "train"))["num_samples"] == 14
