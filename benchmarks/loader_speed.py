@@ -90,6 +90,7 @@ TARGET = 3.0
 LIMIT, LIMIT_TARGET = "decode-limit", 0.7
 DEVICE = f"ffcv:{DEFAULT_PRESET}+device"  # data.resample_on=device: the workers decode and copy, the device resamples
 LOCAL, S3, SLOW = "litdata:short256", "litdata:short256@s3", "litdata:short256@s3-slow"
+S3_FILES = f"{S3}-files"  # the @s3 row with its chunks in cache files (data.storage.in_memory=false)
 LOCAL_DEVICE = f"{LOCAL}+device"  # the litdata backend's data.resample_on=device: threads decode and copy
 
 
@@ -287,7 +288,8 @@ def decode_limit_loader(path: Path, workers: int, batch: int):  # noqa: ANN201 -
 
 
 def litdata_loader(location: str, cache: Path | None, size: int, workers: int, batch: int,
-                   block_size: int, kind: str = "threads", device: bool = False) -> torch.utils.data.DataLoader:
+                   block_size: int, kind: str = "threads", device: bool = False,
+                   in_memory: bool | None = None) -> torch.utils.data.DataLoader:
     """The litdata contender: what the litdata backend builds for a training split —
     :class:`~impulsevit.data.loading.litdata_backend.ShardSource` (stored bytes read from the chunk files' memory
     maps), :class:`~impulsevit.data.loading.litdata_backend.ShardDataset` with the fast path's
@@ -297,9 +299,17 @@ def litdata_loader(location: str, cache: Path | None, size: int, workers: int, b
     of ``block_size`` samples (:class:`~impulsevit.data.loading.sampling.EpochSampler`; each key first handed to
     :meth:`ShardSource.follow`: a remote set's next block prefetched, chunks outside the live blocks deleted).
     ``device``: ``data.resample_on=device`` — the plan copies each crop box onto a canvas sized by the manifest's
-    ``max_size`` and the batches are canvases (the resample is the training device's)."""
+    ``max_size`` and the batches are canvases (the resample is the training device's). ``in_memory``:
+    ``data.storage.in_memory`` (None: the backend's choice, :func:`~impulsevit.data.loading.litdata_backend.
+    holds_in_memory`: a remote set's chunks held in the process's memory under loader threads)."""
     from impulsevit.data.loading.config import StorageConfig
-    from impulsevit.data.loading.litdata_backend import CropPlan, ShardDataset, ShardSource, shards_manifest
+    from impulsevit.data.loading.litdata_backend import (
+        CropPlan,
+        ShardDataset,
+        ShardSource,
+        holds_in_memory,
+        shards_manifest,
+    )
     from impulsevit.data.loading.sampling import EpochSampler
     from impulsevit.data.storage import objstore
     from impulsevit.data.storage.shards import LABELS_NAME
@@ -309,7 +319,9 @@ def litdata_loader(location: str, cache: Path | None, size: int, workers: int, b
     storage = StorageConfig()  # the backend's defaults (cache size, read timeout): one source of each
     source = ShardSource(location, manifest["classes"], labels, np.arange(len(labels)), cache, storage.cache_size,
                          storage.read_timeout)
-    source.plan = (0, 1, block_size, max(workers, 1) * 2 * batch)  # seed 0, one rank; lag as the backend's
+    lag = max(workers, 1) * 2 * batch  # as the backend's
+    source.stream_blocks(0, 1, block_size, lag, in_memory=holds_in_memory(  # seed 0, one rank
+        source, block_size, lag, threads=kind == "threads", setting=in_memory, ranks_here=1))
     canvas = None
     if device:
         from impulsevit.data.loading.device_resample import canvas_side
@@ -480,14 +492,14 @@ def through_endpoint(loader: torch.utils.data.DataLoader, endpoint: str) -> torc
     main process)."""
     import functools
 
+    from impulsevit.data.loading.litdata_backend import chunk_client
     from impulsevit.data.loading.threaded_loader import ThreadedLoader
-    from impulsevit.data.storage import objstore
 
     if isinstance(loader, ThreadedLoader):
         source, saved = loader.dataset.source, os.environ["AWS_ENDPOINT_URL"]
         os.environ["AWS_ENDPOINT_URL"] = endpoint  # boto3 reads it when the client is made
         try:
-            source._client = objstore.s3_client(source.read_timeout)
+            source._client = chunk_client(source.read_timeout)
         finally:
             os.environ["AWS_ENDPOINT_URL"] = saved
         return loader
@@ -551,6 +563,9 @@ def main(argv: list[str] | None = None) -> float:
     p.add_argument("--no-capped", action="store_true", help="skip the torchvision@256 context row")
     p.add_argument("--no-device", action="store_true", help=f"skip the {DEVICE} row")
     p.add_argument("--no-litdata", action="store_true", help="skip the litdata rows (local folder, loopback S3)")
+    p.add_argument("--files-row", action="store_true",
+                   help=f"add {S3_FILES}: the @s3 row with its chunks in cache files (data.storage.in_memory=false), "
+                        f"where the threaded @s3 row holds them in memory")
     p.add_argument("--no-slow", action="store_true", help=f"skip the {SLOW} row (loopback S3 behind a throttled proxy)")
     p.add_argument("--slow-latency-ms", type=float, default=50.0,
                    help=f"the {SLOW} row's proxy: milliseconds from each request to its response's first byte")
@@ -610,6 +625,8 @@ def main(argv: list[str] | None = None) -> float:
             write_shards(source, url, PRESETS[DEFAULT_PRESET], progress=False, log=lambda _: None,
                          chunk_bytes=args.chunk_bytes)
             shard_dirs[S3] = url
+            if args.files_row:
+                shard_dirs[S3_FILES] = url
             mib["litdata"] = m["bytes"] / 2**20
             log(f"litdata shard set ({DEFAULT_PRESET}): {mib['litdata']:.1f} MiB, local and on loopback S3 {url}; "
                 f"read by {args.workers} {args.litdata_loader} (data.storage.loader)")
@@ -662,7 +679,7 @@ def main(argv: list[str] | None = None) -> float:
                     if cache is not None:
                         caches[name] = FolderPeak(cache)
                     loaders[name] = litdata_loader(where, cache, size, args.workers, args.batch_size, args.block_size,
-                                                   args.litdata_loader)
+                                                   args.litdata_loader, in_memory=False if name == S3_FILES else None)
                 if not args.no_device and LOCAL in shard_dirs:
                     loaders[LOCAL_DEVICE] = litdata_loader(shard_dirs[LOCAL], None, size, args.workers,
                                                            args.batch_size, args.block_size, args.litdata_loader,
@@ -686,12 +703,15 @@ def main(argv: list[str] | None = None) -> float:
             log(f"{size:>5} ratio ffcv:{DEFAULT_PRESET} / {LIMIT}: {limits[size]:.2f} (img/s per worker core)")
             for name in [n for n in rates if n.startswith("litdata:")]:
                 log(f"{size:>5} ratio {name} / {LIMIT}: {rates[name] / rates[LIMIT]:.2f} (img/s per worker core)")
-            for name in [n for n in (S3, SLOW) if n in rates]:
+            remote = [n for n in (S3, S3_FILES, SLOW) if n in rates]
+            for name in remote:
                 log(f"{size:>5} ratio {name} / local: {rates[name] / rates[LOCAL]:.2f} (img/s)")
-            for name in [n for n in (S3, SLOW) if n in caches]:
-                log(f"{size:>5} cache peak: {name} {caches[name].peak / 2**20:.1f} MiB, "
-                    f"{100 * caches[name].peak / 2**20 / mib['litdata']:.0f} % of the shard set (timed epochs)")
-            for name in [n for n in (S3, SLOW) if n in rates]:
+            for name in [n for n in remote if n in caches]:
+                held = loaders[name].dataset.source  # type: ignore[attr-defined]
+                where, peak = ("memory", held.peak_held_bytes) if held.in_memory else ("folder", caches[name].peak)
+                log(f"{size:>5} cache peak: {name} {peak / 2**20:.1f} MiB in {where}, "
+                    f"{100 * peak / 2**20 / mib['litdata']:.0f} % of the shard set")
+            for name in remote:
                 loader_ms, store_ms = cpu_ms[name]
                 log(f"{size:>5} CPU per image: {name} {loader_ms:.2f} ms in the loader + {store_ms:.2f} ms in the "
                     f"store's process, {LOCAL} {cpu_ms[LOCAL][0]:.2f} ms; loader CPU ratio local / remote: "

@@ -122,8 +122,12 @@ class StorageConfig:
         preset: conversion preset name (:data:`impulsevit.data.storage.presets.PRESETS`: ``raw``, ``short256``,
         ``res256``,
             ...); None: ``raw`` for small-image datasets, ``short256`` otherwise. Part of the cached file's name.
-        in_memory: FFCV's OS page cache (True) or its process-level cache (False, for files larger than the page
-            cache); None: True when the file fits in half the available memory.
+        in_memory: ffcv backend: FFCV's OS page cache (True) or its process-level cache (False, for files larger
+            than the page cache); None: True when the file fits in half the available memory. litdata backend, a
+            remote set in the block order read by loader threads: its live chunks held in the training process's
+            memory (True) or in files of the cache folder (False); None: memory when the live blocks of the node's
+            ranks fit in half the available memory (``docs/data.md``). ``DataLoader`` worker processes always share
+            the cache folder.
         train_beton / val_beton: paths of ``.beton`` files written by ``impulsevit convert``, used as they are instead
             of converting ``dataset`` (give both or neither); ``dataset`` then only supplies the normalisation
             statistics (``imagefolder``: ImageNet's) and the class count comes from the manifest. A file whose

@@ -100,8 +100,15 @@ from impulsevit.data.storage.shards import (
 )
 from impulsevit.errors import ConfigError, DataError, StoreError
 
-__all__ = ["CropPlan", "LitDataBackend", "ShardDataset", "ShardSource", "channels_last_batch", "crop_plans",
-           "shard_location", "shards_manifest"]
+__all__ = ["CropPlan", "LitDataBackend", "ShardDataset", "ShardSource", "channels_last_batch", "chunk_client",
+           "crop_plans", "holds_in_memory", "ranks_on_this_node", "shard_location", "shards_manifest"]
+
+
+def chunk_client(read_timeout: float) -> Any:
+    """The S3 client of a process's chunk downloads (:func:`~impulsevit.data.storage.objstore.s3_client` from the
+    environment as it is now): ``read_timeout`` seconds of waiting for data, response checksums not validated (each
+    chunk's size is checked against ``index.json`` instead; ``docs/data.md``)."""
+    return objstore.s3_client(read_timeout, validate_checksums=False)
 
 
 def shard_location(spec: DataSpec, split: str) -> str:
@@ -121,6 +128,15 @@ def shards_manifest(location: str) -> dict:
     return manifest
 
 
+@dataclasses.dataclass
+class _Download:
+    """A chunk download in flight (:meth:`ShardSource._hold`): set ``done`` once ``data`` or ``error`` is known."""
+
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    data: bytes | None = None
+    error: BaseException | None = None
+
+
 class ShardSource(ImageSource):
     """Samples ``indices`` of the shard set at ``location``, read through ``litdata.StreamingDataset`` (created on
     first use in each process, so a source pickled into ``DataLoader`` workers opens its own).
@@ -131,7 +147,9 @@ class ShardSource(ImageSource):
     local set. Under the block order (:meth:`follow`) each process prefetches the next block's chunks in a background
     thread while the current block decodes, and deletes the chunks it fetched once they leave the three live blocks
     (previous, current, next); ``cache_size`` is then not LitData's eviction budget but what those blocks must fit
-    in (``docs/data.md``)."""
+    in (``docs/data.md``). With :attr:`in_memory` (the threaded loader's default, :func:`holds_in_memory`) those
+    chunks are held in this process's memory instead of files: the loader threads are the only readers, and a cache
+    file costs a write, a mapping and a deletion per chunk, 0.4 ms of CPU per MB here, as much as the download."""
 
     def __init__(self, location: str, classes: Sequence[str], labels: np.ndarray, indices: np.ndarray,
                  cache_dir: Path | None, cache_size: str, read_timeout: float) -> None:
@@ -148,6 +166,9 @@ class ShardSource(ImageSource):
         # concurrent chunk downloads of the block order's prefetch in this process: 2 per loader worker process, and
         # 2 per thread of the threaded loader (which sets it), so both paths keep as many requests in flight
         self.prefetch_streams = 2
+        # the block order's remote chunks held in this process's memory rather than in cache files (stream_blocks)
+        self.in_memory = False
+        self.peak_held_bytes = 0  # the most chunk bytes this process held in memory at once
         self._reset_process_state()
 
     def _reset_process_state(self) -> None:
@@ -155,6 +176,7 @@ class ShardSource(ImageSource):
         self._live: tuple[int, int] | None = None  # (epoch, block) whose chunks are live in this process
         self._live_chunks: frozenset[int] = frozenset()  # those chunks: the window a queued prefetch must still be in
         self._orders: dict[int, np.ndarray] = {}
+        self._crossing: frozenset[int] = frozenset()  # chunks of this rank's share that another rank also reads
         self._pool: Any = None
         self._client: Any = None
         # chunk -> its image column (``_compat.litdata.chunk_column`` over a memory map of the file; None: no Arrow
@@ -163,10 +185,13 @@ class ShardSource(ImageSource):
         # the loader threads of one process share the source: the column cache, the prefetch window's bookkeeping
         # and LitData's reader are used under this lock (the reads and decodes themselves run outside it)
         self._lock = threading.RLock()
+        self._held: dict[int, bytes] = {}  # in_memory: chunk -> its content (the live blocks' chunks)
+        self._pending: dict[int, _Download] = {}  # in_memory: downloads in flight, which a second reader waits on
 
     def __getstate__(self) -> dict:
         state = {**self.__dict__, "_dataset": None, "_pool": None, "_client": None}
-        state.update(_fetched=set(), _live=None, _orders={}, _columns=OrderedDict())
+        state.update(_fetched=set(), _live=None, _orders={}, _columns=OrderedDict(), _held={}, _pending={},
+                     _crossing=frozenset())
         del state["_lock"]
         return state
 
@@ -212,15 +237,18 @@ class ShardSource(ImageSource):
         return np.bincount(self.chunk_of(), minlength=len(self.chunk_table())).astype(np.int64)
 
     def fetch(self, chunk: int, wanted: Callable[[], bool] | None = None) -> bool:
-        """Make chunk ``chunk`` of a remote set a file of the cache folder (one GET of the whole object, its size
-        checked against ``index.json``, written atomically without fsync, under the chunk's lock file: another process
-        of the node waits and then finds it there; a file of another size, as a power loss may leave, is fetched again).
-        ``wanted``, asked under the lock when the file is absent: whether the chunk is still to be read (a prefetch
-        queued for a window the reader has since left must not download a chunk that was read and deleted). Returns
-        whether this call downloaded it.
+        """Make chunk ``chunk`` of a remote set readable here: with :attr:`in_memory`, held in this process's memory
+        (:meth:`_hold`); else a file of the cache folder (one GET of the whole object, its size checked against
+        ``index.json``, written atomically without fsync, under the chunk's lock file: another process of the node
+        waits and then finds it there; a file of another size, as a power loss may leave, is fetched again).
+        ``wanted``, asked when the chunk is absent: whether it is still to be read (a prefetch queued for a window
+        the reader has since left must not download a chunk that was read and deleted). Returns whether this call
+        downloaded it.
 
         Raises:
             DataError: the store cannot be read (one line naming the location and the cause)."""
+        if self._in_memory(chunk):
+            return self._hold(chunk, wanted)[1]
         from impulsevit.data.locking import file_lock
         from impulsevit.io import atomic_write_bytes
 
@@ -241,20 +269,68 @@ class ShardSource(ImageSource):
         with file_lock(self.cache_dir / f".{name}.lock", log=lambda _: None):
             if present() or (wanted is not None and not wanted()):
                 return False
-            try:
-                if self._client is None:
-                    self._client = objstore.s3_client(self.read_timeout)  # one per process (boto3's are thread-safe)
-                data = objstore.read_bytes(objstore.join(self.location, name), self.read_timeout, self._client)
-            except StoreError as exc:
-                raise DataError(f"{exc} (the last checkpoint is kept: rerun with --resume auto once the store is "
-                                f"back)") from exc
-            if data is None or (size is not None and len(data) != size):
-                what = "is missing" if data is None else f"is {len(data)} bytes where index.json says {size}"
-                raise DataError(f"shard set {self.location}: chunk {name} {what} (an interrupted upload); "
-                                f"rewrite it with `impulsevit convert ... --format litdata --force`")
-            atomic_write_bytes(path, data, durable=False)  # a cache: present() checks what a crash left
-        self._fetched.add(chunk)
+            atomic_write_bytes(path, self._download(chunk), durable=False)  # a cache: present() checks what a crash
+        self._fetched.add(chunk)  # left
         return True
+
+    def _download(self, chunk: int) -> bytes:
+        """Chunk ``chunk``'s object, read with one GET (this process's client, response checksums not validated:
+        :func:`~impulsevit.data.storage.objstore.s3_client`) and its size checked against ``index.json``.
+
+        Raises:
+            DataError: the store cannot be read, or the object is missing or of another size."""
+        entry = self.chunk_table()[chunk]
+        name, size = entry["filename"], entry.get("chunk_bytes")
+        try:
+            if self._client is None:  # one per process (boto3's clients are thread-safe)
+                self._client = chunk_client(self.read_timeout)
+            data = objstore.read_bytes(objstore.join(self.location, name), self.read_timeout, self._client)
+        except StoreError as exc:
+            raise DataError(f"{exc} (the last checkpoint is kept: rerun with --resume auto once the store is "
+                            f"back)") from exc
+        if data is None or (size is not None and len(data) != size):
+            what = "is missing" if data is None else f"is {len(data)} bytes where index.json says {size}"
+            raise DataError(f"shard set {self.location}: chunk {name} {what} (an interrupted upload); "
+                            f"rewrite it with `impulsevit convert ... --format litdata --force`")
+        return data
+
+    def _hold(self, chunk: int, wanted: Callable[[], bool] | None = None) -> tuple[bytes | None, bool]:
+        """:attr:`in_memory`: chunk ``chunk``'s content and whether this call downloaded it. A chunk held already is
+        returned as it is; one another thread is downloading is waited for (one GET per chunk in the process); else
+        it is downloaded here, unless ``wanted`` says it is no longer to be read (then ``(None, False)``). A download
+        is held for the next reads while its chunk is in the live window (:meth:`follow`) or was asked for by a
+        reader (``wanted`` None); a prefetch that finishes after its window moved on is dropped.
+
+        Raises:
+            DataError: as :meth:`_download` (also in every thread that waited on the failed download)."""
+        with self._lock:
+            if chunk in self._held:
+                return self._held[chunk], False
+            if wanted is not None and not wanted():
+                return None, False
+            pending = self._pending.get(chunk)
+            mine = pending is None
+            if mine:
+                pending = self._pending[chunk] = _Download()
+        assert pending is not None
+        if not mine:
+            pending.done.wait()
+            if pending.data is None:
+                raise DataError(str(pending.error)) from pending.error
+            return pending.data, False
+        try:
+            pending.data = self._download(chunk)
+        except BaseException as exc:
+            pending.error = exc
+            raise
+        finally:
+            with self._lock:
+                del self._pending[chunk]
+                if pending.data is not None and (wanted is None or chunk in self._live_chunks):
+                    self._held[chunk] = pending.data
+                    self.peak_held_bytes = max(self.peak_held_bytes, sum(len(d) for d in self._held.values()))
+            pending.done.set()
+        return pending.data, True
 
     def _open(self) -> Any:
         if self._dataset is None:
@@ -305,6 +381,27 @@ class ShardSource(ImageSource):
             read_whole_set(self._dataset)  # global indices on every rank: the samplers share out the epoch
         return self._dataset
 
+    def stream_blocks(self, seed: int, world_size: int, block_size: int, lag: int, in_memory: bool) -> None:
+        """From now on read this (training) source in the block order of (``seed``, ``world_size``, ``block_size``)
+        (:func:`~impulsevit.data.loading.sampling.block_sequence`): a remote set's chunks through :meth:`fetch` and
+        :meth:`follow`, never LitData's downloads. ``lag``: samples one loader worker (or thread) may run ahead of
+        another, kept in the live window; ``in_memory``: hold the chunks in this process's memory rather than in
+        the cache folder (:func:`holds_in_memory`; only for loader threads, the one process reading them)."""
+        self.plan = (seed, world_size, block_size, lag)
+        self.in_memory = bool(in_memory)
+        self._dataset = None
+
+    def live_window_bytes(self, block_size: int, lag: int) -> int | None:
+        """About the most chunk bytes the block order's live window holds in one process: ``2 × block_size + lag``
+        samples at the set's mean stored size, plus two chunks for the window's ragged ends; None when
+        ``index.json`` gives no chunk sizes (sets of older LitData releases)."""
+        table = self.chunk_table()
+        if any(c["chunk_bytes"] is None for c in table):
+            return None
+        total, samples = sum(c["chunk_bytes"] for c in table), sum(c["chunk_size"] for c in table)
+        biggest = max(c["chunk_bytes"] for c in table)
+        return int((2 * block_size + lag) * total / max(samples, 1)) + 2 * biggest
+
     def _fetches(self) -> bool:
         """Whether reads go through :meth:`fetch` (a remote set under the block order) rather than LitData's own
         downloads (a remote set under the global order, LitData's cache within ``cache_size``)."""
@@ -320,7 +417,17 @@ class ShardSource(ImageSource):
             seed, world, block, _ = self.plan
             seq, _ = block_sequence(self.chunk_sizes(), epoch=epoch, seed=seed, world_size=world, block_size=block)
             self._orders = {key: seq[rank::world]}
+            owner = self.chunk_of()
+            shares = [np.unique(owner[seq[r::world]]) for r in range(world)]
+            held_by = np.bincount(np.concatenate(shares), minlength=len(self.chunk_table()))
+            self._crossing = frozenset(c for c in shares[rank].tolist() if held_by[c] > 1)
         return self._orders[key]
+
+    def _in_memory(self, chunk: int) -> bool:
+        """Whether chunk ``chunk`` is held in memory (:attr:`in_memory`) rather than in a file of the cache folder:
+        not a chunk that this epoch's order cuts between this rank and another (each rank would otherwise download
+        it; through the folder a node fetches it once), nor any chunk before the order is known here."""
+        return self.in_memory and self._live is not None and chunk not in self._crossing
 
     def follow(self, epoch: int, position: int) -> None:
         """The sample at global ``position`` of ``epoch``'s block order is about to be read (remote sets under the block
@@ -352,6 +459,8 @@ class ShardSource(ImageSource):
         self._live_chunks = live  # before the deletions below: a queued prefetch of a chunk outside it is dropped
         for c in [c for c in self._columns if c not in live]:
             del self._columns[c]  # its memory map goes with the last image read from it (disk space freed then)
+        for c in [c for c in self._held if c not in live]:
+            del self._held[c]  # its memory goes with the last image read from it
         for c in sorted(self._fetched - live):
             with contextlib.suppress(OSError):
                 (self.cache_dir / self.chunk_table()[c]["filename"]).unlink()
@@ -363,7 +472,7 @@ class ShardSource(ImageSource):
         # this block's chunks first (at an epoch's start or a resume none is here yet; the readers would otherwise
         # download them one at a time, each read waiting on its own chunk), then the next block's
         for c in dict.fromkeys(chunks(b * block, (b + 2) * block)):
-            if c not in self._fetched:
+            if c not in self._fetched and c not in self._held:
                 self._pool.submit(self._prefetch, c)
 
     def _prefetch(self, chunk: int) -> None:
@@ -403,6 +512,33 @@ class ShardSource(ImageSource):
             self._columns.popitem(last=False)
         return column
 
+    def _held_column(self, chunk: int) -> list | None:
+        """:attr:`in_memory`: chunk ``chunk``'s image column over its content in memory, the chunk fetched first
+        when it is not held (outside the lock: the other threads read on meanwhile). A chunk without an Arrow footer
+        is written to the cache folder and read through LitData (None)."""
+        with self._lock:
+            if chunk in self._columns:
+                self._columns.move_to_end(chunk)
+                return self._columns[chunk]
+        data, _ = self._hold(chunk)
+        assert data is not None
+        from impulsevit._compat.litdata import chunk_column
+
+        column = chunk_column(memoryview(data), "image")
+        if column is None:
+            from impulsevit.io import atomic_write_bytes
+
+            assert self.cache_dir is not None
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(self.cache_dir / self.chunk_table()[chunk]["filename"], data, durable=False)
+            with self._lock:
+                self._fetched.add(chunk)  # deleted as the files of the block order are
+        with self._lock:
+            self._columns[chunk] = column
+            while len(self._columns) > self.MAPPED_CHUNKS:
+                self._columns.popitem(last=False)
+        return column
+
     def stored(self, index: int) -> memoryview:
         """Sample ``index``'s stored bytes (:func:`~impulsevit.data.storage.shards.encode_image`'s framing): a view
         of the chunk file's memory map where the chunk is a local file with an Arrow footer (no LitData item
@@ -414,9 +550,12 @@ class ShardSource(ImageSource):
         for attempt in (0, 1):
             try:
                 chunk = int(np.searchsorted(self.chunk_ends(), j, side="right"))
-                if self._fetches() and self._columns.get(chunk) is None:  # a mapped chunk stays readable: no stat
-                    self.fetch(chunk)
-                column = self._column(chunk)
+                if self._fetches() and self._in_memory(chunk):
+                    column = self._held_column(chunk)
+                else:
+                    if self._fetches() and self._columns.get(chunk) is None:  # a mapped chunk stays readable: no stat
+                        self.fetch(chunk)
+                    column = self._column(chunk)
                 if column is not None:
                     k = j - (int(self.chunk_ends()[chunk - 1]) if chunk else 0)
                     for first, offsets, values in reversed(column):
@@ -695,6 +834,37 @@ def warn_unmixed(source: ShardSource, block_size: int, batch_size: int, where: s
                        f"... --format litdata --shuffle`, or use data.order=global")
 
 
+def holds_in_memory(source: ShardSource, block_size: int, lag: int, *, threads: bool, setting: bool | None,
+                    ranks_here: int) -> bool:
+    """Whether the block order holds a remote set's chunks in the training process's memory
+    (:attr:`ShardSource.in_memory`) rather than in cache files: never for a local set (read in place) or for
+    ``DataLoader`` worker processes (``threads`` False: the workers share the cache folder, so a node fetches each
+    chunk once); ``setting`` (``data.storage.in_memory``) where given; else when the live windows of the node's
+    ``ranks_here`` processes (:meth:`ShardSource.live_window_bytes`) fit in half the memory now available."""
+    if not threads or not objstore.is_remote(source.location):
+        return False
+    if setting is not None:
+        return bool(setting)
+    window = source.live_window_bytes(block_size, lag)
+    if window is None:
+        return False
+    import psutil
+
+    return window * max(ranks_here, 1) < 0.5 * psutil.virtual_memory().available
+
+
+def ranks_on_this_node(world_size: int) -> int:
+    """The training processes of this node: ``LOCAL_WORLD_SIZE`` (torchrun), else ``SLURM_NTASKS_PER_NODE``, else
+    ``world_size`` (every rank counted here: an over-estimate on several nodes, which only errs towards files)."""
+    import os
+
+    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return world_size
+
+
 class LitDataBackend(TorchvisionBackend):
     """:class:`~impulsevit.data.loading.backends.Backend` over LitData shard sets (module docstring)."""
 
@@ -808,16 +978,20 @@ class LitDataBackend(TorchvisionBackend):
         """On the fast path without ``rest`` transforms and with ``data.storage.loader='threads'`` (the default):
         a :class:`~impulsevit.data.loading.threaded_loader.ThreadedLoader` of ``num_workers`` threads; else the
         torchvision backend's ``DataLoader`` of worker processes. The same batches and loader state either way."""
-        ds = self.sets["train"]
-        plan = getattr(ds, "plan", None)
-        if self.spec.storage.loader != "threads" or plan is None or plan.rest is not None:
+        if not self._threaded():
             return super().train_loader(position, batch_size, device)
+        ds = self.sets["train"]
         import torch
 
         from impulsevit.data.loading.threaded_loader import ThreadedLoader
 
         return ThreadedLoader(ds, sampler=self.train_sampler(position, batch_size), batch_size=batch_size,
                               threads=self.spec.num_workers, pin_memory=torch.cuda.is_available())
+
+    def _threaded(self) -> bool:
+        """Whether the training loader is the threaded one (:meth:`train_loader`)."""
+        plan = getattr(self.sets["train"], "plan", None)
+        return self.spec.storage.loader == "threads" and plan is not None and plan.rest is None
 
     def order_arguments(self, position: LoaderPosition, batch_size: int) -> dict[str, Any]:
         """The block order's chunk sizes and block size (``data.order='block'``), also handed to the training
@@ -829,8 +1003,9 @@ class LitDataBackend(TorchvisionBackend):
         block = self.spec.storage.block_size
         # DataLoader's default prefetch_factor: 2 batches per worker; the threaded loader's window is the same
         lag = self.spec.num_workers * 2 * batch_size
-        source.plan = (self.spec.seed, position.world_size, block, lag)
-        source._dataset = None  # reads go through ShardSource.fetch from now on
+        memory = holds_in_memory(source, block, lag, threads=self._threaded(), setting=self.spec.storage.in_memory,
+                                 ranks_here=ranks_on_this_node(position.world_size))
+        source.stream_blocks(self.spec.seed, position.world_size, block, lag, in_memory=memory)
         warn_unmixed(source, block, batch_size, self.location(self.spec.train_split))
         return {"chunk_sizes": source.chunk_sizes(), "block_size": block}
 

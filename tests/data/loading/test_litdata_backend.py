@@ -10,6 +10,7 @@ import contextlib
 import io
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -392,21 +393,10 @@ def test_submit_streams_from_the_store_with_no_conversion_job(store, remote_set,
     assert f"--data.init_args.root={remote_set}" in run.stdout and "--trainer.num_nodes=2" in run.stdout
 
 
-def test_block_order_fetches_each_chunk_once_per_epoch_with_a_cache_of_a_few_blocks(store, tmp_path, monkeypatch):
-    """``data.order=block`` on a remote set of ~170 small chunks, 2 loader workers sharing the
-    rank's cache: the loopback server's request log has at most one GET per chunk in an epoch (every chunk the epoch
-    reads), and the cache folder never holds more than 10 % of the chunks (the live blocks, not the set). Each
-    prefetch starts 50 ms late, as on a loaded machine: one still queued when the reader has fetched, read and
-    deleted its chunk must not download it again."""
-    import logging
-    import time
-
-    from impulsevit.data.loading.litdata_backend import ShardSource
-
-    prefetch = ShardSource._prefetch
-    monkeypatch.setattr(ShardSource, "_prefetch", lambda self, chunk: (time.sleep(0.05), prefetch(self, chunk)))
-
-    dst, local = f"s3://{BUCKET}/blocks", tmp_path / "blocks"
+@pytest.fixture(scope="module")
+def block_set(store, tmp_path_factory) -> str:
+    """A remote set of 512 training images in ~170 chunks of 8 kB (32 validation images)."""
+    dst, local = f"s3://{BUCKET}/blocks", tmp_path_factory.mktemp("blocks") / "blocks"
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
         for split, k in (("train", 512), ("test", 32)):
             assert convert_cli.main(["fashion_mnist", str(local), "--format", "litdata", "--split", split,
@@ -415,60 +405,202 @@ def test_block_order_fetches_each_chunk_once_per_epoch_with_a_cache_of_a_few_blo
     for path in sorted(local.rglob("*"), key=lambda p: p.name == MANIFEST_NAME):
         if path.is_file():
             client.upload_file(str(path), BUCKET, f"blocks/{path.relative_to(local).as_posix()}")
+    return dst
+
+
+@contextlib.contextmanager
+def _chunk_gets(prefix: str) -> Iterator[list[str]]:
+    """The chunk files of ``<bucket>/<prefix>/train`` the loopback store is asked for meanwhile (its request log)."""
+    import logging
+
     gets: list[str] = []
 
     class Requests(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             text = record.getMessage()
-            if f'"GET /{BUCKET}/blocks/train/chunk-' in text:
-                gets.append(text.split(f"/{BUCKET}/blocks/train/", 1)[1].split(" ", 1)[0])
+            if f'"GET /{BUCKET}/{prefix}/train/chunk-' in text:
+                gets.append(text.split(f"/{BUCKET}/{prefix}/train/", 1)[1].split(" ", 1)[0])
 
     handler = Requests()
     logging.getLogger("werkzeug").addHandler(handler)
-    cache = tmp_path / "cache"
     try:
-        dm = ImageDataModule(backend="litdata", root=dst, cache_dir=str(cache), order="block",
-                             storage={"block_size": 8}, **{**KW, "train_subset": 512, "num_workers": 2,
-                                                           "batch_size": 4})
+        yield gets
+    finally:
+        logging.getLogger("werkzeug").removeHandler(handler)
+
+
+@pytest.mark.parametrize("in_memory", [True, False], ids=["memory", "files"])
+def test_block_order_fetches_each_chunk_once_per_epoch_with_a_cache_of_a_few_blocks(store, block_set, tmp_path,
+                                                                                     monkeypatch, in_memory):
+    """``data.order=block`` on a remote set of ~170 small chunks, read by 2 loader threads: the loopback server's
+    request log has at most one GET per chunk in an epoch (every chunk the epoch reads), and the chunks held at once
+    — in the process's memory (``data.storage.in_memory``, the threads' default) or in the cache folder — are never
+    more than 10 % of the set (the live blocks, not the set). Each prefetch starts 50 ms late, as on a loaded machine:
+    one still queued when the reader has fetched, read and dropped its chunk must not download it again."""
+    import time
+
+    from impulsevit.data.loading.litdata_backend import ShardSource
+    from impulsevit.data.loading.sampling import block_sequence
+    from impulsevit.errors import DataError
+
+    prefetch = ShardSource._prefetch
+    monkeypatch.setattr(ShardSource, "_prefetch", lambda self, chunk: (time.sleep(0.05), prefetch(self, chunk)))
+    cache = tmp_path / "cache"
+    with _chunk_gets("blocks") as gets:
+        dm = ImageDataModule(backend="litdata", root=block_set, cache_dir=str(cache), order="block",
+                             storage={"block_size": 8, "in_memory": in_memory},
+                             **{**KW, "train_subset": 512, "num_workers": 2, "batch_size": 4})
         assert dm.spec.order == "block"
         dm.setup("fit")
         source = dm.data_backend.sets["train"].source
         chunks = len(source.chunk_table())
         loader = dm.loader(True, LoaderPosition(epoch=0, batches_done=0, rank=0, world_size=1))
+        assert source.in_memory is in_memory
         most, n = 0, 0
         for images, _ in loader:
             n += len(images)
-            most = max(most, len(list(cache.rglob("chunk-*.bin"))))
-    finally:
-        logging.getLogger("werkzeug").removeHandler(handler)
+            most = max(most, len(source._held) if in_memory else len(list(cache.rglob("chunk-*.bin"))))
     read = set(source.chunk_of()[loader.sampler.plan()[0][:n]].tolist())
     assert chunks > 100 and n == 512
     assert len(gets) == len(set(gets)) == len(read)  # each chunk the epoch reads, fetched once
     assert 0 < most <= 0.1 * chunks, (most, chunks)
+    if in_memory:
+        assert not list(cache.rglob("chunk-*.bin"))  # nothing written to the folder
+        assert 0 < source.peak_held_bytes <= 0.1 * sum(c["chunk_bytes"] for c in source.chunk_table())
 
     # entering an epoch (or resuming) downloads the chunks of the block it starts in, not only the next block's
-    from impulsevit.data.loading.sampling import block_sequence
-    from impulsevit.errors import DataError
-
     source.follow(1, 0)
     source._pool.shutdown(wait=True)
     source._pool = None
     order, _ = block_sequence(source.chunk_sizes(), epoch=1, seed=dm.spec.seed, world_size=1, block_size=8)
     first_two = set(source.chunk_of()[order[:16]].tolist())
-    assert all((source.cache_dir / source.chunk_table()[c]["filename"]).is_file() for c in first_two)
-    # a cache file cut short (a power loss: the cache is written without fsync) is fetched again
-    c = min(first_two)
-    cached = source.cache_dir / source.chunk_table()[c]["filename"]
-    whole = cached.read_bytes()
-    cached.write_bytes(whole[: len(whole) // 2])
-    assert source.fetch(c) and cached.read_bytes() == whole
-    # an object of another size than index.json's: one line naming the chunk, nothing left in the cache
+    table = source.chunk_table()
+    if in_memory:
+        assert first_two <= set(source._held)
+    else:
+        assert all((source.cache_dir / table[c]["filename"]).is_file() for c in first_two)
+        # a cache file cut short (a power loss: the cache is written without fsync) is fetched again
+        c = min(first_two)
+        cached = source.cache_dir / table[c]["filename"]
+        whole = cached.read_bytes()
+        cached.write_bytes(whole[: len(whole) // 2])
+        assert source.fetch(c) and cached.read_bytes() == whole
+    # an object of another size than index.json's: one line naming the chunk, nothing kept
     other = next(i for i in range(chunks) if i not in first_two and i not in source._fetched)
-    name = source.chunk_table()[other]["filename"]
-    client.put_object(Bucket=BUCKET, Key=f"blocks/train/{name}", Body=b"short")
-    with pytest.raises(DataError, match=rf"chunk {name} is 5 bytes where index.json says \d+ \(an interrupted"):
-        source.fetch(other)
-    assert not (source.cache_dir / name).exists()
+    name, client = table[other]["filename"], store.client()
+    key = f"blocks/train/{name}"
+    original = client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    client.put_object(Bucket=BUCKET, Key=key, Body=b"short")
+    try:
+        with pytest.raises(DataError, match=rf"chunk {name} is 5 bytes where index.json says \d+ \(an interrupted"):
+            source.fetch(other)
+    finally:
+        client.put_object(Bucket=BUCKET, Key=key, Body=original)
+    assert not (source.cache_dir / name).exists() and other not in source._held
+
+
+def test_two_ranks_of_a_node_fetch_each_chunk_once_holding_their_own_in_memory(store, block_set, tmp_path):
+    """2 ranks of one node (one cache folder), loader threads, chunks in memory: a chunk that the epoch's order cuts
+    between the ranks goes through the shared cache folder (both read it at the same time, at the start or the end
+    of their shares), every other chunk is held by the one rank that reads it; the store sees one GET per chunk."""
+    cache = tmp_path / "cache"
+    with _chunk_gets("blocks") as gets:
+        loaders, sources = [], []
+        for rank in (0, 1):
+            dm = ImageDataModule(backend="litdata", root=block_set, cache_dir=str(cache), order="block",
+                                 storage={"block_size": 16}, **{**KW, "train_subset": 512, "num_workers": 2,
+                                                                "batch_size": 4})
+            dm.setup("fit")
+            loaders.append(iter(dm.loader(True, LoaderPosition(epoch=0, batches_done=0, rank=rank, world_size=2))))
+            sources.append(dm.data_backend.sets["train"].source)
+        assert all(s.in_memory for s in sources)  # the default for loader threads and a small window
+        n = 0
+        for a, b in zip(*loaders):  # the ranks in step, as DDP keeps them
+            n += len(a[0]) + len(b[0])
+    crossing = sources[0]._crossing & sources[1]._crossing
+    assert n == 512 and crossing
+    assert len(gets) == len(set(gets)) > 100  # each chunk once per node
+    assert not (crossing & set().union(*(s._held for s in sources)))  # the cut chunks went through the folder
+
+
+def test_a_store_that_stops_answering_stops_every_reader_of_chunks_in_memory_with_one_line(store, block_set, tmp_path,
+                                                                                          monkeypatch):
+    """Chunks held in memory, the store gone mid-epoch (the chunk client now points at a port nobody listens on): the
+    training loader raises one :class:`DataError` naming the endpoint and ``--resume auto``; two readers of one
+    chunk share its single failed download and both get the error (neither waits forever)."""
+    import threading
+
+    from impulsevit.data.loading.litdata_backend import chunk_client
+    from impulsevit.errors import DataError
+
+    dm = ImageDataModule(backend="litdata", root=block_set, cache_dir=str(tmp_path / "cache"), order="block",
+                         storage={"block_size": 8, "in_memory": True},
+                         **{**KW, "train_subset": 512, "num_workers": 2, "batch_size": 4})
+    dm.setup("fit")
+    source = dm.data_backend.sets["train"].source
+    batches = iter(dm.loader(True, LoaderPosition(epoch=0, batches_done=0, rank=0, world_size=1)))
+    next(batches)
+    gone = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", gone)
+    source._client = chunk_client(2.0)
+    with pytest.raises(DataError, match=rf"cannot reach the object store at {gone} .*--resume auto"):
+        for _ in batches:
+            pass
+    # two readers of one chunk nobody holds: one download, both told
+    chunk = next(c for c in range(len(source.chunk_table())) if c not in source._held and c not in source._crossing)
+    first = int(source.chunk_ends()[chunk - 1]) if chunk else 0
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            source.stored(first)
+        except DataError as exc:
+            errors.append(exc)
+
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in readers) and len(errors) == 2
+    assert all(gone in str(e) and "\n" not in str(e) for e in errors)
+    source._pool.shutdown(wait=True)  # the prefetches of the next block fail too, and leave nothing in flight
+    assert not source._pending and chunk not in source._held
+
+
+def test_chunks_are_held_in_memory_for_loader_threads_when_the_live_window_fits(monkeypatch):
+    """``data.storage.in_memory`` None (the default): memory for a remote set read by loader threads whose live
+    windows (two blocks and the lag, at the set's mean sample size, on each rank of the node) fit in half the
+    available memory; files for worker processes, local sets, a window too big, or chunks of unknown size; a given
+    setting is followed (but worker processes always share the folder)."""
+    import psutil
+
+    from impulsevit.data.loading.litdata_backend import ShardSource, holds_in_memory, ranks_on_this_node
+
+    def source(where: str, chunk_bytes: int | None = 1000) -> ShardSource:
+        src = ShardSource(where, ["a"], np.zeros(100, np.int64), np.arange(100), Path("cache"), "1GB", 30.0)
+        src._chunks = [{"filename": f"chunk-{i}.bin", "chunk_size": 10, "chunk_bytes": chunk_bytes}
+                       for i in range(10)]  # 100 samples of 100 bytes
+        return src
+
+    remote = source(f"s3://{BUCKET}/x")
+    assert remote.live_window_bytes(8, 4) == 20 * 100 + 2 * 1000
+    assert holds_in_memory(remote, 8, 4, threads=True, setting=None, ranks_here=8)
+    assert not holds_in_memory(remote, 8, 4, threads=False, setting=None, ranks_here=1)
+    assert not holds_in_memory(remote, 8, 4, threads=False, setting=True, ranks_here=1)
+    assert not holds_in_memory(remote, 8, 4, threads=True, setting=False, ranks_here=1)
+    assert not holds_in_memory(source("/data/x"), 8, 4, threads=True, setting=True, ranks_here=1)
+    assert not holds_in_memory(source(f"s3://{BUCKET}/x", None), 8, 4, threads=True, setting=None, ranks_here=1)
+    huge = int(psutil.virtual_memory().available)  # a block this big: each window ~2x the memory
+    assert not holds_in_memory(remote, huge // 100, 0, threads=True, setting=None, ranks_here=1)
+    assert holds_in_memory(remote, huge // 100, 0, threads=True, setting=True, ranks_here=1)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("SLURM_NTASKS_PER_NODE", raising=False)
+    assert ranks_on_this_node(16) == 16  # nothing says: every rank counted here
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4")
+    assert ranks_on_this_node(16) == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert ranks_on_this_node(16) == 8
 
 
 def test_a_set_rewritten_at_the_same_address_is_not_read_from_the_old_sets_cached_chunks(store, tmp_path):
@@ -476,7 +608,8 @@ def test_a_set_rewritten_at_the_same_address_is_not_read_from_the_old_sets_cache
     another ``--shuffle`` seed: fixed-size raw samples, so every chunk keeps its name and size) must be read from
     the store, not from the old set's cached chunks: a second reader over the same cache folder gives what a reader
     over an empty cache gives. The block order (the default) is the one that read the old chunks; the global order,
-    whose cache LitData manages, passed before the fix too and shares the folder's name (``cache_folder``)."""
+    whose cache LitData manages, passed before the fix too and shares the folder's name (``cache_folder``); chunks
+    held in memory (``in_memory``, the loader threads' default) do not outlive the process."""
     order = "block"
     src = ImageDataModule(backend="torchvision", **KW)
 
@@ -489,7 +622,7 @@ def test_a_set_rewritten_at_the_same_address_is_not_read_from_the_old_sets_cache
 
     def epoch(cache: Path) -> tuple[list[dict], list]:
         dm = ImageDataModule(backend="litdata", root=f"s3://{BUCKET}/rewritten", cache_dir=str(cache), order=order,
-                             storage={"block_size": 8}, **KW)
+                             storage={"block_size": 8, "in_memory": False}, **KW)
         dm.setup("fit")
         return dm.data_backend.sets["train"].source.chunk_table(), _batches(dm, True)
 
