@@ -7,9 +7,10 @@ How it reads: each split is a :class:`ShardSource`, an
 training order is ``data.order``: ``block`` (the default, ``auto``, on a set written shuffled;
 :func:`~impulsevit.data.loading.sampling.block_sequence`:
 chunks shuffled and dealt to the ranks, samples shuffled within blocks of ``data.storage.block_size``), under which a
-remote chunk is fetched whole into the node's cache folder once (:meth:`ShardSource.fetch`), the next block's chunks
-download in background threads of each loader process while the current block decodes (:meth:`ShardSource.follow`),
-and a cache of a few blocks suffices; or ``global`` (``auto`` on a set in the source's order: one permutation of
+remote chunk is fetched whole, once per node (:meth:`ShardSource.fetch`) — into the training process's memory under
+loader threads (:func:`holds_in_memory`), else into the node's cache folder — the next block's chunks download in
+background threads of each loader process while the current block decodes (:meth:`ShardSource.follow`), and a cache
+of a few blocks suffices; or ``global`` (``auto`` on a set in the source's order: one permutation of
 the set), under which LitData
 downloads the chunk holding sample ``j`` into the cache, evicting the oldest chunks beyond ``data.storage.cache_size``.
 The loaders are the torchvision backend's
