@@ -508,7 +508,12 @@ class ShardSource(ImageSource):
 
         with open(folder / self.chunk_table()[chunk]["filename"], "rb") as f:  # a missing file: FileNotFoundError
             view = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-        self._columns[chunk] = column = chunk_column(view, "image")
+        return self._remember(chunk, chunk_column(view, "image"))
+
+    def _remember(self, chunk: int, column: list | None) -> list | None:
+        """Keep ``column`` as chunk ``chunk``'s (most recently used; the least recently used beyond
+        :attr:`MAPPED_CHUNKS` let go) and return it. Called under the lock."""
+        self._columns[chunk] = column
         while len(self._columns) > self.MAPPED_CHUNKS:
             self._columns.popitem(last=False)
         return column
@@ -535,10 +540,7 @@ class ShardSource(ImageSource):
             with self._lock:
                 self._fetched.add(chunk)  # deleted as the files of the block order are
         with self._lock:
-            self._columns[chunk] = column
-            while len(self._columns) > self.MAPPED_CHUNKS:
-                self._columns.popitem(last=False)
-        return column
+            return self._remember(chunk, column)
 
     def stored(self, index: int) -> memoryview:
         """Sample ``index``'s stored bytes (:func:`~impulsevit.data.storage.shards.encode_image`'s framing): a view
